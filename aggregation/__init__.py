@@ -1,0 +1,3 @@
+"""cnode.aggregation"""
+
+__all__: list[str] = []

@@ -1,0 +1,3 @@
+"""cnode.auth"""
+
+__all__: list[str] = []

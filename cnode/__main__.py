@@ -1,0 +1,5 @@
+"""``python -m cnode`` runs the command line."""
+
+from cnode.node.cli import run
+
+run()

@@ -1,0 +1,3 @@
+"""cnode.storage"""
+
+__all__: list[str] = []
