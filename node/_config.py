@@ -28,6 +28,7 @@ HF_BINDING_FILE = "hf_binding.cbor"
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
 DEFAULT_COORDINATOR = "http://127.0.0.1:8470"
 LOG_FORMATS = ("console", "json")
+_TYPE_NAMES = {str: "a string", int: "an integer", list: "a list of strings"}
 
 
 class ConfigError(CnodeError):
@@ -77,7 +78,7 @@ def load_config(home: Path) -> NodeConfig:
     for key, value in raw.items():
         if type(value) is not type(defaults[key]):
             raise ConfigError(
-                f"{path}: {key} must be a {type(defaults[key]).__name__}, got {value!r}"
+                f"{path}: {key} must be {_TYPE_NAMES[type(defaults[key])]}, got {value!r}"
             )
     config = NodeConfig(**raw)
     if config.log_format not in LOG_FORMATS:
