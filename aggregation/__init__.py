@@ -1,3 +1,53 @@
-"""cnode.aggregation"""
+"""cnode.aggregation: deterministic, Byzantine-robust aggregation of peers' updates.
 
-__all__: list[str] = []
+Pure functions on torch tensors, no I/O. ``aggregate()`` validates every update, runs the
+configured rule (CenteredClip by default) and returns the aggregate with a per-peer record;
+``BanPolicy`` turns records into ban recommendations; ``ATTACKS`` is the attack harness used by
+``bench/robustness.py`` and ``cnode train --attack``. Spec: specs/aggregation.md.
+"""
+
+from ._aggregate import aggregate as aggregate
+from ._attacks import ATTACKS as ATTACKS
+from ._attacks import ATTACKS_DATA_LEVEL as ATTACKS_DATA_LEVEL
+from ._attacks import Attack as Attack
+from ._attacks import alie_z as alie_z
+from ._attacks import flip_labels as flip_labels
+from ._attacks import new_attack as new_attack
+from ._ban import BanPolicy as BanPolicy
+from ._ban import BanRecommendation as BanRecommendation
+from ._exceptions import AggregationError as AggregationError
+from ._exceptions import AggregationInputError as AggregationInputError
+from ._exceptions import AggregatorConfigError as AggregatorConfigError
+from ._exceptions import NotEnoughUpdatesError as NotEnoughUpdatesError
+from ._kernels import tree_sum as tree_sum
+from ._momentum import worker_momentum as worker_momentum
+from ._types import AGGREGATORS as AGGREGATORS
+from ._types import AggregationResult as AggregationResult
+from ._types import AggregatorConfig as AggregatorConfig
+from ._types import PeerRecord as PeerRecord
+from ._types import TensorSpec as TensorSpec
+from ._validate import validate_update as validate_update
+
+__all__ = [
+    "AGGREGATORS",
+    "ATTACKS",
+    "ATTACKS_DATA_LEVEL",
+    "AggregationError",
+    "AggregationInputError",
+    "AggregationResult",
+    "AggregatorConfig",
+    "AggregatorConfigError",
+    "Attack",
+    "BanPolicy",
+    "BanRecommendation",
+    "NotEnoughUpdatesError",
+    "PeerRecord",
+    "TensorSpec",
+    "aggregate",
+    "alie_z",
+    "flip_labels",
+    "new_attack",
+    "tree_sum",
+    "validate_update",
+    "worker_momentum",
+]

@@ -1,0 +1,114 @@
+"""BanPolicy: turn per-round PeerRecords into ban recommendations with evidence.
+
+Rules (specs/aggregation.md "Ban evidence"):
+
+* a rejected update (NaN/Inf, wrong names, shape or dtype) -> recommended at once;
+* an outlier (score > OUTLIER_SCORE) in at least k of the last m rounds the peer took part in ->
+  recommended, with the figures of those rounds.
+
+A peer is recommended once; the caller (the node, then the coordinator) decides the ban.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import limits
+from ._exceptions import AggregationInputError
+from ._types import PeerRecord
+
+__all__ = ["BanPolicy", "BanRecommendation"]
+
+
+@dataclass(frozen=True)
+class BanRecommendation:
+    """Evidence that a peer should be banned."""
+
+    peer: str  # the peer id
+    round: int  # the round that triggered the recommendation
+    reason: str  # "rejected: <why>" or "outlier in k of the last m rounds"
+    update_cid: str | None  # CID of the offending update of that round (None if unknown)
+    figures: dict[str, Any] = field(default_factory=dict)  # the numbers behind the reason
+
+    def to_payload(self) -> dict[str, Any]:
+        """CBOR/JSON-friendly dict for a signed "cnode/ban-evidence/v1" envelope."""
+        return {
+            "peer": self.peer,
+            "round": self.round,
+            "reason": self.reason,
+            "update_cid": self.update_cid,
+            "figures": self.figures,
+        }
+
+
+@dataclass
+class _Seen:
+    round: int
+    outlier: bool
+    distance: float | None
+    score: float | None
+    clip_weight: float | None
+    update_cid: str | None
+
+
+class BanPolicy:
+    """Stateful across rounds: call observe() once per round, rounds strictly increasing."""
+
+    def __init__(self, k: int = limits.BAN_K, m: int = limits.BAN_M) -> None:
+        if not 1 <= k <= m:
+            raise AggregationInputError("BanPolicy needs 1 <= k <= m")
+        self.k, self.m = k, m
+        self._history: dict[str, deque[_Seen]] = {}
+        self._recommended: set[str] = set()
+        self._last_round: int | None = None
+
+    def observe(
+        self,
+        round: int,
+        records: Mapping[str, PeerRecord],
+        update_cids: Mapping[str, str] | None = None,
+    ) -> list[BanRecommendation]:
+        """Record one round; return the new recommendations (sorted by peer id)."""
+        if self._last_round is not None and round <= self._last_round:
+            raise AggregationInputError(f"round {round} observed after round {self._last_round}")
+        self._last_round = round
+        cids = update_cids or {}
+        out: list[BanRecommendation] = []
+        for peer in sorted(records):
+            rec = records[peer]
+            cid = cids.get(peer)
+            if peer in self._recommended:
+                continue
+            if rec.rejected is not None:
+                self._recommended.add(peer)
+                out.append(
+                    BanRecommendation(
+                        peer, round, f"rejected: {rec.rejected}", cid, {"rejected": rec.rejected}
+                    )
+                )
+                continue
+            seen = self._history.setdefault(peer, deque(maxlen=self.m))
+            seen.append(_Seen(round, rec.outlier, rec.distance, rec.score, rec.clip_weight, cid))
+            bad = [s for s in seen if s.outlier]
+            if len(bad) >= self.k:
+                self._recommended.add(peer)
+                out.append(
+                    BanRecommendation(
+                        peer,
+                        round,
+                        f"outlier in {len(bad)} of the last {len(seen)} rounds",
+                        cid,
+                        {
+                            "outlier_score": limits.OUTLIER_SCORE,
+                            "rounds": [s.round for s in bad],
+                            "distances": [s.distance for s in bad],
+                            "scores": [s.score for s in bad],
+                            "clip_weights": [s.clip_weight for s in bad],
+                            "update_cids": [s.update_cid for s in bad],
+                        },
+                    )
+                )
+        return out

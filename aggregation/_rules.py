@@ -1,0 +1,216 @@
+"""The aggregation rules, each on a :class:`Stack` of accepted updates ordered by peer id.
+
+Every rule returns a :class:`RuleOutput`: the float64 aggregate (flattened per layer), the
+per-peer clip weights where the rule has them, the distances when the rule computed them anyway,
+and the parameters it actually used. See specs/aggregation.md for the definitions.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from . import limits
+from ._exceptions import NotEnoughUpdatesError
+from ._kernels import Stack, tree_sum
+
+__all__ = ["RULES", "RuleOutput", "default_f"]
+
+
+@dataclass
+class RuleOutput:
+    vector: dict[str, torch.Tensor]  # float64, flattened per layer
+    clip_weights: list[float | None]  # per accepted peer, in stack order
+    sq_distances: torch.Tensor | None = None  # to ``vector``, when already known
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+Rule = Callable[
+    [Stack, list[float], Mapping[str, Any], Mapping[str, torch.Tensor] | None], RuleOutput
+]
+
+
+def default_f(n: int) -> int:
+    """Attackers assumed by trimmed mean and Krum when ``f`` is not set: the most below n/2."""
+    return max(0, (n - 1) // 2)
+
+
+def _weighted_sum(stack: Stack, coef: torch.Tensor, divisor: float) -> dict[str, torch.Tensor]:
+    v = stack.new_vector()
+    col = coef.reshape(-1, 1)
+    for chunk, x in stack.iter_chunks():
+        v[chunk.name][chunk.start : chunk.stop] = tree_sum(x * col, 0) / divisor
+    return v
+
+
+def _mean(
+    stack: Stack, weights: list[float], params: Mapping[str, Any], previous: Any
+) -> RuleOutput:
+    v = _weighted_sum(stack, torch.ones(stack.n, dtype=torch.float64), float(stack.n))
+    return RuleOutput(v, [1.0] * stack.n)
+
+
+def _weighted_mean(
+    stack: Stack, weights: list[float], params: Mapping[str, Any], previous: Any
+) -> RuleOutput:
+    total = math.fsum(weights)  # exactly rounded: independent of order
+    v = _weighted_sum(stack, torch.tensor(weights, dtype=torch.float64), total)
+    return RuleOutput(v, [1.0] * stack.n)
+
+
+def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
+    # Values only are used, so the sort's tie order cannot change the result (except the sign
+    # of zero, which stable=True fixes by input = peer order).
+    return torch.sort(x, dim=0, stable=True).values
+
+
+def _median_into(stack: Stack, v: dict[str, torch.Tensor]) -> None:
+    n = stack.n
+    for chunk, x in stack.iter_chunks():
+        s = _sorted_rows(x)
+        lo, hi = s[(n - 1) // 2], s[n // 2]
+        v[chunk.name][chunk.start : chunk.stop] = lo if n % 2 else (lo + hi) * 0.5
+
+
+def _median(
+    stack: Stack, weights: list[float], params: Mapping[str, Any], previous: Any
+) -> RuleOutput:
+    v = stack.new_vector()
+    _median_into(stack, v)
+    return RuleOutput(v, [None] * stack.n)
+
+
+def _trimmed_mean(
+    stack: Stack, weights: list[float], params: Mapping[str, Any], previous: Any
+) -> RuleOutput:
+    n = stack.n
+    f = int(params.get("f", default_f(n)))
+    if n - 2 * f < 1:
+        raise NotEnoughUpdatesError(
+            f"trimmed mean with f={f} needs more than {2 * f} updates, got {n}"
+        )
+    v = stack.new_vector()
+    for chunk, x in stack.iter_chunks():
+        kept = _sorted_rows(x)[f : n - f]
+        v[chunk.name][chunk.start : chunk.stop] = tree_sum(kept, 0) / float(n - 2 * f)
+    return RuleOutput(v, [None] * n, params={"f": f})
+
+
+def _krum(
+    stack: Stack, weights: list[float], params: Mapping[str, Any], previous: Any
+) -> RuleOutput:
+    n = stack.n
+    f = int(params.get("f", default_f(n)))
+    neighbours = n - f - 2
+    if neighbours < 1 and n > 1:
+        raise NotEnoughUpdatesError(f"Krum with f={f} needs at least {f + 3} updates, got {n}")
+    pair = torch.zeros((n, n), dtype=torch.float64)
+    for _chunk, x in stack.iter_chunks():
+        for i in range(n):
+            d = x - x[i]
+            pair[i] = pair[i] + tree_sum(d * d, 1)
+    rows = pair.tolist()
+    scores = []
+    for i in range(n):
+        others = sorted(rows[i][j] for j in range(n) if j != i)
+        scores.append(math.fsum(others[:neighbours]))
+    chosen = min(range(n), key=lambda i: (scores[i], i))  # ties: lowest peer id
+    v = stack.new_vector()
+    for chunk, x in stack.iter_chunks():
+        v[chunk.name][chunk.start : chunk.stop] = x[chosen]
+    return RuleOutput(
+        v,
+        [1.0 if i == chosen else 0.0 for i in range(n)],
+        sq_distances=pair[chosen].clone(),
+        params={"f": f, "chosen_index": chosen},
+    )
+
+
+def _centered_clip(
+    stack: Stack,
+    weights: list[float],
+    params: Mapping[str, Any],
+    previous: Mapping[str, torch.Tensor] | None,
+) -> RuleOutput:
+    """CenteredClip: v <- v + sum_i w_i min(1, tau/|x_i - v|)(x_i - v) / sum_i w_i.
+
+    One pass over the data per iteration: each chunk is moved to the new v and, in the same
+    pass, the squared distances to the new v (for the next iteration's clip weights) and the
+    squared step length are accumulated.
+    """
+    start = params.get("start", "median")
+    max_iter = int(params.get("max_iterations", limits.CLIP_MAX_ITERATIONS))
+    tolerance = float(params.get("tolerance", limits.CLIP_TOLERANCE))
+    tau_scale = float(params.get("tau_scale", limits.CLIP_TAU_SCALE))
+    fixed_tau = params.get("tau")
+
+    v = stack.new_vector()
+    if start == "previous" and previous is not None:
+        for name in stack.names:
+            v[name].copy_(previous[name].detach().reshape(-1))
+        used_start = "previous"
+    else:
+        _median_into(stack, v)
+        used_start = "median"
+    sq = stack.sq_distances(v)
+    dist = [math.sqrt(d) for d in sq.tolist()]
+    start_median = statistics.median(dist)
+    tau = float(fixed_tau) if fixed_tau is not None else tau_scale * start_median
+
+    total = math.fsum(weights)
+    share = [w / total for w in weights]
+    iterations = 0
+    step = 0.0
+    if tau > 0.0:
+        for _ in range(max_iter):
+            clip = [1.0 if d <= tau else tau / d for d in dist]
+            coef = torch.tensor(
+                [s * c for s, c in zip(share, clip, strict=True)], dtype=torch.float64
+            )
+            col = coef.reshape(-1, 1)
+            sq = torch.zeros(stack.n, dtype=torch.float64)
+            step_sq = torch.zeros(1, dtype=torch.float64)
+            for chunk, x in stack.iter_chunks():
+                vc = v[chunk.name][chunk.start : chunk.stop]
+                delta = tree_sum((x - vc) * col, 0)
+                vc += delta  # in place: v now holds the new point for this chunk
+                step_sq = step_sq + tree_sum((delta * delta).reshape(1, -1), 1)
+                d = x - vc
+                sq = sq + tree_sum(d * d, 1)
+            dist = [math.sqrt(d) for d in sq.tolist()]
+            iterations += 1
+            step = math.sqrt(float(step_sq[0]))
+            if step <= tolerance * tau:
+                break
+    clip = [1.0 if d <= tau else tau / d for d in dist]
+    return RuleOutput(
+        v,
+        list(clip),
+        sq_distances=sq,
+        params={
+            "tau": tau,
+            "tau_rule": "fixed" if fixed_tau is not None else "scale_free",
+            "tau_scale": tau_scale,
+            "start": used_start,
+            "start_median_distance": start_median,
+            "iterations": iterations,
+            "last_step": step,
+            "max_iterations": max_iter,
+            "tolerance": tolerance,
+        },
+    )
+
+
+RULES: Mapping[str, Rule] = {
+    "mean": _mean,
+    "weighted_mean": _weighted_mean,
+    "median": _median,
+    "trimmed_mean": _trimmed_mean,
+    "krum": _krum,
+    "centered_clip": _centered_clip,
+}

@@ -1,0 +1,41 @@
+"""Named limits and defaults of cnode.aggregation, shared by code, specs/aggregation.md and tests.
+
+Changing any value marked *part of the result* changes aggregate bytes: every honest node of a run
+must use the same value, so treat such a change as a protocol change.
+"""
+
+# Elements per chunk when a layer is cut for processing. Part of the result: sums of squares are
+# reduced chunk by chunk with a fixed pairwise tree, then chunk totals are added in order.
+# 2**16 float64 values x 16 peers = 8 MiB of working set: fits the L3 cache, few Python calls.
+CHUNK_ELEMENTS = 1 << 16
+
+# Most updates one aggregate() call accepts (the run's member list is bounded far below this).
+MAX_UPDATES = 4096
+
+# Longest peer id string accepted as a key (base58 libp2p ids are ~52 characters).
+MAX_PEER_ID_LENGTH = 128
+
+# Most reasons listed when an update has several wrong names (keeps evidence messages short).
+MAX_NAMES_IN_REASON = 5
+
+# CenteredClip defaults. Part of the result.
+CLIP_MAX_ITERATIONS = 30  # iteration cap; converged runs stop much earlier
+CLIP_TOLERANCE = 1e-4  # stop when the step length is below CLIP_TOLERANCE * tau
+# Scale-free tau: tau = CLIP_TAU_SCALE * median distance of the updates to the robust start,
+# recomputed each round. See specs/aggregation.md "Choosing tau" for the reasoning.
+CLIP_TAU_SCALE = 1.0
+
+# Ban evidence: a peer is an outlier in a round when its distance to the aggregate exceeds
+# OUTLIER_SCORE times the median distance of the accepted peers. Honest non-iid peers measured at
+# < 2.0 (tests/aggregation/test_ban.py); noise/sign-flip attackers at > 5.
+OUTLIER_SCORE = 3.0
+# BanPolicy default: recommend after BAN_K outlier rounds within the last BAN_M observed rounds.
+BAN_K = 3
+BAN_M = 5
+
+# Attack harness defaults (cnode.aggregation.ATTACKS).
+GAUSSIAN_STD_FACTOR = 100.0  # noise std = factor x RMS of the attacker's honest update
+IPM_EPSILON = 0.1  # inner-product manipulation: send -epsilon x mean of honest updates
+IPM_LARGE_EPSILON = 10.0  # the variant aimed at the plain mean
+STALE_DELAY_ROUNDS = 5  # the stale attacker replays its own update from this many rounds ago
+ALIE_MAX_Z = 3.0  # cap on z when f is so large that the formula's quantile reaches 1
