@@ -1,0 +1,137 @@
+"""Training settings of a run: model, data, local steps, aggregation, checkpoints.
+
+They travel inside the run configuration (its ``[training]`` table) so every node of a run trains
+the same model the same way. Every field has a default: an empty table gives the tiny GPT-2-style
+model that ``cnode demo`` trains on two cores.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from . import limits
+from ._exceptions import TrainingConfigError
+
+__all__ = ["DataConfig", "ModelConfig", "TrainingConfig"]
+
+BUILTIN_CORPUS = "builtin:stdlib-docstrings"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A GPT-2-style decoder built from these fields (no download), or a Hub model id."""
+
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 2
+    n_positions: int = 64
+    vocab_size: int = 1024  # must equal the tokenizer's vocabulary
+    pretrained: str = ""  # a Hugging Face model id; empty = build from the fields above
+
+    def to_gpt2_kwargs(self) -> dict[str, Any]:
+        # Dropout off: a round's update then depends on (state, data, seed) only.
+        return {
+            "n_layer": self.n_layer,
+            "n_embd": self.n_embd,
+            "n_head": self.n_head,
+            "n_positions": self.n_positions,
+            "vocab_size": self.vocab_size,
+            "resid_pdrop": 0.0,
+            "embd_pdrop": 0.0,
+            "attn_pdrop": 0.0,
+            "bos_token_id": 0,  # <|endoftext|> is id 0 in the trained tokenizer
+            "eos_token_id": 0,
+            "loss_type": "ForCausalLM",
+        }
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the text comes from and how it is cut."""
+
+    corpus: str = BUILTIN_CORPUS  # or a path to a UTF-8 text file present on every node
+    seq_len: int = 64  # tokens per training sequence (<= model n_positions)
+    n_shards: int = 8  # the corpus is cut into this many shards; a peer's id picks its shard
+    eval_sequences: int = 64  # held-out sequences (the same on every node) for the loss report
+
+
+@dataclass(frozen=True)
+class TrainingConfig:
+    """Everything that must be equal on all nodes of a run for their rounds to agree."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    seed: int = 0  # initial weights and per-(peer, round) batch order derive from it
+    local_steps: int = 16  # optimizer steps per round before the update is taken
+    batch_size: int = 8  # sequences per step
+    lr: float = 3e-3  # AdamW learning rate of the local steps
+    outer_lr: float = 1.0  # state += outer_lr * aggregate(updates)
+    checkpoint_every: int = 1  # the checkpointer stores a checkpoint every N rounds
+    aggregator: str = "centered_clip"
+    aggregator_params: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def samples_per_round(self) -> int:
+        return self.local_steps * self.batch_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainingConfig:
+        """Build from a run config's ``[training]`` table; unknown keys are an error."""
+        if not isinstance(raw, dict):
+            raise TrainingConfigError("[training] must be a table")
+        raw = dict(raw)
+        model = _build(ModelConfig, raw.pop("model", {}), "training.model")
+        data = _build(DataConfig, raw.pop("data", {}), "training.data")
+        config = _build(cls, raw, "training", model=model, data=data)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        """Raise :class:`TrainingConfigError` for values no run can train with."""
+        m, d = self.model, self.data
+        if not m.pretrained:
+            if min(m.n_layer, m.n_embd, m.n_head, m.n_positions, m.vocab_size) < 1:
+                raise TrainingConfigError("training.model sizes must be positive")
+            if m.n_embd % m.n_head:
+                raise TrainingConfigError("training.model.n_embd must be a multiple of n_head")
+            embd = m.n_embd
+            approx = (m.vocab_size + m.n_positions) * embd + 12 * m.n_layer * embd**2
+            if approx > limits.MAX_MODEL_PARAMETERS:
+                raise TrainingConfigError(
+                    f"training.model has ~{approx} parameters, over MAX_MODEL_PARAMETERS "
+                    f"({limits.MAX_MODEL_PARAMETERS})"
+                )
+            if d.seq_len > m.n_positions:
+                raise TrainingConfigError("training.data.seq_len must be <= model.n_positions")
+        if d.seq_len < 2 or d.n_shards < 1 or d.eval_sequences < 1:
+            raise TrainingConfigError(
+                "training.data needs seq_len >= 2, n_shards >= 1, eval_sequences >= 1"
+            )
+        if not 1 <= self.local_steps <= limits.MAX_LOCAL_STEPS:
+            raise TrainingConfigError(f"training.local_steps must be 1..{limits.MAX_LOCAL_STEPS}")
+        if self.batch_size < 1 or self.checkpoint_every < 1:
+            raise TrainingConfigError("training.batch_size and checkpoint_every must be >= 1")
+        if not (self.lr > 0 and self.outer_lr > 0):
+            raise TrainingConfigError("training.lr and outer_lr must be > 0")
+
+
+def _build(cls: type, raw: Any, where: str, **given: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise TrainingConfigError(f"[{where}] must be a table")
+    known = {f.name: f for f in fields(cls)}
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise TrainingConfigError(f"[{where}]: unknown setting(s) {', '.join(unknown)}")
+    defaults = cls(**given) if given else cls()
+    for key, value in raw.items():
+        want = type(getattr(defaults, key))
+        ok = isinstance(value, want) and not (want is int and isinstance(value, bool))
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, raw[key] = True, float(value)
+        if not ok:
+            raise TrainingConfigError(f"[{where}] {key} must be {want.__name__}, got {value!r}")
+    return cls(**given, **raw)

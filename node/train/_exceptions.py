@@ -1,0 +1,68 @@
+"""Errors raised by the training loop (``cnode.node.train``).
+
+The tree::
+
+    cnode.CnodeError
+     └── TrainingError                 anything the training loop reports
+          ├── TrainingConfigError      the run's training settings are unusable (its author's fault)
+          ├── PeerUpdateError          a peer's update or signed header is invalid (its fault)
+          ├── StateMismatchError       this node's state differs from the one the swarm agreed on
+          ├── ReplayMismatchError      recomputing a checkpoint gives other layers than its manifest
+          └── CatchUpError             the state needed to join could not be fetched or rebuilt
+"""
+
+from __future__ import annotations
+
+from cnode import CnodeError
+
+__all__ = [
+    "CatchUpError",
+    "PeerUpdateError",
+    "ReplayMismatchError",
+    "StateMismatchError",
+    "TrainingConfigError",
+    "TrainingError",
+]
+
+
+class TrainingError(CnodeError):
+    """Raised by the training loop; the root of the errors below."""
+
+
+class TrainingConfigError(TrainingError):
+    """Raised when a run's training settings (model, data, steps, aggregator) are unusable."""
+
+
+class PeerUpdateError(TrainingError):
+    """Raised when a peer's update header or update tensors fail validation.
+
+    The fault is the remote peer's; the round goes on without that update.
+    """
+
+    def __init__(self, peer: str, reason: str) -> None:
+        super().__init__(f"update from {peer[-8:]} rejected: {reason}")
+        self.peer = peer
+        self.reason = reason
+
+
+class StateMismatchError(TrainingError):
+    """Raised when this node's state CID after a round differs from the CID the swarm agreed on.
+
+    Honest nodes must end each round bit-identical; this is never silently repaired.
+    """
+
+
+class ReplayMismatchError(TrainingError):
+    """Raised by a replay when the recomputed state differs from a checkpoint's manifest.
+
+    ``layer`` names the first layer (in name order) whose CIDs differ, or is ``None`` when the
+    layer sets themselves differ.
+    """
+
+    def __init__(self, message: str, layer: str | None = None) -> None:
+        super().__init__(message)
+        self.layer = layer
+
+
+class CatchUpError(TrainingError):
+    """Raised when a joining node cannot fetch or rebuild the state it needs to join a round."""

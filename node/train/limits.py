@@ -1,0 +1,25 @@
+"""Named limits of the training loop, shared by code, ``specs/training.md`` and tests."""
+
+from __future__ import annotations
+
+# A signed update header is a handful of short fields; anything larger is garbage or an attack.
+MAX_UPDATE_HEADER_BYTES = 4096
+# Members whose updates one round aggregates; bounds the memory a round can be made to use.
+MAX_ROUND_MEMBERS = 256
+# Rounds a replay (verify --replay, late join) recomputes; bounds work an untrusted manifest causes.
+MAX_REPLAY_ROUNDS = 1000
+# Parameters of a model this loop will build from a run config (the default has ~170 thousand).
+MAX_MODEL_PARAMETERS = 200_000_000
+# Local optimizer steps per round; more is a misconfigured run, not a bigger experiment.
+MAX_LOCAL_STEPS = 10_000
+# Bytes of a training corpus read from a local file.
+MAX_CORPUS_BYTES = 512 * 1024 * 1024
+
+# Seconds a node waits for the coordinator to publish a round's member list after it is ready.
+MEMBERS_WAIT_S = 120.0
+# Seconds a node spends fetching the updates of one round's members before dropping the missing.
+ROUND_FETCH_S = 60.0
+# Seconds a joining node spends fetching the current checkpoint from its holders.
+CATCH_UP_FETCH_S = 120.0
+# Seconds between two polls of the coordinator while waiting (a poll is one small HTTP request).
+POLL_INTERVAL_S = 0.2
