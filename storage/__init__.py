@@ -1,3 +1,78 @@
-"""cnode.storage"""
+"""cnode.storage: content-addressed blocks, checkpoint manifests, CAR and HF-folder export.
 
-__all__: list[str] = []
+Knows nothing of the network. Formats: specs/manifest.md. Errors: ``_exceptions.py``.
+"""
+
+from . import limits as limits
+from ._blockstore import BlockStore as BlockStore
+from ._checkpoint import TORCH_DTYPES as TORCH_DTYPES
+from ._checkpoint import load_checkpoint as load_checkpoint
+from ._checkpoint import load_layer as load_layer
+from ._checkpoint import manifest_closure as manifest_closure
+from ._checkpoint import missing_blocks as missing_blocks
+from ._checkpoint import read_file as read_file
+from ._checkpoint import read_manifest as read_manifest
+from ._checkpoint import read_tokenizer_files as read_tokenizer_files
+from ._checkpoint import save_checkpoint as save_checkpoint
+from ._cid import CID as CID
+from ._cid import DAG_CBOR as DAG_CBOR
+from ._cid import RAW as RAW
+from ._cid import compute_cid as compute_cid
+from ._cid import verify_block as verify_block
+from ._exceptions import BlockMismatchError as BlockMismatchError
+from ._exceptions import BlockNotFoundError as BlockNotFoundError
+from ._exceptions import BlockTooLargeError as BlockTooLargeError
+from ._exceptions import CARError as CARError
+from ._exceptions import CBORDecodeError as CBORDecodeError
+from ._exceptions import CheckpointError as CheckpointError
+from ._exceptions import CorruptBlockError as CorruptBlockError
+from ._exceptions import HFFolderError as HFFolderError
+from ._exceptions import InvalidCIDError as InvalidCIDError
+from ._exceptions import ManifestError as ManifestError
+from ._exceptions import NonCanonicalCBORError as NonCanonicalCBORError
+from ._exceptions import StorageError as StorageError
+from ._manifest import DTYPES as DTYPES
+from ._manifest import AggregationRecord as AggregationRecord
+from ._manifest import CheckpointMeta as CheckpointMeta
+from ._manifest import FileRef as FileRef
+from ._manifest import Layer as Layer
+from ._manifest import Manifest as Manifest
+from ._manifest import ManifestLayout as ManifestLayout
+
+__all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_exports.py)
+    "AggregationRecord",
+    "BlockMismatchError",
+    "BlockNotFoundError",
+    "BlockStore",
+    "BlockTooLargeError",
+    "CARError",
+    "CBORDecodeError",
+    "CID",
+    "CheckpointError",
+    "CheckpointMeta",
+    "CorruptBlockError",
+    "DAG_CBOR",
+    "DTYPES",
+    "FileRef",
+    "HFFolderError",
+    "InvalidCIDError",
+    "Layer",
+    "Manifest",
+    "ManifestError",
+    "ManifestLayout",
+    "NonCanonicalCBORError",
+    "RAW",
+    "StorageError",
+    "TORCH_DTYPES",
+    "compute_cid",
+    "limits",
+    "load_checkpoint",
+    "load_layer",
+    "manifest_closure",
+    "missing_blocks",
+    "read_file",
+    "read_manifest",
+    "read_tokenizer_files",
+    "save_checkpoint",
+    "verify_block",
+]

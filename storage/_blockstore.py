@@ -1,0 +1,319 @@
+"""The block store on disk. See specs/manifest.md#block-store.
+
+Layout under ``root``::
+
+    blocks/<xy>/<cid>    one file per block; <xy> = the two characters before the CID's last
+                         one (flatfs "next-to-last/2" sharding: 1024 shards, evenly filled)
+    tmp/                 files being written; renamed into blocks/ only when complete + fsynced
+    quarantine/<cid>     blocks that failed verification on read, kept for inspection
+    pins/<name>          one pin per file: the root CID text of a manifest kept by gc
+
+Two layers, as boxo does it: :class:`_BlockFiles` reads and writes files and trusts them;
+:class:`BlockStore` (the public class) verifies every byte it hands out, so a corrupt file is
+reported by CID, moved to ``quarantine/`` and never returned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import structlog
+
+from . import limits
+from ._cid import CID, compute_cid, verify_block
+from ._exceptions import (
+    BlockNotFoundError,
+    CorruptBlockError,
+    InvalidCIDError,
+    StorageError,
+)
+
+log = structlog.get_logger(__name__)
+
+# Temp files older than this are left-overs of a crashed writer and are removed on open.
+_STALE_TMP_S = 3600.0
+_PIN_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
+
+
+class _BlockFiles:
+    """Block files under a root folder: paths, atomic writes, raw reads. Verifies nothing."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.blocks = self.root / "blocks"
+        self.tmp = self.root / "tmp"
+        self.quarantine = self.root / "quarantine"
+        self.pins = self.root / "pins"
+        for folder in (self.blocks, self.tmp, self.quarantine, self.pins):
+            folder.mkdir(parents=True, exist_ok=True)
+        self._remove_stale_tmp()
+
+    def _remove_stale_tmp(self) -> None:
+        now = time.time()
+        for entry in os.scandir(self.tmp):
+            with contextlib.suppress(FileNotFoundError):
+                if entry.is_file() and now - entry.stat().st_mtime > _STALE_TMP_S:
+                    os.unlink(entry.path)
+
+    def path(self, cid: CID) -> Path:
+        text = str(cid)
+        return self.blocks / text[-3:-1] / text
+
+    def write(self, cid: CID, data: bytes | bytearray | memoryview) -> None:
+        """Write atomically: temp file, fsync, rename. Same-CID writers race harmlessly."""
+        target = self.path(cid)
+        target.parent.mkdir(exist_ok=True)
+        tmp = self.tmp / f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data).cast("B")
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.replace(tmp, target)
+
+    def move_in(self, cid: CID, source: Path) -> None:
+        """Rename an already fsynced, verified file into place (CAR import)."""
+        target = self.path(cid)
+        target.parent.mkdir(exist_ok=True)
+        os.replace(source, target)
+
+
+class BlockStore:
+    """Content-addressed blocks on disk; every read is verified against the CID.
+
+    Args:
+        root: the store's folder (created if absent).
+
+    Error handling: reads of an absent block raise BlockNotFoundError; a stored block that fails
+    verification is moved to ``quarantine/`` and CorruptBlockError (naming the CID) is raised.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._files = _BlockFiles(Path(root))
+        self.root = self._files.root
+
+    # -- presence -------------------------------------------------------------------------
+
+    def has(self, cid: CID) -> bool:
+        return self._files.path(cid).is_file()
+
+    def size(self, cid: CID) -> int:
+        try:
+            return self._files.path(cid).stat().st_size
+        except FileNotFoundError as exc:
+            raise BlockNotFoundError(f"block {cid} is not in the store", cid) from exc
+
+    def iter_cids(self) -> Iterator[CID]:
+        """Every CID held (order unspecified); stray files are skipped."""
+        for shard in sorted(os.scandir(self._files.blocks), key=lambda e: e.name):
+            if not shard.is_dir():
+                continue
+            for entry in os.scandir(shard.path):
+                try:
+                    cid = CID.parse(entry.name)
+                except InvalidCIDError:
+                    continue
+                yield cid
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def _quarantine(self, cid: CID, reason: str) -> CorruptBlockError:
+        source = self._files.path(cid)
+        target = self._files.quarantine / f"{cid}.{int(time.time())}"
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(source, target)
+        log.warning("block_quarantined", cid=str(cid), reason=reason, path=str(target))
+        return CorruptBlockError(f"stored block {cid} is corrupt ({reason}); quarantined", cid)
+
+    def _open(self, cid: CID) -> int:
+        try:
+            return os.open(self._files.path(cid), os.O_RDONLY)
+        except FileNotFoundError as exc:
+            raise BlockNotFoundError(f"block {cid} is not in the store", cid) from exc
+
+    def get(self, cid: CID) -> bytes:
+        """The block's bytes, verified against ``cid``."""
+        fd = self._open(cid)
+        try:
+            size = os.fstat(fd).st_size
+            if size > limits.MAX_BLOCK_SIZE:
+                raise self._quarantine(cid, f"{size} bytes exceeds MAX_BLOCK_SIZE")
+            with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+                data = f.read(size + 1)
+        finally:
+            os.close(fd)
+        if hashlib.sha256(data).digest() != cid.digest:
+            raise self._quarantine(cid, "hash mismatch")
+        return data
+
+    def readinto(self, cid: CID, buffer: memoryview) -> None:
+        """Fill ``buffer`` (exactly the block's length) with the verified block.
+
+        Used to load tensors without an extra copy. On a hash or length mismatch the block is
+        quarantined, CorruptBlockError raised, and the buffer's content is undefined.
+        """
+        fd = self._open(cid)
+        try:
+            size = os.fstat(fd).st_size
+            if size != len(buffer):
+                raise self._quarantine(cid, f"{size} bytes, expected {len(buffer)}")
+            with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+                got = 0
+                while got < size:
+                    n = f.readinto(buffer[got:])
+                    if not n:
+                        break
+                    got += n
+        finally:
+            os.close(fd)
+        if got != size or hashlib.sha256(buffer).digest() != cid.digest:
+            raise self._quarantine(cid, "hash mismatch")
+
+    def read_chunks(self, cid: CID, size: int = 65536) -> Iterator[bytes]:
+        """Stream the block in pieces of ``size`` bytes.
+
+        The whole block (at most MAX_BLOCK_SIZE) is verified before the first piece is yielded,
+        so a consumer never sees bytes of a corrupt block.
+        """
+        if size <= 0:
+            raise ValueError("size must be positive")
+        data = memoryview(self.get(cid))
+        for start in range(0, len(data), size):
+            yield bytes(data[start : start + size])
+
+    def check(self, cid: CID, expected_size: int | None = None) -> str:
+        """Verify a held block without keeping it: "ok", "missing" or "corrupt" (quarantined)."""
+        try:
+            fd = self._open(cid)
+        except BlockNotFoundError:
+            return "missing"
+        try:
+            actual = os.fstat(fd).st_size
+            if actual > limits.MAX_BLOCK_SIZE or (
+                expected_size is not None and actual != expected_size
+            ):
+                self._quarantine(cid, f"{actual} bytes, expected {expected_size}")
+                return "corrupt"
+            digest = hashlib.sha256()
+            buf = bytearray(min(actual, limits.MAX_BLOCK_SIZE) or 1)
+            with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
+                while n := f.readinto(buf):
+                    digest.update(memoryview(buf)[:n])
+        finally:
+            os.close(fd)
+        if digest.digest() != cid.digest:
+            self._quarantine(cid, "hash mismatch")
+            return "corrupt"
+        return "ok"
+
+    # -- writes ---------------------------------------------------------------------------
+
+    def put(self, cid: CID, data: bytes | bytearray | memoryview) -> None:
+        """Store ``data`` under ``cid`` after verifying it (BlockMismatchError if it differs)."""
+        verify_block(cid, data)
+        path = self._files.path(cid)
+        try:
+            if path.stat().st_size == len(data):
+                return  # already held (a corrupt copy of the same size is caught on read)
+        except FileNotFoundError:
+            pass
+        self._files.write(cid, data)
+
+    def put_new(self, data: bytes | bytearray | memoryview, codec: int) -> CID:
+        """Compute the CID of ``data``, store it, and return the CID."""
+        cid = compute_cid(data, codec)
+        path = self._files.path(cid)
+        try:
+            if path.stat().st_size == len(data):
+                return cid
+        except FileNotFoundError:
+            pass
+        self._files.write(cid, data)
+        return cid
+
+    def delete(self, cid: CID) -> None:
+        """Remove the block if held (no error if absent)."""
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._files.path(cid))
+
+    def _adopt(self, cid: CID, source: Path) -> None:
+        """Move a verified, fsynced file into place (used by CAR import)."""
+        self._files.move_in(cid, source)
+
+    # -- pins and gc ----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_pin_name(name: str) -> None:
+        if not _PIN_NAME.match(name) or ".." in name:
+            raise StorageError(f"bad pin name {name!r}: use letters, digits, '.', '_', '-'")
+
+    def pin(self, name: str, root_cid: CID) -> None:
+        """Keep ``root_cid`` (a manifest) and everything it lists through gc, under ``name``."""
+        self._check_pin_name(name)
+        tmp = self._files.tmp / f"pin.{name}.{secrets.token_hex(6)}"
+        tmp.write_text(str(root_cid) + "\n", encoding="ascii")
+        os.replace(tmp, self._files.pins / name)
+
+    def unpin(self, name: str) -> None:
+        """Drop the pin ``name`` (no error if absent)."""
+        self._check_pin_name(name)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._files.pins / name)
+
+    def pins(self) -> dict[str, CID]:
+        """Pin name -> root CID; unreadable pin files are skipped (and logged)."""
+        out: dict[str, CID] = {}
+        for entry in sorted(os.scandir(self._files.pins), key=lambda e: e.name):
+            try:
+                out[entry.name] = CID.parse(Path(entry.path).read_text(encoding="ascii").strip())
+            except (OSError, UnicodeDecodeError, InvalidCIDError) as exc:
+                log.warning("pin_unreadable", pin=entry.name, error=str(exc))
+        return out
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        with open(self.root / "gc.lock", "a+b") as f:
+            fcntl.flock(f, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def gc(self) -> int:
+        """Remove every block not reachable from a pin; return how many were removed.
+
+        Reachable = the pinned manifest's nodes, chunks and tokenizer files (not its parent nor the
+        updates its aggregation record names: pin those separately to keep them). Run it while no
+        checkpoint is being saved: blocks of a not-yet-pinned checkpoint are unpinned.
+        """
+        from ._checkpoint import reachable_blocks  # the manifest schema lives there
+
+        with self._lock():
+            live: set[CID] = set()
+            for root in self.pins().values():
+                live |= reachable_blocks(self, root)
+            removed = 0
+            for cid in list(self.iter_cids()):
+                if cid not in live:
+                    self.delete(cid)
+                    removed += 1
+        log.info("gc_done", removed=removed, kept=len(live))
+        return removed
+
+

@@ -1,0 +1,309 @@
+"""Checkpoints: state dict <-> chunks + manifest in a BlockStore. See specs/manifest.md.
+
+Saving streams each tensor's own memory, 1 MiB at a time, into the store; loading fills a tensor
+allocated once with verified chunk bytes read straight from disk. Neither ever holds a second copy
+of the model (only a non-contiguous or non-CPU tensor is copied, one tensor at a time).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator, Mapping
+from typing import BinaryIO
+
+import structlog
+import torch
+
+from . import limits
+from ._blockstore import BlockStore
+from ._cid import CID, DAG_CBOR, RAW
+from ._exceptions import (
+    BlockNotFoundError,
+    CheckpointError,
+    CorruptBlockError,
+    ManifestError,
+)
+from ._manifest import (
+    DEFAULT_LAYOUT,
+    KINDS,
+    CheckpointMeta,
+    FileRef,
+    Layer,
+    Manifest,
+    ManifestLayout,
+    PartialLayer,
+    check_file_name,
+    check_layer_name,
+    chunk_length,
+    encode_manifest,
+    parse_chunk_page,
+    parse_layer_page,
+    parse_root,
+    resolve,
+)
+
+log = structlog.get_logger(__name__)
+
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "int32": torch.int32,
+    "int16": torch.int16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "bool": torch.bool,
+}
+_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The manifest name of a torch dtype; CheckpointError if it is not supported."""
+    try:
+        return _DTYPE_NAMES[dtype]
+    except KeyError:
+        raise CheckpointError(
+            f"dtype {dtype} is not supported (supported: {', '.join(TORCH_DTYPES)})"
+        ) from None
+
+
+def _tensor_bytes(name: str, tensor: object) -> tuple[str, memoryview]:
+    if not isinstance(tensor, torch.Tensor):
+        raise CheckpointError(f"layer {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
+    if tensor.layout is not torch.strided or tensor.is_quantized:
+        raise CheckpointError(f"layer {name!r}: only dense (strided) tensors can be stored")
+    dtype = dtype_name(tensor.dtype)
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return dtype, t.reshape(-1).view(torch.uint8).numpy().data
+
+
+def write_chunks(store: BlockStore, data: memoryview) -> tuple[CID, ...]:
+    """Cut ``data`` into CHUNK_SIZE slices and store each; return their CIDs."""
+    return tuple(
+        store.put_new(data[off : off + limits.CHUNK_SIZE], RAW)
+        for off in range(0, len(data), limits.CHUNK_SIZE)
+    )
+
+
+def write_stream(store: BlockStore, stream: BinaryIO, nbytes: int, what: str) -> tuple[CID, ...]:
+    """Store exactly ``nbytes`` read from ``stream`` as chunks (HF import reads files this way)."""
+    buf = bytearray(limits.CHUNK_SIZE)
+    cids = []
+    left = nbytes
+    while left:
+        want = min(left, limits.CHUNK_SIZE)
+        view = memoryview(buf)[:want]
+        got = 0
+        while got < want:
+            n = stream.readinto(view[got:])  # type: ignore[attr-defined]
+            if not n:
+                raise CheckpointError(f"{what}: file ends {left - got} bytes early")
+            got += n
+        cids.append(store.put_new(view, RAW))
+        left -= want
+    return tuple(cids)
+
+
+def _check_meta(meta: CheckpointMeta) -> None:
+    if meta.kind not in KINDS:
+        raise CheckpointError(f"kind must be one of {KINDS}, got {meta.kind!r}")
+    if not isinstance(meta.run_id, str) or not meta.run_id:
+        raise CheckpointError("run_id must be a non-empty string")
+    for field in ("epoch", "round", "step"):
+        value = getattr(meta, field)
+        if type(value) is not int or value < 0:
+            raise CheckpointError(f"{field} must be a non-negative integer, got {value!r}")
+    files = meta.tokenizer_files or {}
+    if len(files) > limits.MAX_TOKENIZER_FILES:
+        raise CheckpointError(f"more than MAX_TOKENIZER_FILES {limits.MAX_TOKENIZER_FILES} files")
+    for name, data in files.items():
+        try:
+            check_file_name(name)
+        except ManifestError as exc:
+            raise CheckpointError(str(exc)) from exc
+        if not isinstance(data, bytes | bytearray) or len(data) > limits.MAX_TOKENIZER_FILE_SIZE:
+            raise CheckpointError(f"tokenizer file {name!r} must be bytes of at most 64 MiB")
+    # Everything else (model_config, extra, aggregation) must survive the manifest's own codec.
+    _, nodes = encode_manifest(meta, {}, [])
+    try:
+        parse_root(nodes[0][1])
+    except ManifestError as exc:
+        raise CheckpointError(f"bad checkpoint meta: {exc}") from exc
+
+
+def save_layers(
+    store: BlockStore,
+    layers: Iterator[Layer],
+    meta: CheckpointMeta,
+    layout: ManifestLayout = DEFAULT_LAYOUT,
+) -> CID:
+    """Write the manifest for layers whose chunks are already stored; return its CID."""
+    files = {}
+    for name, data in (meta.tokenizer_files or {}).items():
+        view = memoryview(bytes(data))
+        files[name] = FileRef(len(view), write_chunks(store, view))
+    all_layers = list(layers)
+    root_cid, nodes = encode_manifest(meta, files, all_layers, layout)
+    # Linked nodes first, root last: a held root always has its pages.
+    for cid, data in reversed(nodes):
+        store.put(cid, data)
+    log.info(
+        "checkpoint_saved",
+        manifest=str(root_cid),
+        run=meta.run_id,
+        kind=meta.kind,
+        round=meta.round,
+        layers=len(all_layers),
+        bytes=sum(layer.nbytes for layer in all_layers),
+    )
+    return root_cid
+
+
+def save_checkpoint(
+    store: BlockStore,
+    state_dict: Mapping[str, torch.Tensor],
+    meta: CheckpointMeta,
+    *,
+    layout: ManifestLayout = DEFAULT_LAYOUT,
+) -> CID:
+    """Store every tensor of ``state_dict`` as 1 MiB chunks plus a manifest; return its CID.
+
+    Layers keep the state dict's order. Raises CheckpointError (bad name, dtype or meta) before
+    anything is written.
+    """
+    if sys.byteorder != "little":
+        raise CheckpointError("big-endian hosts are not supported (tensor bytes are little-endian)")
+    _check_meta(meta)
+    if len(state_dict) > limits.MAX_LAYERS:
+        raise CheckpointError(f"more than MAX_LAYERS {limits.MAX_LAYERS} tensors")
+    total = 0
+    for name, tensor in state_dict.items():
+        try:
+            check_layer_name(name)
+        except ManifestError as exc:
+            raise CheckpointError(str(exc)) from exc
+        if not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(f"layer {name!r} is a {type(tensor).__name__}, not a tensor")
+        dtype_name(tensor.dtype)
+        if tensor.dim() > limits.MAX_DIMS:
+            raise CheckpointError(f"layer {name!r} has more than MAX_DIMS {limits.MAX_DIMS} dims")
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes > limits.MAX_LAYER_BYTES:
+            raise CheckpointError(f"layer {name!r} exceeds MAX_LAYER_BYTES")
+        total += nbytes
+    if total > limits.MAX_TOTAL_BYTES:
+        raise CheckpointError("checkpoint exceeds MAX_TOTAL_BYTES")
+
+    def layers() -> Iterator[Layer]:
+        for name, tensor in state_dict.items():
+            dtype, data = _tensor_bytes(name, tensor)
+            chunks = write_chunks(store, data)
+            yield Layer(name, dtype, tuple(tensor.shape), len(data), chunks)
+            del data
+
+    return save_layers(store, layers(), meta, layout)
+
+
+def read_manifest(store: BlockStore, manifest_cid: CID) -> Manifest:
+    """Decode the manifest and its linked nodes under the limits.
+
+    Raises BlockNotFoundError / CorruptBlockError for absent or bad nodes, ManifestError when a
+    node breaks the schema.
+    """
+    if manifest_cid.codec != DAG_CBOR:
+        raise ManifestError(f"{manifest_cid} is a raw block, not a manifest")
+    return resolve(manifest_cid, store.get)
+
+
+def load_layer(store: BlockStore, layer: Layer) -> torch.Tensor:
+    """One tensor, allocated once and filled with verified chunk bytes."""
+    tensor = torch.empty(layer.shape, dtype=TORCH_DTYPES[layer.dtype])
+    if layer.nbytes:
+        view = tensor.reshape(-1).view(torch.uint8).numpy().data
+        for index, cid in enumerate(layer.chunks):
+            start = index * limits.CHUNK_SIZE
+            store.readinto(cid, view[start : start + chunk_length(layer.nbytes, index)])
+    return tensor
+
+
+def load_checkpoint(
+    store: BlockStore, manifest_cid: CID
+) -> tuple[dict[str, torch.Tensor], Manifest]:
+    """The state dict and manifest of a stored checkpoint; every chunk verified on the way."""
+    manifest = read_manifest(store, manifest_cid)
+    tensors = {layer.name: load_layer(store, layer) for layer in manifest.layers}
+    return tensors, manifest
+
+
+def read_file(store: BlockStore, ref: FileRef) -> bytes:
+    """The bytes of a side file (tokenizer file), verified."""
+    data = b"".join(store.get(cid) for cid in ref.chunks)
+    if len(data) != ref.size:
+        raise ManifestError(f"side file is {len(data)} bytes, manifest says {ref.size}")
+    return data
+
+
+def read_tokenizer_files(store: BlockStore, manifest: Manifest) -> dict[str, bytes]:
+    return {name: read_file(store, ref) for name, ref in manifest.tokenizer_files.items()}
+
+
+def _held_node(store: BlockStore, cid: CID) -> bytes | None:
+    try:
+        return store.get(cid)
+    except (BlockNotFoundError, CorruptBlockError):
+        return None
+
+
+def manifest_closure(store: BlockStore, manifest_cid: CID) -> list[CID]:
+    """Every block the manifest needs that can be known from what is held, in fetch order.
+
+    Root, layer pages, each layer's chunk pages and chunks, then side-file chunks. Pages not
+    held end the walk below them. Raises ManifestError if a held node breaks the schema.
+    """
+    out: dict[CID, None] = {manifest_cid: None}
+    data = _held_node(store, manifest_cid)
+    if data is None:
+        return list(out)
+    root = parse_root(data)
+    partials: list[PartialLayer] = list(root.layers)
+    for page in root.layer_pages:
+        out[page] = None
+        page_data = _held_node(store, page)
+        if page_data is not None:
+            partials.extend(parse_layer_page(page_data))
+    for p in partials:
+        for page in p.chunk_pages:
+            out[page] = None
+            page_data = _held_node(store, page)
+            if page_data is not None:
+                out.update(dict.fromkeys(parse_chunk_page(page_data)))
+        out.update(dict.fromkeys(p.chunks))
+    for ref in root.meta.tokenizer_files.values():
+        out.update(dict.fromkeys(ref.chunks))
+    return list(out)
+
+
+def missing_blocks(store: BlockStore, manifest_cid: CID) -> list[CID]:
+    """Blocks the manifest needs that are not held, as far as is known from what is held.
+
+    Incremental: an absent root gives ``[root]``; absent pages are listed, not their content.
+    A fetcher loops fetch/missing_blocks until the list is empty.
+    """
+    return [cid for cid in manifest_closure(store, manifest_cid) if not store.has(cid)]
+
+
+def reachable_blocks(store: BlockStore, manifest_cid: CID) -> set[CID]:
+    """Held blocks gc must keep for this root (a root that is not a manifest keeps itself)."""
+    try:
+        closure = manifest_closure(store, manifest_cid)
+    except ManifestError:
+        closure = [manifest_cid]
+    return {cid for cid in closure if store.has(cid)}
+
+

@@ -1,0 +1,525 @@
+"""The checkpoint manifest: dataclasses, and the one encode and one decode path of its nodes.
+
+Schema: specs/manifest.md#manifest. A manifest is a root DAG-CBOR node, optionally followed by
+linked layer pages (when the layer list would make the root larger than one block) and chunk
+pages (when one layer has more than MAX_CHUNKS_PER_NODE chunks). Every field read from a node is
+type- and range-checked against limits.py; unknown or missing keys are errors (the schema is
+versioned: a new field means a new ``version``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _cbor, limits
+from ._cid import CID, DAG_CBOR, RAW, compute_cid
+from ._exceptions import BlockTooLargeError, CheckpointError, ManifestError, StorageError
+
+ROOT_TYPE = "cnode/manifest"
+LAYER_PAGE_TYPE = "cnode/layer-page"
+CHUNK_PAGE_TYPE = "cnode/chunk-page"
+KINDS = ("checkpoint", "update")
+
+# dtype name -> (bytes per element, safetensors dtype code). Bytes are little-endian.
+DTYPES: dict[str, tuple[int, str]] = {
+    "float64": (8, "F64"),
+    "float32": (4, "F32"),
+    "float16": (2, "F16"),
+    "bfloat16": (2, "BF16"),
+    "int64": (8, "I64"),
+    "int32": (4, "I32"),
+    "int16": (2, "I16"),
+    "int8": (1, "I8"),
+    "uint8": (1, "U8"),
+    "bool": (1, "BOOL"),
+}
+
+# Layer names are dotted paths of plain words ("transformer.h.0.attn.c_attn.weight"): no "/",
+# "\\", "..", leading or trailing ".", spaces or control characters, so a name is always safe as
+# a file or key name anywhere it ends up.
+_LAYER_NAME = re.compile(r"^[A-Za-z0-9_\-]+(\.[A-Za-z0-9_\-]+)*$")
+# Side-file names (tokenizer files) become file names in an exported folder.
+_FILE_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
+_RESERVED_FILES = frozenset({"config.json", "model.safetensors", "model.safetensors.index.json"})
+
+
+def check_layer_name(name: object) -> str:
+    """Return ``name`` if it is an allowed layer name; else raise ManifestError saying why."""
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"layer name must be a non-empty string, got {name!r}")
+    if len(name.encode("utf-8")) > limits.MAX_LAYER_NAME_LEN:
+        raise ManifestError(f"layer name longer than MAX_LAYER_NAME_LEN: {name[:60]!r}...")
+    if not _LAYER_NAME.match(name):
+        raise ManifestError(
+            f"bad layer name {name!r}: use dotted words of letters, digits, '_' and '-' "
+            "(no '/', '\\\\', '..', leading or trailing '.', spaces)"
+        )
+    return name
+
+
+def check_file_name(name: object) -> str:
+    """Return ``name`` if it is an allowed side-file name; else raise ManifestError."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > limits.MAX_FILE_NAME_LEN
+        or not _FILE_NAME.match(name)
+        or ".." in name
+        or name in _RESERVED_FILES
+    ):
+        raise ManifestError(
+            f"bad file name {name!r}: plain names only, not {', '.join(sorted(_RESERVED_FILES))}"
+        )
+    return name
+
+
+def chunk_count(nbytes: int) -> int:
+    return math.ceil(nbytes / limits.CHUNK_SIZE)
+
+
+def chunk_length(nbytes: int, index: int) -> int:
+    """Length of chunk ``index`` of a tensor of ``nbytes`` bytes."""
+    return min(limits.CHUNK_SIZE, nbytes - index * limits.CHUNK_SIZE)
+
+
+# -- dataclasses --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AggregationRecord:
+    """How a checkpoint was made from a round: aggregator, its parameters, the signed updates."""
+
+    aggregator: str
+    params: dict[str, Any] = field(default_factory=dict)
+    updates: Sequence[CID] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "updates", tuple(self.updates))
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What save_checkpoint writes next to the tensors."""
+
+    run_id: str
+    kind: str = "checkpoint"  # "checkpoint" | "update"
+    epoch: int = 0
+    round: int = 0
+    step: int = 0
+    parent: CID | None = None
+    model_config: dict[str, Any] | None = None
+    tokenizer_files: dict[str, bytes] | None = None
+    aggregation: AggregationRecord | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A side file (tokenizer) stored as raw chunks."""
+
+    size: int
+    chunks: tuple[CID, ...]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One tensor: its little-endian bytes are ``chunks`` concatenated."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    chunks: tuple[CID, ...]
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A decoded, validated manifest (all linked nodes resolved)."""
+
+    version: int
+    kind: str
+    run_id: str
+    epoch: int
+    round: int
+    step: int
+    parent: CID | None
+    model_config: dict[str, Any] | None
+    tokenizer_files: dict[str, FileRef]
+    aggregation: AggregationRecord | None
+    extra: dict[str, Any]
+    layers: tuple[Layer, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(layer.nbytes for layer in self.layers)
+
+    def layer(self, name: str) -> Layer:
+        for layer in self.layers:
+            if layer.name == name:
+                return layer
+        raise KeyError(name)
+
+
+# -- field checks -------------------------------------------------------------------------------
+
+
+def _keys(node: object, keys: frozenset[str], what: str) -> dict[str, Any]:
+    if not isinstance(node, dict):
+        raise ManifestError(f"{what} must be a map")
+    got = set(node)
+    if got != keys:
+        parts = []
+        if keys - got:
+            parts.append(f"missing {sorted(keys - got)}")
+        if got - keys:
+            parts.append(f"unknown {sorted(got - keys)}")
+        raise ManifestError(f"{what}: {', '.join(parts)}")
+    return node
+
+
+def _int(value: object, what: str, hi: int) -> int:
+    if type(value) is not int or not 0 <= value <= hi:
+        raise ManifestError(f"{what} must be an integer in 0..{hi}, got {value!r}")
+    return value
+
+
+def _str(value: object, what: str, hi: int = limits.MAX_SHORT_STRING) -> str:
+    if not isinstance(value, str) or len(value.encode("utf-8")) > hi:
+        raise ManifestError(f"{what} must be a string of at most {hi} bytes")
+    return value
+
+
+def _cid(value: object, what: str, codec: int) -> CID:
+    if not isinstance(value, CID) or value.codec != codec:
+        name = "raw" if codec == RAW else "dag-cbor"
+        raise ManifestError(f"{what} must be a {name} CID link, got {value!r}"[:200])
+    return value
+
+
+def _cids(value: object, what: str, codec: int, hi: int) -> tuple[CID, ...]:
+    if not isinstance(value, list) or len(value) > hi:
+        raise ManifestError(f"{what} must be a list of at most {hi} links")
+    return tuple(_cid(v, f"{what}[{i}]", codec) for i, v in enumerate(value))
+
+
+def _map(value: object, what: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{what} must be a map")
+    return value
+
+
+# -- nodes --------------------------------------------------------------------------------------
+
+_ROOT_KEYS = frozenset(
+    {"type", "version", "kind", "run", "epoch", "round", "step", "parent", "model_config",
+     "tokenizer", "aggregation", "extra", "layers", "layer_pages", "layer_count", "total_bytes"}
+)  # fmt: skip
+_LAYER_KEYS = frozenset({"name", "dtype", "shape", "size", "chunks", "chunk_pages"})
+_PAGE_KEYS = frozenset({"type", "layers"})
+_CHUNK_PAGE_KEYS = frozenset({"type", "chunks"})
+_FILE_KEYS = frozenset({"size", "chunks"})
+_AGG_KEYS = frozenset({"aggregator", "params", "updates"})
+
+
+@dataclass(frozen=True)
+class PartialLayer:
+    """A layer node as decoded: chunks inline, or the CIDs of its chunk pages."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    nbytes: int
+    chunks: tuple[CID, ...]
+    chunk_pages: tuple[CID, ...]
+
+
+@dataclass(frozen=True)
+class RootNode:
+    """The root node as decoded; layers may continue in ``layer_pages``."""
+
+    meta: Manifest  # with only the inline layers that are complete; see ``layers``
+    layers: tuple[PartialLayer, ...]
+    layer_pages: tuple[CID, ...]
+    layer_count: int
+    total_bytes: int
+
+
+def _decode(data: bytes, what: str) -> Any:
+    try:
+        return _cbor.decode(data)
+    except (StorageError, BlockTooLargeError) as exc:
+        raise ManifestError(f"{what}: {exc}") from exc
+
+
+def parse_layer(node: object) -> PartialLayer:
+    """Check one layer node (schema, name, dtype, shape x dtype = size, chunk count)."""
+    raw_name = node.get("name") if isinstance(node, dict) else None
+    what = f"layer {raw_name!r}" if isinstance(raw_name, str) else "layer"
+    d = _keys(node, _LAYER_KEYS, what)
+    name = check_layer_name(d["name"])
+    what = f"layer {name!r}"
+    dtype = d["dtype"]
+    if dtype not in DTYPES:
+        raise ManifestError(f"{what}: unknown dtype {dtype!r} (allowed: {', '.join(DTYPES)})")
+    shape_raw = d["shape"]
+    if not isinstance(shape_raw, list) or len(shape_raw) > limits.MAX_DIMS:
+        raise ManifestError(f"{what}: shape must be a list of at most MAX_DIMS {limits.MAX_DIMS}")
+    shape = tuple(_int(s, f"{what} shape", limits.MAX_DIM_SIZE) for s in shape_raw)
+    nbytes = _int(d["size"], f"{what} size", limits.MAX_LAYER_BYTES)
+    expected = math.prod(shape) * DTYPES[dtype][0]
+    if expected != nbytes:
+        raise ManifestError(
+            f"{what}: shape {list(shape)} x {dtype} is {expected} bytes but size says {nbytes}"
+        )
+    chunks = _cids(d["chunks"], f"{what} chunks", RAW, limits.MAX_CHUNKS_PER_NODE)
+    pages = _cids(d["chunk_pages"], f"{what} chunk_pages", DAG_CBOR, limits.MAX_MANIFEST_NODES)
+    if pages and chunks:
+        raise ManifestError(f"{what}: has both inline chunks and chunk pages")
+    if not pages and len(chunks) != chunk_count(nbytes):
+        raise ManifestError(
+            f"{what}: {len(chunks)} chunks listed, {chunk_count(nbytes)} needed for {nbytes} bytes"
+        )
+    return PartialLayer(name, dtype, shape, nbytes, chunks, pages)
+
+
+def _parse_file(node: object, name: str) -> FileRef:
+    d = _keys(node, _FILE_KEYS, f"file {name!r}")
+    size = _int(d["size"], f"file {name!r} size", limits.MAX_TOKENIZER_FILE_SIZE)
+    chunks = _cids(d["chunks"], f"file {name!r} chunks", RAW, limits.MAX_CHUNKS_PER_NODE)
+    if len(chunks) != chunk_count(size):
+        raise ManifestError(f"file {name!r}: {len(chunks)} chunks for {size} bytes")
+    return FileRef(size, chunks)
+
+
+def _parse_aggregation(node: object) -> AggregationRecord | None:
+    if node is None:
+        return None
+    d = _keys(node, _AGG_KEYS, "aggregation")
+    return AggregationRecord(
+        aggregator=_str(d["aggregator"], "aggregation.aggregator"),
+        params=_map(d["params"], "aggregation.params"),
+        updates=_cids(
+            d["updates"], "aggregation.updates", DAG_CBOR, limits.MAX_AGGREGATION_UPDATES
+        ),
+    )
+
+
+def parse_root(data: bytes) -> RootNode:
+    """Decode and check a root manifest node (not its pages)."""
+    d = _keys(_decode(data, "manifest"), _ROOT_KEYS, "manifest")
+    if d["type"] != ROOT_TYPE:
+        raise ManifestError(f"not a cnode manifest (type {d['type']!r})"[:200])
+    if d["version"] != limits.MANIFEST_VERSION or type(d["version"]) is not int:
+        raise ManifestError(
+            f"manifest version {d['version']!r} not supported (this cnode reads "
+            f"{limits.MANIFEST_VERSION})"[:200]
+        )
+    kind = d["kind"]
+    if kind not in KINDS:
+        raise ManifestError(f"manifest kind must be one of {KINDS}, got {kind!r}"[:200])
+    parent = None if d["parent"] is None else _cid(d["parent"], "parent", DAG_CBOR)
+    config = None if d["model_config"] is None else _map(d["model_config"], "model_config")
+    tok = _map(d["tokenizer"], "tokenizer")
+    if len(tok) > limits.MAX_TOKENIZER_FILES:
+        raise ManifestError(f"more than MAX_TOKENIZER_FILES {limits.MAX_TOKENIZER_FILES} files")
+    files = {check_file_name(n): _parse_file(v, n) for n, v in tok.items()}
+    layers_raw = d["layers"]
+    if not isinstance(layers_raw, list) or len(layers_raw) > limits.MAX_LAYERS:
+        raise ManifestError(f"layers must be a list of at most MAX_LAYERS {limits.MAX_LAYERS}")
+    layers = tuple(parse_layer(x) for x in layers_raw)
+    pages = _cids(d["layer_pages"], "layer_pages", DAG_CBOR, limits.MAX_MANIFEST_NODES)
+    meta = Manifest(
+        version=limits.MANIFEST_VERSION,
+        kind=kind,
+        run_id=_str(d["run"], "run"),
+        epoch=_int(d["epoch"], "epoch", 2**63 - 1),
+        round=_int(d["round"], "round", 2**63 - 1),
+        step=_int(d["step"], "step", 2**63 - 1),
+        parent=parent,
+        model_config=config,
+        tokenizer_files=files,
+        aggregation=_parse_aggregation(d["aggregation"]),
+        extra=_map(d["extra"], "extra"),
+        layers=(),
+    )
+    return RootNode(
+        meta=meta,
+        layers=layers,
+        layer_pages=pages,
+        layer_count=_int(d["layer_count"], "layer_count", limits.MAX_LAYERS),
+        total_bytes=_int(d["total_bytes"], "total_bytes", limits.MAX_TOTAL_BYTES),
+    )
+
+
+def parse_layer_page(data: bytes) -> tuple[PartialLayer, ...]:
+    d = _keys(_decode(data, "layer page"), _PAGE_KEYS, "layer page")
+    if d["type"] != LAYER_PAGE_TYPE:
+        raise ManifestError("layer page has the wrong type")
+    raw = d["layers"]
+    if not isinstance(raw, list) or len(raw) > limits.MAX_LAYERS:
+        raise ManifestError("layer page: layers must be a list")
+    return tuple(parse_layer(x) for x in raw)
+
+
+def parse_chunk_page(data: bytes) -> tuple[CID, ...]:
+    d = _keys(_decode(data, "chunk page"), _CHUNK_PAGE_KEYS, "chunk page")
+    if d["type"] != CHUNK_PAGE_TYPE:
+        raise ManifestError("chunk page has the wrong type")
+    return _cids(d["chunks"], "chunk page", RAW, limits.MAX_CHUNKS_PER_NODE)
+
+
+def resolve(root_cid: CID, get: Callable[[CID], bytes]) -> Manifest:
+    """Decode the manifest at ``root_cid`` and every linked node, fetched through ``get``."""
+    root = parse_root(get(root_cid))
+    nodes = 1
+    partials = list(root.layers)
+    for page in root.layer_pages:
+        partials.extend(parse_layer_page(get(page)))
+        nodes += 1
+        if len(partials) > limits.MAX_LAYERS:
+            raise ManifestError(f"more than MAX_LAYERS {limits.MAX_LAYERS} layers")
+    layers = []
+    seen: set[str] = set()
+    for p in partials:
+        if p.name in seen:
+            raise ManifestError(f"duplicate layer name {p.name!r}")
+        seen.add(p.name)
+        chunks = list(p.chunks)
+        for page in p.chunk_pages:
+            nodes += 1
+            if nodes > limits.MAX_MANIFEST_NODES:
+                raise ManifestError("manifest spans more than MAX_MANIFEST_NODES nodes")
+            chunks.extend(parse_chunk_page(get(page)))
+        if len(chunks) != chunk_count(p.nbytes):
+            raise ManifestError(
+                f"layer {p.name!r}: {len(chunks)} chunks listed, {chunk_count(p.nbytes)} needed"
+            )
+        layers.append(Layer(p.name, p.dtype, p.shape, p.nbytes, tuple(chunks)))
+    if nodes > limits.MAX_MANIFEST_NODES:
+        raise ManifestError("manifest spans more than MAX_MANIFEST_NODES nodes")
+    if len(layers) != root.layer_count:
+        raise ManifestError(f"manifest says {root.layer_count} layers but lists {len(layers)}")
+    total = sum(layer.nbytes for layer in layers)
+    if total != root.total_bytes:
+        raise ManifestError(f"manifest says {root.total_bytes} bytes but layers sum to {total}")
+    meta = root.meta
+    return Manifest(**{**meta.__dict__, "layers": tuple(layers)})
+
+
+# -- encoding -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ManifestLayout:
+    """When to split: chunk lists longer than ``max_inline_chunks`` go to chunk pages, and the
+    layer list goes to layer pages when the root would exceed ``max_node_size``."""
+
+    max_inline_chunks: int = limits.MAX_CHUNKS_PER_NODE
+    max_node_size: int = limits.MAX_BLOCK_SIZE
+
+
+DEFAULT_LAYOUT = ManifestLayout()
+
+
+def _enc(value: Any, what: str) -> bytes:
+    try:
+        return _cbor.encode(value)
+    except StorageError as exc:
+        raise CheckpointError(f"{what}: {exc}") from exc
+
+
+def _layer_node(layer: Layer, pages: Sequence[CID]) -> dict[str, Any]:
+    return {
+        "name": layer.name,
+        "dtype": layer.dtype,
+        "shape": list(layer.shape),
+        "size": layer.nbytes,
+        "chunks": [] if pages else list(layer.chunks),
+        "chunk_pages": list(pages),
+    }
+
+
+def encode_manifest(
+    meta: CheckpointMeta,
+    files: Mapping[str, FileRef],
+    layers: Sequence[Layer],
+    layout: ManifestLayout = DEFAULT_LAYOUT,
+) -> tuple[CID, list[tuple[CID, bytes]]]:
+    """Encode a manifest; return its root CID and every node (root first) as (CID, bytes)."""
+    extra_nodes: list[tuple[CID, bytes]] = []
+    layer_nodes = []
+    for layer in layers:
+        pages: list[CID] = []
+        if len(layer.chunks) > layout.max_inline_chunks:
+            for i in range(0, len(layer.chunks), layout.max_inline_chunks):
+                part = list(layer.chunks[i : i + layout.max_inline_chunks])
+                data = _enc({"type": CHUNK_PAGE_TYPE, "chunks": part}, f"layer {layer.name!r}")
+                cid = compute_cid(data, DAG_CBOR)
+                extra_nodes.append((cid, data))
+                pages.append(cid)
+        layer_nodes.append(_layer_node(layer, pages))
+    agg = meta.aggregation
+    root: dict[str, Any] = {
+        "type": ROOT_TYPE,
+        "version": limits.MANIFEST_VERSION,
+        "kind": meta.kind,
+        "run": meta.run_id,
+        "epoch": meta.epoch,
+        "round": meta.round,
+        "step": meta.step,
+        "parent": meta.parent,
+        "model_config": meta.model_config,
+        "tokenizer": {n: {"size": f.size, "chunks": list(f.chunks)} for n, f in files.items()},
+        "aggregation": None
+        if agg is None
+        else {"aggregator": agg.aggregator, "params": agg.params, "updates": list(agg.updates)},
+        "extra": meta.extra,
+        "layers": layer_nodes,
+        "layer_pages": [],
+        "layer_count": len(layers),
+        "total_bytes": sum(layer.nbytes for layer in layers),
+    }
+    root_bytes = _enc(root, "manifest") if _fits(root, layout) else None
+    if root_bytes is None:
+        page_cids = []
+        budget = layout.max_node_size - 64  # room for the page's own type key and list head
+        current: list[dict[str, Any]] = []
+        used = 0
+        for node in layer_nodes:
+            size = len(_enc(node, f"layer {node['name']!r}"))
+            if current and used + size > budget:
+                page_cids.append(_add_page(current, extra_nodes))
+                current, used = [], 0
+            current.append(node)
+            used += size
+        if current:
+            page_cids.append(_add_page(current, extra_nodes))
+        root["layers"] = []
+        root["layer_pages"] = page_cids
+        root_bytes = _enc(root, "manifest")
+        if len(root_bytes) > layout.max_node_size:
+            raise CheckpointError("manifest root too large even with layer pages (model_config?)")
+    if 1 + len(extra_nodes) > limits.MAX_MANIFEST_NODES:
+        raise CheckpointError("manifest would span more than MAX_MANIFEST_NODES nodes")
+    root_cid = compute_cid(root_bytes, DAG_CBOR)
+    return root_cid, [(root_cid, root_bytes), *extra_nodes]
+
+
+def _fits(root: dict[str, Any], layout: ManifestLayout) -> bool:
+    try:
+        return len(_cbor.encode(root)) <= layout.max_node_size
+    except BlockTooLargeError:
+        return False
+    except StorageError as exc:
+        raise CheckpointError(f"manifest: {exc}") from exc
+
+
+def _add_page(layers: list[dict[str, Any]], out: list[tuple[CID, bytes]]) -> CID:
+    data = _enc({"type": LAYER_PAGE_TYPE, "layers": layers}, "layer page")
+    cid = compute_cid(data, DAG_CBOR)
+    out.append((cid, data))
+    return cid
