@@ -5,6 +5,9 @@ Knows nothing of the network. Formats: specs/manifest.md. Errors: ``_exceptions.
 
 from . import limits as limits
 from ._blockstore import BlockStore as BlockStore
+from ._car import export_car as export_car
+from ._car import import_car as import_car
+from ._car import verify_car as verify_car
 from ._checkpoint import TORCH_DTYPES as TORCH_DTYPES
 from ._checkpoint import load_checkpoint as load_checkpoint
 from ._checkpoint import load_layer as load_layer
@@ -31,6 +34,8 @@ from ._exceptions import InvalidCIDError as InvalidCIDError
 from ._exceptions import ManifestError as ManifestError
 from ._exceptions import NonCanonicalCBORError as NonCanonicalCBORError
 from ._exceptions import StorageError as StorageError
+from ._hf import export_hf as export_hf
+from ._hf import import_hf as import_hf
 from ._manifest import DTYPES as DTYPES
 from ._manifest import AggregationRecord as AggregationRecord
 from ._manifest import CheckpointMeta as CheckpointMeta
@@ -38,6 +43,9 @@ from ._manifest import FileRef as FileRef
 from ._manifest import Layer as Layer
 from ._manifest import Manifest as Manifest
 from ._manifest import ManifestLayout as ManifestLayout
+from ._verify import Fault as Fault
+from ._verify import VerifyReport as VerifyReport
+from ._verify import verify_checkpoint as verify_checkpoint
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_exports.py)
     "AggregationRecord",
@@ -53,6 +61,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "CorruptBlockError",
     "DAG_CBOR",
     "DTYPES",
+    "Fault",
     "FileRef",
     "HFFolderError",
     "InvalidCIDError",
@@ -64,7 +73,12 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "RAW",
     "StorageError",
     "TORCH_DTYPES",
+    "VerifyReport",
     "compute_cid",
+    "export_car",
+    "export_hf",
+    "import_car",
+    "import_hf",
     "limits",
     "load_checkpoint",
     "load_layer",
@@ -75,4 +89,6 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "read_tokenizer_files",
     "save_checkpoint",
     "verify_block",
+    "verify_car",
+    "verify_checkpoint",
 ]

@@ -21,9 +21,11 @@ import hashlib
 import os
 import re
 import secrets
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Protocol
 
 import structlog
 
@@ -33,6 +35,7 @@ from ._exceptions import (
     BlockNotFoundError,
     CorruptBlockError,
     InvalidCIDError,
+    ManifestError,
     StorageError,
 )
 
@@ -41,6 +44,25 @@ log = structlog.get_logger(__name__)
 # Temp files older than this are left-overs of a crashed writer and are removed on open.
 _STALE_TMP_S = 3600.0
 _PIN_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
+
+
+class BlockReader(Protocol):
+    """What reading a manifest needs: a BlockStore, or a view over staged CAR blocks."""
+
+    def has(self, cid: CID) -> bool: ...
+
+    def get(self, cid: CID) -> bytes: ...
+
+
+_local = threading.local()
+
+
+def _buffer() -> bytearray:
+    """A per-thread read buffer of one block, reused across checks."""
+    buf: bytearray | None = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = bytearray(limits.MAX_BLOCK_SIZE + 1)
+    return buf
 
 
 class _BlockFiles:
@@ -165,14 +187,20 @@ class BlockStore:
     def readinto(self, cid: CID, buffer: memoryview) -> None:
         """Fill ``buffer`` (exactly the block's length) with the verified block.
 
-        Used to load tensors without an extra copy. On a hash or length mismatch the block is
-        quarantined, CorruptBlockError raised, and the buffer's content is undefined.
+        Used to load tensors without an extra copy. A block that fails its hash is quarantined
+        (CorruptBlockError); a good block of another length than ``buffer`` means the caller's
+        manifest is wrong (ManifestError). On error the buffer's content is undefined.
         """
         fd = self._open(cid)
         try:
             size = os.fstat(fd).st_size
             if size != len(buffer):
-                raise self._quarantine(cid, f"{size} bytes, expected {len(buffer)}")
+                os.close(fd)
+                fd = -1
+                data = self.get(cid)  # quarantines if the file itself is bad
+                raise ManifestError(
+                    f"chunk {cid} is {len(data)} bytes, the manifest needs {len(buffer)}"
+                )
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
                 got = 0
                 while got < size:
@@ -181,7 +209,8 @@ class BlockStore:
                         break
                     got += n
         finally:
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
         if got != size or hashlib.sha256(buffer).digest() != cid.digest:
             raise self._quarantine(cid, "hash mismatch")
 
@@ -197,21 +226,23 @@ class BlockStore:
         for start in range(0, len(data), size):
             yield bytes(data[start : start + size])
 
-    def check(self, cid: CID, expected_size: int | None = None) -> str:
-        """Verify a held block without keeping it: "ok", "missing" or "corrupt" (quarantined)."""
+    def check(self, cid: CID) -> tuple[str, int]:
+        """Verify a held block without keeping it: ("ok" | "missing" | "corrupt", size).
+
+        A corrupt block is quarantined. Safe to call from several threads at once (hashing and
+        reading release the GIL), which is how verify reaches disk speed.
+        """
         try:
             fd = self._open(cid)
         except BlockNotFoundError:
-            return "missing"
+            return "missing", 0
         try:
             actual = os.fstat(fd).st_size
-            if actual > limits.MAX_BLOCK_SIZE or (
-                expected_size is not None and actual != expected_size
-            ):
-                self._quarantine(cid, f"{actual} bytes, expected {expected_size}")
-                return "corrupt"
+            if actual > limits.MAX_BLOCK_SIZE:
+                self._quarantine(cid, f"{actual} bytes exceeds MAX_BLOCK_SIZE")
+                return "corrupt", actual
+            buf = _buffer()
             digest = hashlib.sha256()
-            buf = bytearray(min(actual, limits.MAX_BLOCK_SIZE) or 1)
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
                 while n := f.readinto(buf):
                     digest.update(memoryview(buf)[:n])
@@ -219,8 +250,8 @@ class BlockStore:
             os.close(fd)
         if digest.digest() != cid.digest:
             self._quarantine(cid, "hash mismatch")
-            return "corrupt"
-        return "ok"
+            return "corrupt", actual
+        return "ok", actual
 
     # -- writes ---------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import structlog
 import torch
 
 from . import limits
-from ._blockstore import BlockStore
+from ._blockstore import BlockReader, BlockStore
 from ._cid import CID, DAG_CBOR, RAW
 from ._exceptions import (
     BlockNotFoundError,
@@ -210,7 +210,7 @@ def save_checkpoint(
     return save_layers(store, layers(), meta, layout)
 
 
-def read_manifest(store: BlockStore, manifest_cid: CID) -> Manifest:
+def read_manifest(store: BlockReader, manifest_cid: CID) -> Manifest:
     """Decode the manifest and its linked nodes under the limits.
 
     Raises BlockNotFoundError / CorruptBlockError for absent or bad nodes, ManifestError when a
@@ -253,14 +253,14 @@ def read_tokenizer_files(store: BlockStore, manifest: Manifest) -> dict[str, byt
     return {name: read_file(store, ref) for name, ref in manifest.tokenizer_files.items()}
 
 
-def _held_node(store: BlockStore, cid: CID) -> bytes | None:
+def _held_node(store: BlockReader, cid: CID) -> bytes | None:
     try:
         return store.get(cid)
     except (BlockNotFoundError, CorruptBlockError):
         return None
 
 
-def manifest_closure(store: BlockStore, manifest_cid: CID) -> list[CID]:
+def manifest_closure(store: BlockReader, manifest_cid: CID) -> list[CID]:
     """Every block the manifest needs that can be known from what is held, in fetch order.
 
     Root, layer pages, each layer's chunk pages and chunks, then side-file chunks. Pages not
@@ -289,7 +289,7 @@ def manifest_closure(store: BlockStore, manifest_cid: CID) -> list[CID]:
     return list(out)
 
 
-def missing_blocks(store: BlockStore, manifest_cid: CID) -> list[CID]:
+def missing_blocks(store: BlockReader, manifest_cid: CID) -> list[CID]:
     """Blocks the manifest needs that are not held, as far as is known from what is held.
 
     Incremental: an absent root gives ``[root]``; absent pages are listed, not their content.
@@ -298,7 +298,7 @@ def missing_blocks(store: BlockStore, manifest_cid: CID) -> list[CID]:
     return [cid for cid in manifest_closure(store, manifest_cid) if not store.has(cid)]
 
 
-def reachable_blocks(store: BlockStore, manifest_cid: CID) -> set[CID]:
+def reachable_blocks(store: BlockReader, manifest_cid: CID) -> set[CID]:
     """Held blocks gc must keep for this root (a root that is not a manifest keeps itself)."""
     try:
         closure = manifest_closure(store, manifest_cid)

@@ -308,8 +308,24 @@ def _parse_aggregation(node: object) -> AggregationRecord | None:
     )
 
 
-def parse_root(data: bytes) -> RootNode:
-    """Decode and check a root manifest node (not its pages)."""
+def _parse_layers(raw: list[Any], errors: list[str] | None) -> tuple[PartialLayer, ...]:
+    if errors is None:
+        return tuple(parse_layer(x) for x in raw)
+    out = []
+    for x in raw:
+        try:
+            out.append(parse_layer(x))
+        except ManifestError as exc:
+            errors.append(str(exc))
+    return tuple(out)
+
+
+def parse_root(data: bytes, errors: list[str] | None = None) -> RootNode:
+    """Decode and check a root manifest node (not its pages).
+
+    With ``errors`` given, a bad layer entry is skipped and its message appended there (verify
+    uses this to name every bad layer); anything else still raises ManifestError.
+    """
     d = _keys(_decode(data, "manifest"), _ROOT_KEYS, "manifest")
     if d["type"] != ROOT_TYPE:
         raise ManifestError(f"not a cnode manifest (type {d['type']!r})"[:200])
@@ -330,7 +346,7 @@ def parse_root(data: bytes) -> RootNode:
     layers_raw = d["layers"]
     if not isinstance(layers_raw, list) or len(layers_raw) > limits.MAX_LAYERS:
         raise ManifestError(f"layers must be a list of at most MAX_LAYERS {limits.MAX_LAYERS}")
-    layers = tuple(parse_layer(x) for x in layers_raw)
+    layers = _parse_layers(layers_raw, errors)
     pages = _cids(d["layer_pages"], "layer_pages", DAG_CBOR, limits.MAX_MANIFEST_NODES)
     meta = Manifest(
         version=limits.MANIFEST_VERSION,
@@ -355,14 +371,14 @@ def parse_root(data: bytes) -> RootNode:
     )
 
 
-def parse_layer_page(data: bytes) -> tuple[PartialLayer, ...]:
+def parse_layer_page(data: bytes, errors: list[str] | None = None) -> tuple[PartialLayer, ...]:
     d = _keys(_decode(data, "layer page"), _PAGE_KEYS, "layer page")
     if d["type"] != LAYER_PAGE_TYPE:
         raise ManifestError("layer page has the wrong type")
     raw = d["layers"]
     if not isinstance(raw, list) or len(raw) > limits.MAX_LAYERS:
         raise ManifestError("layer page: layers must be a list")
-    return tuple(parse_layer(x) for x in raw)
+    return _parse_layers(raw, errors)
 
 
 def parse_chunk_page(data: bytes) -> tuple[CID, ...]:

@@ -1,0 +1,264 @@
+"""Hugging Face model folders: export a checkpoint for ``from_pretrained``, import one back.
+
+See specs/manifest.md#hugging-face-folders. A folder holds ``config.json`` (the manifest's
+model_config), ``model.safetensors`` and the tokenizer files. safetensors stores each tensor's
+little-endian bytes contiguously after a JSON header, which is exactly our chunk format, so both
+directions stream block by block without torch and without the model in memory.
+
+Tied weights (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) are plain duplicate
+layers here: the same chunk CIDs stored once, both names written to the file; transformers ties
+them again on load. Only safetensors weights are imported: pickle files are refused.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import shutil
+import struct
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from . import limits
+from ._blockstore import BlockStore
+from ._checkpoint import read_file, read_manifest, save_layers, write_stream
+from ._cid import CID
+from ._exceptions import CheckpointError, HFFolderError, ManifestError
+from ._manifest import DTYPES, CheckpointMeta, Layer, check_layer_name
+
+log = structlog.get_logger(__name__)
+
+CONFIG_JSON = "config.json"
+WEIGHTS = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+# Files copied along with the weights when present (tokenizer and generation settings).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+    "tokenizer.model",
+    "spiece.model",
+    "generation_config.json",
+)
+_PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "model.ckpt")
+_ST_DTYPES = {code: name for name, (_, code) in DTYPES.items()}
+
+
+def export_hf(
+    store: BlockStore,
+    manifest_cid: CID,
+    out_dir: Path,
+    *,
+    on_progress: Callable[[int], None] | None = None,
+) -> Path:
+    """Write the checkpoint as a Hugging Face model folder (created atomically)."""
+    manifest = read_manifest(store, manifest_cid)
+    if manifest.model_config is None:
+        raise HFFolderError(f"manifest {manifest_cid} has no model_config; HF export needs one")
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise HFFolderError(f"{out_dir} exists and is not an empty folder")
+    tmp = out_dir.with_name(f".{out_dir.name}.{secrets.token_hex(4)}.tmp")
+    tmp.mkdir(parents=True)
+    try:
+        header: dict[str, Any] = {
+            "__metadata__": {"format": "pt", "cnode_manifest": str(manifest_cid)}
+        }
+        offset = 0
+        for layer in manifest.layers:
+            header[layer.name] = {
+                "dtype": DTYPES[layer.dtype][1],
+                "shape": list(layer.shape),
+                "data_offsets": [offset, offset + layer.nbytes],
+            }
+            offset += layer.nbytes
+        head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+        head += b" " * (-len(head) % 8)  # safetensors aligns the data start to 8 bytes
+        with open(tmp / WEIGHTS, "wb") as f:
+            f.write(struct.pack("<Q", len(head)) + head)
+            for layer in manifest.layers:
+                for cid in layer.chunks:
+                    data = store.get(cid)
+                    f.write(data)
+                    if on_progress is not None:
+                        on_progress(len(data))
+            f.flush()
+            os.fsync(f.fileno())
+        config = json.dumps(manifest.model_config, indent=2, sort_keys=True)
+        (tmp / CONFIG_JSON).write_text(config + "\n", encoding="utf-8")
+        for name, ref in manifest.tokenizer_files.items():
+            (tmp / name).write_bytes(read_file(store, ref))
+        if out_dir.exists():
+            out_dir.rmdir()
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    log.info("hf_exported", manifest=str(manifest_cid), path=str(out_dir))
+    return out_dir
+
+
+def _read_small(path: Path, limit: int) -> bytes:
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise HFFolderError(f"{path} is {size} bytes, over the limit of {limit}")
+        return path.read_bytes()
+    except OSError as exc:
+        raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not allowed")
+
+
+def _json(path: Path, limit: int) -> Any:
+    try:
+        return json.loads(_read_small(path, limit), parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HFFolderError(f"{path} is not valid JSON: {exc}") from exc
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    if (folder / WEIGHTS).is_file():
+        return [folder / WEIGHTS]
+    if (folder / WEIGHTS_INDEX).is_file():
+        index = _json(folder / WEIGHTS_INDEX, limits.MAX_CONFIG_JSON_SIZE * 16)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise HFFolderError(f"{folder / WEIGHTS_INDEX} has no weight_map")
+        names = sorted(set(weight_map.values()))
+        for name in names:
+            if not isinstance(name, str) or "/" in name or "\\" in name or name.startswith("."):
+                raise HFFolderError(f"{WEIGHTS_INDEX} names a bad shard file {name!r}")
+        return [folder / name for name in names]
+    for name in _PICKLE_WEIGHTS:
+        if (folder / name).exists():
+            raise HFFolderError(f"{folder} has pickle weights ({name}); only safetensors is read")
+    raise HFFolderError(f"{folder} has no {WEIGHTS}")
+
+
+def _st_entries(path: Path, f: Any) -> tuple[int, list[tuple[str, str, tuple[int, ...], int, int]]]:
+    """Parse and check a safetensors header; return (data start, entries sorted by offset)."""
+    size = os.fstat(f.fileno()).st_size
+    raw = f.read(8)
+    if len(raw) != 8:
+        raise HFFolderError(f"{path.name}: truncated safetensors file")
+    (n,) = struct.unpack("<Q", raw)
+    if n > limits.MAX_SAFETENSORS_HEADER or 8 + n > size:
+        raise HFFolderError(f"{path.name}: safetensors header of {n} bytes is too large")
+    try:
+        header = json.loads(f.read(n), parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise HFFolderError(f"{path.name}: bad safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise HFFolderError(f"{path.name}: bad safetensors header")
+    header.pop("__metadata__", None)
+    entries = []
+    for name, info in header.items():
+        try:
+            check_layer_name(name)
+        except ManifestError as exc:
+            raise HFFolderError(f"{path.name}: {exc}") from exc
+        if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+            raise HFFolderError(f"{path.name}: tensor {name!r} has a bad header entry")
+        dtype = _ST_DTYPES.get(info["dtype"])
+        shape = info["shape"]
+        offsets = info["data_offsets"]
+        if dtype is None:
+            bad = info["dtype"]
+            raise HFFolderError(f"{path.name}: tensor {name!r} has unsupported dtype {bad!r}")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > limits.MAX_DIMS
+            or not all(type(s) is int and 0 <= s <= limits.MAX_DIM_SIZE for s in shape)
+            or not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(type(o) is int for o in offsets)
+        ):
+            raise HFFolderError(f"{path.name}: tensor {name!r} has a bad shape or offsets")
+        begin, end = offsets
+        if end - begin != math.prod(shape) * DTYPES[dtype][0]:
+            raise HFFolderError(
+                f"{path.name}: tensor {name!r}: shape {shape} x {dtype} != {end - begin} bytes"
+            )
+        entries.append((name, dtype, tuple(shape), begin, end))
+    entries.sort(key=lambda e: e[3])
+    position = 0
+    for name, _, _, begin, end in entries:
+        if begin != position:
+            raise HFFolderError(f"{path.name}: tensor {name!r} does not follow the previous one")
+        position = end
+    if 8 + n + position != size:
+        raise HFFolderError(f"{path.name}: data is {size - 8 - n} bytes, tensors need {position}")
+    return 8 + n, entries
+
+
+def import_hf(
+    store: BlockStore,
+    folder: Path,
+    *,
+    run_id: str = "hf-import",
+    pin: bool = True,
+    on_progress: Callable[[int], None] | None = None,
+) -> CID:
+    """Import a Hugging Face model folder (safetensors only) as a checkpoint; return its CID."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HFFolderError(f"{folder} is not a folder")
+    config = _json(folder / CONFIG_JSON, limits.MAX_CONFIG_JSON_SIZE)
+    if not isinstance(config, dict):
+        raise HFFolderError(f"{folder / CONFIG_JSON} must hold a JSON object")
+    files = {
+        name: _read_small(folder / name, limits.MAX_TOKENIZER_FILE_SIZE)
+        for name in TOKENIZER_FILES
+        if (folder / name).is_file()
+    }
+    meta = CheckpointMeta(
+        run_id=run_id, model_config=config, tokenizer_files=files, extra={"source": "hf"}
+    )
+    weights = _weight_files(folder)
+    # Check every header first, so a bad folder stores nothing.
+    plans = []
+    seen: set[str] = set()
+    for path in weights:
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - closed right below
+        except OSError as exc:
+            raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
+        with f:
+            start, entries = _st_entries(path, f)
+        for name, *_ in entries:
+            if name in seen:
+                raise HFFolderError(f"duplicate layer name {name!r} in {path.name}")
+            seen.add(name)
+        plans.append((path, start, entries))
+
+    def layers() -> Iterator[Layer]:
+        for path, start, entries in plans:
+            with open(path, "rb") as f:
+                f.seek(start)
+                for name, dtype, shape, begin, end in entries:
+                    chunks = write_stream(store, f, end - begin, f"{path.name}:{name}")
+                    if on_progress is not None:
+                        on_progress(end - begin)
+                    yield Layer(name, dtype, shape, end - begin, chunks)
+
+    try:
+        cid = save_layers(store, layers(), meta)
+    except CheckpointError as exc:
+        raise HFFolderError(f"{folder}: {exc}") from exc
+    if pin:
+        store.pin(str(cid), cid)
+    log.info("hf_imported", manifest=str(cid), path=str(folder), layers=len(seen))
+    return cid
+
+

@@ -1,0 +1,241 @@
+"""``cnode checkpoint verify``: check a stored checkpoint and name every fault.
+
+Checks, in order (specs/manifest.md#verification): the manifest root is held, hashes right and
+decodes under the limits; every layer page and chunk page likewise; every layer's name, dtype,
+shape and byte length agree; every chunk and side-file block is present, hashes to its CID and has
+the length the layer needs; the updates named by the aggregation record, where held, hash right
+and are manifests of kind "update". A corrupt block is quarantined as soon as it is found.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from . import limits
+from ._blockstore import BlockStore
+from ._cid import CID
+from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
+from ._manifest import (
+    Manifest,
+    PartialLayer,
+    chunk_count,
+    chunk_length,
+    parse_chunk_page,
+    parse_layer_page,
+    parse_root,
+)
+
+# Threads hashing blocks at once: reads and sha256 release the GIL, so two cores both hash.
+VERIFY_WORKERS = 4
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One thing wrong with a checkpoint. ``kind`` is a stable word scripts may match on."""
+
+    kind: str
+    message: str
+    cid: str | None = None
+    layer: str | None = None
+
+
+@dataclass
+class VerifyReport:
+    """What verify found; ``ok`` only when there is no fault."""
+
+    manifest_cid: str
+    faults: list[Fault] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    layers: int = 0
+    blocks_checked: int = 0
+    bytes_checked: int = 0
+    manifest: Manifest | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.faults
+
+    def fault(
+        self, kind: str, message: str, cid: CID | None = None, layer: str | None = None
+    ) -> None:
+        self.faults.append(Fault(kind, message, None if cid is None else str(cid), layer))
+
+    def to_dict(self) -> dict[str, Any]:
+        m = self.manifest
+        return {
+            "manifest": self.manifest_cid,
+            "ok": self.ok,
+            "faults": [asdict(f) for f in self.faults],
+            "notes": list(self.notes),
+            "layers": self.layers,
+            "blocks_checked": self.blocks_checked,
+            "bytes_checked": self.bytes_checked,
+            "run": None if m is None else m.run_id,
+            "kind": None if m is None else m.kind,
+            "epoch": None if m is None else m.epoch,
+            "round": None if m is None else m.round,
+            "step": None if m is None else m.step,
+        }
+
+
+def _node(store: BlockStore, cid: CID, what: str, report: VerifyReport) -> bytes | None:
+    try:
+        return store.get(cid)
+    except BlockNotFoundError:
+        report.fault(f"{what}-missing", f"{what} block {cid} is not in the store", cid)
+    except CorruptBlockError:
+        message = f"{what} block {cid} does not match its CID (quarantined)"
+        report.fault(f"{what}-corrupt", message, cid)
+    return None
+
+
+def verify_checkpoint(
+    store: BlockStore,
+    manifest_cid: CID,
+    *,
+    on_total: Callable[[int], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """Check everything about the checkpoint at ``manifest_cid``; never raises for a bad one.
+
+    ``on_total(bytes)`` is called once the manifest is known, ``on_progress(bytes)`` per block.
+    """
+    report = VerifyReport(str(manifest_cid))
+    data = _node(store, manifest_cid, "manifest", report)
+    if data is None:
+        return report
+    errors: list[str] = []
+    try:
+        root = parse_root(data, errors)
+    except ManifestError as exc:
+        report.fault("manifest-invalid", f"manifest {manifest_cid}: {exc}", manifest_cid)
+        return report
+    partials: list[PartialLayer] = list(root.layers)
+    pages_ok = True
+    for page in root.layer_pages:
+        page_data = _node(store, page, "page", report)
+        if page_data is None:
+            pages_ok = False
+            continue
+        try:
+            partials.extend(parse_layer_page(page_data, errors))
+        except ManifestError as exc:
+            pages_ok = False
+            report.fault("page-invalid", f"layer page {page}: {exc}", page)
+    for message in errors:
+        report.fault("layer-invalid", message)
+    seen: set[str] = set()
+    jobs: dict[CID, tuple[int, str]] = {}  # chunk -> (expected length, first layer using it)
+    for p in partials:
+        if p.name in seen:
+            report.fault("layer-duplicate", f"duplicate layer name {p.name!r}", layer=p.name)
+        seen.add(p.name)
+        chunks = list(p.chunks)
+        for page in p.chunk_pages:
+            page_data = _node(store, page, "page", report)
+            if page_data is None:
+                continue
+            try:
+                chunks.extend(parse_chunk_page(page_data))
+            except ManifestError as exc:
+                report.fault("page-invalid", f"chunk page {page}: {exc}", page, p.name)
+        if len(chunks) != chunk_count(p.nbytes):
+            report.fault(
+                "layer-invalid",
+                f"layer {p.name!r}: {len(chunks)} chunks for {p.nbytes} bytes "
+                f"(needs {chunk_count(p.nbytes)})",
+                layer=p.name,
+            )
+            continue
+        for index, cid in enumerate(chunks):
+            jobs.setdefault(cid, (chunk_length(p.nbytes, index), p.name))
+    for name, ref in root.meta.tokenizer_files.items():
+        for index, cid in enumerate(ref.chunks):
+            length = min(limits.CHUNK_SIZE, ref.size - index * limits.CHUNK_SIZE)
+            jobs.setdefault(cid, (length, f"file:{name}"))
+    if pages_ok and not errors:
+        if len(partials) != root.layer_count:
+            report.fault(
+                "manifest-invalid",
+                f"manifest says {root.layer_count} layers but lists {len(partials)}",
+                manifest_cid,
+            )
+        total = sum(p.nbytes for p in partials)
+        if total != root.total_bytes:
+            report.fault(
+                "manifest-invalid",
+                f"manifest says {root.total_bytes} bytes but layers sum to {total}",
+                manifest_cid,
+            )
+    report.layers = len(partials)
+    report.manifest = root.meta
+    if on_total is not None:
+        on_total(sum(length for length, _ in jobs.values()))
+    _check_blocks(store, jobs, report, on_progress)
+    _check_aggregation(store, root.meta, report)
+    parent = root.meta.parent
+    if parent is not None and not store.has(parent):
+        report.notes.append(f"parent manifest {parent} is not held (not checked)")
+    return report
+
+
+def _check_blocks(
+    store: BlockStore,
+    jobs: dict[CID, tuple[int, str]],
+    report: VerifyReport,
+    on_progress: Callable[[int], None] | None,
+) -> None:
+    cids = list(jobs)
+    with ThreadPoolExecutor(max_workers=VERIFY_WORKERS) as pool:
+        for cid, (status, size) in zip(cids, pool.map(store.check, cids), strict=True):
+            expected, owner = jobs[cid]
+            if status == "missing":
+                report.fault("block-missing", f"block {cid} of {owner} is missing", cid, owner)
+            elif status == "corrupt":
+                report.fault(
+                    "block-corrupt",
+                    f"block {cid} of {owner} does not match its CID (quarantined)",
+                    cid,
+                    owner,
+                )
+            elif size != expected:
+                report.fault(
+                    "layer-invalid",
+                    f"block {cid} of {owner} is {size} bytes, the manifest needs {expected}",
+                    cid,
+                    owner,
+                )
+            if status != "missing":
+                report.blocks_checked += 1
+                report.bytes_checked += size
+            if on_progress is not None:
+                on_progress(expected)
+
+
+def _check_aggregation(store: BlockStore, meta: Manifest, report: VerifyReport) -> None:
+    if meta.aggregation is None:
+        return
+    absent = 0
+    for cid in meta.aggregation.updates:
+        status, _ = store.check(cid)
+        if status == "missing":
+            absent += 1
+            continue
+        if status == "corrupt":
+            message = f"update {cid} does not match its CID (quarantined)"
+            report.fault("update-corrupt", message, cid)
+            continue
+        try:
+            update = parse_root(store.get(cid))
+        except (ManifestError, CorruptBlockError, BlockNotFoundError) as exc:
+            report.fault("update-invalid", f"update {cid}: {exc}", cid)
+            continue
+        if update.meta.kind != "update":
+            report.fault("update-invalid", f"update {cid} is a {update.meta.kind!r} manifest", cid)
+    if absent:
+        report.notes.append(
+            f"{absent} of {len(meta.aggregation.updates)} signed updates are not held (not checked)"
+        )
