@@ -9,6 +9,8 @@ from ._car import export_car as export_car
 from ._car import import_car as import_car
 from ._car import verify_car as verify_car
 from ._checkpoint import TORCH_DTYPES as TORCH_DTYPES
+from ._checkpoint import CheckpointInfo as CheckpointInfo
+from ._checkpoint import list_checkpoints as list_checkpoints
 from ._checkpoint import load_checkpoint as load_checkpoint
 from ._checkpoint import load_layer as load_layer
 from ._checkpoint import manifest_closure as manifest_closure
@@ -57,6 +59,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "CBORDecodeError",
     "CID",
     "CheckpointError",
+    "CheckpointInfo",
     "CheckpointMeta",
     "CorruptBlockError",
     "DAG_CBOR",
@@ -80,6 +83,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "import_car",
     "import_hf",
     "limits",
+    "list_checkpoints",
     "load_checkpoint",
     "load_layer",
     "manifest_closure",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import BinaryIO
 
 import structlog
@@ -307,3 +308,51 @@ def reachable_blocks(store: BlockReader, manifest_cid: CID) -> set[CID]:
     return {cid for cid in closure if store.has(cid)}
 
 
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """One manifest found in a store (for ``cnode checkpoint ls``)."""
+
+    cid: CID
+    kind: str
+    run_id: str
+    epoch: int
+    round: int
+    step: int
+    layers: int
+    total_bytes: int
+    pins: tuple[str, ...]
+    missing: int  # blocks known to be missing (0 = complete)
+
+
+def list_checkpoints(store: BlockStore) -> list[CheckpointInfo]:
+    """Every manifest root held, pinned or not, sorted by run, epoch, round, step."""
+    pins: dict[CID, list[str]] = {}
+    for name, cid in store.pins().items():
+        pins.setdefault(cid, []).append(name)
+    out = []
+    for cid in store.iter_cids():
+        if cid.codec != DAG_CBOR:
+            continue
+        try:
+            root = parse_root(store.get(cid))
+        except (ManifestError, BlockNotFoundError, CorruptBlockError):
+            continue  # pages, envelopes, other DAG-CBOR, or a block quarantined just now
+        m = root.meta
+        out.append(
+            CheckpointInfo(
+                cid=cid,
+                kind=m.kind,
+                run_id=m.run_id,
+                epoch=m.epoch,
+                round=m.round,
+                step=m.step,
+                layers=root.layer_count,
+                total_bytes=root.total_bytes,
+                pins=tuple(pins.get(cid, ())),
+                missing=len(missing_blocks(store, cid)),
+            )
+        )
+    out.sort(key=lambda i: (i.run_id, i.epoch, i.round, i.step, str(i.cid)))
+    return out

@@ -1,0 +1,217 @@
+"""``cnode checkpoint verify|ls|export|import|gc``: checkpoints in the node's block store.
+
+The store is ``load_config(home).blocks_dir(home)``. Formats: specs/manifest.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cnode.node._config import default_home, load_config
+from cnode.storage import (
+    CID,
+    BlockStore,
+    InvalidCIDError,
+    StorageError,
+    VerifyReport,
+    export_car,
+    export_hf,
+    import_car,
+    import_hf,
+    list_checkpoints,
+    read_manifest,
+    verify_car,
+    verify_checkpoint,
+)
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+from rich.table import Table
+
+# (set_total, advance) callbacks of a progress bar
+_Hooks = tuple[Callable[[int], None], Callable[[int], None]]
+
+
+class CheckpointCommandError(StorageError):
+    """Raised by ``cnode checkpoint`` commands for a bad argument (the user's input)."""
+
+
+def _store(args: argparse.Namespace) -> BlockStore:
+    home = Path(args.home).expanduser()
+    return BlockStore(load_config(home).blocks_dir(home))
+
+
+def _cid(text: str) -> CID:
+    try:
+        return CID.parse(text)
+    except InvalidCIDError as exc:
+        raise CheckpointCommandError(f"{text!r} is not a manifest CID: {exc}") from exc
+
+
+@contextmanager
+def _progress(label: str, quiet: bool) -> Iterator[_Hooks]:
+    """A byte progress bar on stderr; yields (set_total, advance)."""
+    console = Console(stderr=True)
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=True,
+        disable=quiet or not console.is_terminal,
+    ) as progress:
+        task = progress.add_task(label, total=None)
+
+        def set_total(total: int) -> None:
+            progress.update(task, total=total)
+
+        def advance(n: int) -> None:
+            progress.advance(task, n)
+
+        yield set_total, advance
+
+
+def _print_report(report: VerifyReport) -> None:
+    console = Console()
+    m = report.manifest
+    if m is not None:
+        console.print(
+            f"manifest {report.manifest_cid}: {m.kind} of run {m.run_id!r}, epoch {m.epoch}, "
+            f"round {m.round}, step {m.step}; {report.layers} layers"
+        )
+    console.print(f"checked {report.blocks_checked} blocks, {report.bytes_checked} bytes")
+    for note in report.notes:
+        console.print(f"note: {note}")
+    if report.ok:
+        console.print("[green]OK[/green]: every block present and matching its CID")
+        return
+    table = Table(title=f"{len(report.faults)} fault(s)")
+    for column in ("kind", "layer", "cid", "message"):
+        table.add_column(column, overflow="fold")
+    for fault in report.faults:
+        table.add_row(fault.kind, fault.layer or "", fault.cid or "", fault.message)
+    console.print(table)
+    console.print("[red]FAILED[/red]")
+
+
+def _verify(args: argparse.Namespace) -> int:
+    target: str = args.target
+    with _progress("verifying", args.json) as (set_total, advance):
+        if target.endswith(".car") or Path(target).is_file():
+            path = Path(target)
+            if not path.is_file():
+                raise CheckpointCommandError(f"no such CAR file: {path}")
+            report = verify_car(path, on_total=set_total, on_progress=advance)
+        else:
+            report = verify_checkpoint(
+                _store(args), _cid(target), on_total=set_total, on_progress=advance
+            )
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    else:
+        _print_report(report)
+    return 0 if report.ok else 1
+
+
+def _ls(args: argparse.Namespace) -> int:
+    infos = list_checkpoints(_store(args))
+    if args.json:
+        rows: list[dict[str, Any]] = [
+            {**info.__dict__, "cid": str(info.cid), "pins": list(info.pins)} for info in infos
+        ]
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not infos:
+        print("no checkpoints in the store")
+        return 0
+    table = Table()
+    for column in ("manifest", "kind", "run", "epoch", "round", "step", "layers", "MB", "state"):
+        table.add_column(column, overflow="fold")
+    for i in infos:
+        state = "complete" if not i.missing else f"{i.missing} missing"
+        if i.pins:
+            state += ", pinned"
+        table.add_row(
+            str(i.cid), i.kind, i.run_id, str(i.epoch), str(i.round), str(i.step),
+            str(i.layers), f"{i.total_bytes / 1e6:.1f}", state,
+        )  # fmt: skip
+    Console().print(table)
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    store = _store(args)
+    cid = _cid(args.manifest)
+    total = read_manifest(store, cid).total_bytes
+    with _progress("exporting", False) as (set_total, advance):
+        set_total(total)
+        if args.car:
+            blocks = export_car(store, cid, Path(args.car), on_progress=advance)
+            done = f"wrote {blocks} blocks to {args.car}"
+        else:
+            export_hf(store, cid, Path(args.hf), on_progress=advance)
+            done = f"wrote Hugging Face folder {args.hf}"
+    print(done)
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if bool(args.file) == bool(args.hf):
+        raise CheckpointCommandError("give either FILE.car or --hf DIR")
+    with _progress("importing", False) as (_, advance):
+        if args.file:
+            cid = import_car(store, Path(args.file), on_progress=advance)
+        else:
+            cid = import_hf(store, Path(args.hf), run_id=args.run_id, on_progress=advance)
+    print(cid)
+    return 0
+
+
+def _gc(args: argparse.Namespace) -> int:
+    removed = _store(args).gc()
+    print(f"removed {removed} unpinned blocks")
+    return 0
+
+
+def register(subparsers: Any) -> None:
+    """Add the checkpoint actions to ``cnode checkpoint``'s subparsers."""
+
+    def add(name: str, help_text: str, handler: Callable[[argparse.Namespace], int]) -> Any:
+        p = subparsers.add_parser(name, help=help_text, description=help_text)
+        p.add_argument(
+            "--home", default=str(default_home()), help="node home folder (default: %(default)s)"
+        )
+        p.set_defaults(handler=handler)
+        return p
+
+    p = add("verify", "check a checkpoint: manifest, every block, shapes, updates", _verify)
+    p.add_argument("target", metavar="MANIFEST_CID|FILE.car")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p = add("ls", "list the checkpoints (manifests) in the block store", _ls)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p = add("export", "write a checkpoint as a CAR v1 file or a Hugging Face folder", _export)
+    p.add_argument("manifest", metavar="MANIFEST_CID")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--car", metavar="OUT.car", help="CAR v1 file to write (root = manifest)")
+    where.add_argument("--hf", metavar="DIR", help="Hugging Face model folder to create")
+    p = add("import", "import a CAR v1 file or a Hugging Face folder (verified, atomic)", _import)
+    p.add_argument("file", nargs="?", metavar="FILE.car")
+    p.add_argument("--hf", metavar="DIR", help="Hugging Face model folder (safetensors)")
+    p.add_argument("--run-id", default="hf-import", help="run id for an --hf import")
+    add("gc", "remove blocks not reachable from a pinned checkpoint", _gc)
+
+
