@@ -19,6 +19,7 @@ from types import ModuleType
 
 from cnode import CnodeError, __version__
 from cnode.node._logging import configure_logging
+
 from . import _checkpoint
 
 # Modules with a register(subparsers) for top-level commands, in the order --help lists them.
