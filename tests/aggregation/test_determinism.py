@@ -1,0 +1,100 @@
+"""Bit-identical output: any order of the same updates, repeated runs, any thread count."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from cnode.aggregation import AGGREGATORS, AggregatorConfig, TensorSpec, aggregate, limits, tree_sum
+
+from .conftest import digest, make_updates
+
+FIXTURE = Path(__file__).parents[2] / "specs" / "fixtures" / "aggregation" / "golden.json"
+
+# Large enough to span several chunks and exceed torch's parallel grain size (32768).
+BIG = {
+    "a": TensorSpec((300, 500), torch.float32),
+    "b": TensorSpec((limits.CHUNK_ELEMENTS + 3,), torch.float32),
+    "c": TensorSpec((11,), torch.bfloat16),
+}
+
+
+def _run(name: str, updates, spec, weights=None):
+    return aggregate(updates, expected=spec, config=AggregatorConfig(name), weights=weights)
+
+
+@pytest.mark.parametrize("name", sorted(AGGREGATORS))
+def test_permutations_and_repeats_are_bitwise_identical(name: str) -> None:
+    updates = make_updates(9, seed=3)
+    updates["peer08"] = {k: v * 50 for k, v in updates["peer08"].items()}  # one outlier
+    weights = {p: float(i + 1) for i, p in enumerate(sorted(updates))}
+    first = _run(name, updates, make_spec(), weights)
+    want = digest(first)
+    rng = random.Random(7)
+    for _ in range(4):
+        items = list(updates.items())
+        rng.shuffle(items)
+        again = _run(name, dict(items), make_spec(), weights)
+        assert digest(again) == want
+        assert again.records == first.records
+        assert again.params == first.params
+
+
+def make_spec():
+    from .conftest import SPEC
+
+    return SPEC
+
+
+@pytest.mark.parametrize("name", ["centered_clip", "mean", "median", "krum"])
+def test_thread_count_does_not_change_bits(name: str) -> None:
+    updates = make_updates(8, spec=BIG, seed=5)
+    updates["peer07"] = {k: -4 * v for k, v in updates["peer07"].items()}
+    digests = set()
+    for threads in (1, 2, 1):
+        torch.set_num_threads(threads)
+        digests.add(digest(_run(name, updates, BIG)))
+    assert len(digests) == 1
+
+
+def test_tree_sum_is_close_to_exact_and_order_fixed() -> None:
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 100_003, generator=g, dtype=torch.float64)
+    rows = tree_sum(x, 1)
+    import math
+
+    for i in range(3):
+        assert abs(float(rows[i]) - math.fsum(x[i].tolist())) < 1e-9
+    cols = tree_sum(x, 0)
+    assert torch.equal(cols, tree_sum(x.clone(), 0))
+    assert torch.allclose(cols, x.sum(0))
+    assert tree_sum(torch.zeros(2, 0, dtype=torch.float64), 1).tolist() == [0.0, 0.0]
+
+
+def _decode(entry: dict) -> torch.Tensor:
+    dtype = getattr(torch, entry["dtype"])
+    raw = bytearray(base64.b64decode(entry["data"]))
+    return torch.frombuffer(raw, dtype=dtype).reshape(entry["shape"]).clone()
+
+
+def test_golden_fixture() -> None:
+    """specs/fixtures/aggregation/golden.json: inputs as little-endian bytes, output digests."""
+    data = json.loads(FIXTURE.read_text())
+    spec = {
+        n: TensorSpec(tuple(s["shape"]), getattr(torch, s["dtype"]))
+        for n, s in data["spec"].items()
+    }
+    updates = {p: {n: _decode(e) for n, e in u.items()} for p, u in data["updates"].items()}
+    for name, case in data["expected"].items():
+        res = aggregate(
+            updates,
+            expected=spec,
+            config=AggregatorConfig.from_dict(case["config"]),
+            weights=data["weights"],
+        )
+        assert digest(res) == case["sha256"], name
+        assert res.rejected == data["rejected"]
