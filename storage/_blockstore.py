@@ -346,5 +346,3 @@ class BlockStore:
                     removed += 1
         log.info("gc_done", removed=removed, kept=len(live))
         return removed
-
-

@@ -308,8 +308,6 @@ def reachable_blocks(store: BlockReader, manifest_cid: CID) -> set[CID]:
     return {cid for cid in closure if store.has(cid)}
 
 
-
-
 @dataclass(frozen=True)
 class CheckpointInfo:
     """One manifest found in a store (for ``cnode checkpoint ls``)."""

@@ -260,5 +260,3 @@ def import_hf(
         store.pin(str(cid), cid)
     log.info("hf_imported", manifest=str(cid), path=str(folder), layers=len(seen))
     return cid
-
-

@@ -268,8 +268,8 @@ def parse_layer(node: object) -> PartialLayer:
     shape_raw = d["shape"]
     if not isinstance(shape_raw, list) or len(shape_raw) > limits.MAX_DIMS:
         raise ManifestError(f"{what}: shape must be a list of at most MAX_DIMS {limits.MAX_DIMS}")
-    shape = tuple(_int(s, f"{what} shape", limits.MAX_DIM_SIZE) for s in shape_raw)
-    nbytes = _int(d["size"], f"{what} size", limits.MAX_LAYER_BYTES)
+    shape = tuple(_int(s, f"{what} shape (MAX_DIM_SIZE)", limits.MAX_DIM_SIZE) for s in shape_raw)
+    nbytes = _int(d["size"], f"{what} size (MAX_LAYER_BYTES)", limits.MAX_LAYER_BYTES)
     expected = math.prod(shape) * DTYPES[dtype][0]
     if expected != nbytes:
         raise ManifestError(
@@ -288,7 +288,9 @@ def parse_layer(node: object) -> PartialLayer:
 
 def _parse_file(node: object, name: str) -> FileRef:
     d = _keys(node, _FILE_KEYS, f"file {name!r}")
-    size = _int(d["size"], f"file {name!r} size", limits.MAX_TOKENIZER_FILE_SIZE)
+    size = _int(
+        d["size"], f"file {name!r} size (MAX_TOKENIZER_FILE_SIZE)", limits.MAX_TOKENIZER_FILE_SIZE
+    )
     chunks = _cids(d["chunks"], f"file {name!r} chunks", RAW, limits.MAX_CHUNKS_PER_NODE)
     if len(chunks) != chunk_count(size):
         raise ManifestError(f"file {name!r}: {len(chunks)} chunks for {size} bytes")
@@ -366,8 +368,8 @@ def parse_root(data: bytes, errors: list[str] | None = None) -> RootNode:
         meta=meta,
         layers=layers,
         layer_pages=pages,
-        layer_count=_int(d["layer_count"], "layer_count", limits.MAX_LAYERS),
-        total_bytes=_int(d["total_bytes"], "total_bytes", limits.MAX_TOTAL_BYTES),
+        layer_count=_int(d["layer_count"], "layer_count (MAX_LAYERS)", limits.MAX_LAYERS),
+        total_bytes=_int(d["total_bytes"], "total_bytes (MAX_TOTAL_BYTES)", limits.MAX_TOTAL_BYTES),
     )
 
 

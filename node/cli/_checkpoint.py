@@ -213,5 +213,3 @@ def register(subparsers: Any) -> None:
     p.add_argument("--hf", metavar="DIR", help="Hugging Face model folder (safetensors)")
     p.add_argument("--run-id", default="hf-import", help="run id for an --hf import")
     add("gc", "remove blocks not reachable from a pinned checkpoint", _gc)
-
-

@@ -1,0 +1,173 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import pytest
+from cnode.storage import (
+    DAG_CBOR,
+    RAW,
+    BlockMismatchError,
+    BlockNotFoundError,
+    BlockStore,
+    CorruptBlockError,
+    StorageError,
+    compute_cid,
+    save_checkpoint,
+)
+
+from .conftest import meta, small_state, snapshot
+
+
+def test_put_get_has_size_delete(store: BlockStore) -> None:
+    cid = store.put_new(b"hello world", RAW)
+    assert str(cid) == "bafkreifzjut3te2nhyekklss27nh3k72ysco7y32koao5eei66wof36n5e"
+    assert store.has(cid) and store.size(cid) == 11
+    assert store.get(cid) == b"hello world"
+    path = store.root / "blocks" / str(cid)[-3:-1] / str(cid)
+    assert path.is_file()  # sharded by the next-to-last two characters
+    assert list(store.iter_cids()) == [cid]
+    store.delete(cid)
+    assert not store.has(cid)
+    with pytest.raises(BlockNotFoundError, match=str(cid)):
+        store.get(cid)
+    store.delete(cid)  # absent: no error
+
+
+def test_put_verifies_first(store: BlockStore) -> None:
+    cid = compute_cid(b"right")
+    before = snapshot(store)
+    with pytest.raises(BlockMismatchError, match=str(cid)):
+        store.put(cid, b"wrong")
+    assert snapshot(store) == before
+    assert not store.has(cid)
+
+
+def test_corrupt_block_is_quarantined_not_returned(store: BlockStore) -> None:
+    cid = store.put_new(b"a" * 1000, RAW)
+    other = store.put_new(b"b" * 1000, RAW)
+    path = store.root / "blocks" / str(cid)[-3:-1] / str(cid)
+    path.write_bytes(b"a" * 999 + b"X")  # bit rot, same length
+    with pytest.raises(CorruptBlockError, match=f"{cid}.*quarantined"):
+        store.get(cid)
+    assert not store.has(cid)
+    assert [p.name.split(".")[0] for p in (store.root / "quarantine").iterdir()] == [str(cid)]
+    assert store.get(other) == b"b" * 1000  # neighbours unharmed
+    # the good bytes can be stored again
+    store.put(cid, b"a" * 1000)
+    assert store.get(cid) == b"a" * 1000
+
+
+def test_read_chunks_and_readinto_verify(store: BlockStore) -> None:
+    data = os.urandom(200_000)
+    cid = store.put_new(data, RAW)
+    assert b"".join(store.read_chunks(cid, 65536)) == data
+    assert [len(p) for p in store.read_chunks(cid, 65536)] == [65536, 65536, 65536, 3392]
+    buf = bytearray(len(data))
+    store.readinto(cid, memoryview(buf))
+    assert bytes(buf) == data
+    path = store.root / "blocks" / str(cid)[-3:-1] / str(cid)
+    path.write_bytes(data[:-1] + b"\x00" if data[-1] else data[:-1] + b"\x01")
+    with pytest.raises(CorruptBlockError):
+        list(store.read_chunks(cid))  # nothing yielded before the check
+
+
+def test_check_reports_status(store: BlockStore) -> None:
+    cid = store.put_new(b"x" * 10, RAW)
+    assert store.check(cid) == ("ok", 10)
+    assert store.check(compute_cid(b"nope")) == ("missing", 0)
+    (store.root / "blocks" / str(cid)[-3:-1] / str(cid)).write_bytes(b"y" * 10)
+    assert store.check(cid) == ("corrupt", 10)
+    assert not store.has(cid)
+
+
+def test_concurrent_writers_same_block(store: BlockStore) -> None:
+    data = os.urandom(1 << 20)
+    cid = compute_cid(data)
+    errors: list[BaseException] = []
+
+    def writer() -> None:
+        try:
+            for _ in range(20):
+                store.put(cid, data)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert store.get(cid) == data
+    assert list((store.root / "tmp").iterdir()) == []
+
+
+_WRITER = textwrap.dedent(
+    """
+    import os, sys, time
+    from pathlib import Path
+    from cnode.storage import BlockStore, RAW
+    store = BlockStore(Path(sys.argv[1]))
+    real = os.write
+    def slow_write(fd, data):
+        n = real(fd, bytes(data)[: len(data) // 2])  # half a block on disk, then hang
+        print("half", flush=True)
+        time.sleep(60)
+        return n
+    os.write = slow_write
+    store.put_new(b"z" * 100_000, RAW)
+    """
+)
+
+
+def test_crash_mid_write_leaves_no_half_block(tmp_path: Path) -> None:
+    root = tmp_path / "store"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _WRITER, str(root)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "half"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    store = BlockStore(root)
+    cid = compute_cid(b"z" * 100_000)
+    assert not store.has(cid)
+    assert list(store.iter_cids()) == []
+    store.put_new(b"z" * 100_000, RAW)
+    assert store.get(cid) == b"z" * 100_000
+
+
+def test_pins_and_gc(store: BlockStore) -> None:
+    first = save_checkpoint(store, small_state(0), meta())
+    second = save_checkpoint(store, small_state(1), meta(round=3, parent=first))
+    stray = store.put_new(b"stray", RAW)
+    store.pin("latest", second)
+    assert store.pins() == {"latest": second}
+    removed = store.gc()
+    assert removed > 0
+    assert not store.has(stray) and not store.has(first)
+    assert store.has(second)
+    from cnode.storage import load_checkpoint
+
+    tensors, _ = load_checkpoint(store, second)  # everything the pinned one needs survived
+    assert set(tensors) == set(small_state(1))
+    store.unpin("latest")
+    store.gc()
+    assert list(store.iter_cids()) == []
+
+
+@pytest.mark.parametrize("name", ["", "../x", "a/b", ".hidden", "x" * 200])
+def test_bad_pin_names(store: BlockStore, name: str) -> None:
+    with pytest.raises(StorageError, match="bad pin name"):
+        store.pin(name, compute_cid(b"\xa0", DAG_CBOR))

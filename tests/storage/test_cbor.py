@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import pytest
+from cnode.storage import (
+    BlockTooLargeError,
+    CBORDecodeError,
+    NonCanonicalCBORError,
+    compute_cid,
+    limits,
+)
+from cnode.storage._cbor import decode, encode
+
+
+def test_round_trip_with_links() -> None:
+    cid = compute_cid(b"x")
+    value = {"b": [1, -2, 2.5, None, True, b"\x00", "s"], "a": cid, "c": {"z": 1, "aa": 2}}
+    data = encode(value)
+    assert decode(data) == value
+    assert encode(decode(data)) == data
+    # keys sort by length first, then bytes (DAG-CBOR canonical order)
+    assert data.index(b"aa") < data.index(b"z")
+
+
+@pytest.mark.parametrize(
+    ("hex_bytes", "error", "message"),
+    [
+        ("a2616201616101", NonCanonicalCBORError, "canonical order"),  # unsorted keys
+        ("1801", NonCanonicalCBORError, "would have been enough"),  # 1 in two bytes
+        ("fb7ff8000000000000", CBORDecodeError, "NaN"),
+        ("fb7ff0000000000000", CBORDecodeError, "Infinity"),
+        ("fa3fc00000", CBORDecodeError, "additional info 26"),  # 32-bit float
+        ("a1016161", CBORDecodeError, "string type"),  # integer map key
+        ("81", CBORDecodeError, "EOF"),  # truncated array
+        ("fb3ff80000", CBORDecodeError, "EOF"),  # truncated float
+        ("c2420001", CBORDecodeError, "tag 42"),  # bignum tag
+        ("d82a4100", CBORDecodeError, "link"),  # malformed CID in a link
+        ("0102", CBORDecodeError, "malformed"),  # two items
+    ],
+)
+def test_bad_cbor(hex_bytes: str, error: type[Exception], message: str) -> None:
+    with pytest.raises(error, match=message):
+        decode(bytes.fromhex(hex_bytes))
+
+
+def test_depth_bounded() -> None:
+    with pytest.raises(CBORDecodeError, match="MAX_CBOR_DEPTH"):
+        decode(b"\x81" * (limits.MAX_CBOR_DEPTH + 2) + b"\x01")
+    with pytest.raises(CBORDecodeError, match="MAX_CBOR_DEPTH"):
+        decode(b"\x81" * 5000 + b"\x01")
+
+
+def test_size_bounded() -> None:
+    with pytest.raises(BlockTooLargeError, match="MAX_BLOCK_SIZE"):
+        decode(b"\x5a" + (limits.MAX_BLOCK_SIZE).to_bytes(4, "big") + bytes(limits.MAX_BLOCK_SIZE))
+    with pytest.raises(BlockTooLargeError):
+        encode({"a": bytes(limits.MAX_BLOCK_SIZE)})
