@@ -9,6 +9,7 @@ versioned: a new field means a new ``version``).
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -461,6 +462,19 @@ def _layer_node(layer: Layer, pages: Sequence[CID]) -> dict[str, Any]:
     }
 
 
+def _json_normal(config: dict[str, Any] | None) -> dict[str, Any] | None:
+    """model_config as its config.json would hold it: str keys, lists, no NaN/Infinity."""
+    if config is None:
+        return None
+    try:
+        normal = json.loads(json.dumps(config, allow_nan=False, sort_keys=True))
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"model_config must be plain JSON (no NaN/Infinity): {exc}") from exc
+    if not isinstance(normal, dict):
+        raise CheckpointError("model_config must be a JSON object")
+    return normal
+
+
 def encode_manifest(
     meta: CheckpointMeta,
     files: Mapping[str, FileRef],
@@ -490,7 +504,7 @@ def encode_manifest(
         "round": meta.round,
         "step": meta.step,
         "parent": meta.parent,
-        "model_config": meta.model_config,
+        "model_config": _json_normal(meta.model_config),
         "tokenizer": {n: {"size": f.size, "chunks": list(f.chunks)} for n, f in files.items()},
         "aggregation": None
         if agg is None

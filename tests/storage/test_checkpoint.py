@@ -175,7 +175,11 @@ def test_real_model_names_work(store: BlockStore) -> None:
         ({"w": [1, 2]}, {}, "not a tensor"),
         ({"w": torch.zeros(2)}, {"kind": "weights"}, "kind must be"),
         ({"w": torch.zeros(2)}, {"round": -1}, "round must be"),
-        ({"w": torch.zeros(2)}, {"model_config": {"x": float("nan")}}, "NaN is not allowed"),
+        (
+            {"w": torch.zeros(2)},
+            {"model_config": {"x": float("nan")}},
+            "model_config must be plain JSON",
+        ),
         ({"w": torch.zeros(2)}, {"tokenizer_files": {"../x": b""}}, "bad file name"),
         ({"w": torch.zeros(2)}, {"tokenizer_files": {"config.json": b""}}, "bad file name"),
         ({"w": torch.zeros(*([1] * 9))}, {}, "MAX_DIMS"),

@@ -1,0 +1,130 @@
+"""``cnode checkpoint ...`` end to end through the real command line entry point."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import structlog
+import torch
+from cnode.node._config import load_config
+from cnode.node.cli import main
+from cnode.storage import CID, BlockStore, CheckpointMeta, read_manifest, save_checkpoint
+
+
+def _store(home: Path) -> BlockStore:
+    return BlockStore(load_config(home).blocks_dir(home))
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "embed.weight": torch.randn(300, 1000, generator=g),
+        "head.bias": torch.randn(10, generator=g),
+    }
+
+
+@pytest.fixture(autouse=True)
+def _reset_logging() -> object:
+    # main() points structlog at the sys.stderr of its moment (capsys' stream in a test);
+    # put the defaults back so a later test does not log into a closed stream.
+    yield
+    structlog.reset_defaults()
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def saved(home: Path) -> str:
+    meta = CheckpointMeta(run_id="run-a", round=4, model_config={"model_type": "x"})
+    return str(save_checkpoint(_store(home), _state(), meta))
+
+
+def test_verify_ok_json(home: Path, saved: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoint", "verify", saved, "--json", "--home", str(home)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is True and report["manifest"] == saved and report["layers"] == 2
+    assert report["round"] == 4 and report["faults"] == []
+
+
+def test_verify_names_every_fault(
+    home: Path, saved: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = _store(home)
+    layer = read_manifest(store, CID.parse(saved)).layers[0]
+    store.delete(layer.chunks[0])
+    path = store.root / "blocks" / str(layer.chunks[1])[-3:-1] / str(layer.chunks[1])
+    path.write_bytes(b"bad")
+    assert main(["checkpoint", "verify", saved, "--home", str(home)]) == 1
+    out = capsys.readouterr().out
+    assert "2 fault(s)" in out and "FAILED" in out
+    assert "block-missing" in out and "block-corrupt" in out
+    assert main(["checkpoint", "verify", saved, "--json", "--home", str(home)]) == 1
+    faults = json.loads(capsys.readouterr().out)["faults"]
+    assert {f["cid"] for f in faults} == {str(layer.chunks[0]), str(layer.chunks[1])}
+
+
+def test_bad_argument_is_one_line_error(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["checkpoint", "verify", "Qmnotacid", "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cnode: error: ") and "not a manifest CID" in err and err.count("\n") == 1
+
+
+def test_ls_export_import_car(
+    home: Path, saved: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoint", "ls", "--json", "--home", str(home)]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["cid"], r["round"], r["missing"]) for r in rows] == [(saved, 4, 0)]
+    car = tmp_path / "out.car"
+    assert main(["checkpoint", "export", saved, "--car", str(car), "--home", str(home)]) == 0
+    assert main(["checkpoint", "verify", str(car), "--json"]) == 0
+    capsys.readouterr()
+    other = tmp_path / "other"
+    assert main(["checkpoint", "import", str(car), "--home", str(other)]) == 0
+    assert capsys.readouterr().out.strip() == saved
+    assert main(["checkpoint", "ls", "--home", str(other)]) == 0
+    assert "pinned" in capsys.readouterr().out
+    assert main(["checkpoint", "gc", "--home", str(other)]) == 0
+    assert "removed 0" in capsys.readouterr().out
+
+
+def test_bad_car_import_exit_1(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.car"
+    bad.write_bytes(b"\x05hello")
+    assert main(["checkpoint", "import", str(bad), "--home", str(home)]) == 1
+    assert "CAR" in capsys.readouterr().err
+    assert main(["checkpoint", "verify", str(bad), "--json"]) == 1
+
+
+def test_export_import_hf(
+    home: Path, saved: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "hf"
+    assert main(["checkpoint", "export", saved, "--hf", str(out), "--home", str(home)]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    capsys.readouterr()
+    assert (
+        main(["checkpoint", "import", "--hf", str(out), "--run-id", "hf", "--home", str(home)]) == 0
+    )
+    cid = capsys.readouterr().out.strip()
+    assert cid.startswith("bafy")
+
+
+def test_console_script(home: Path, saved: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "cnode", "checkpoint", "verify", saved, "--home", str(home)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "OK" in done.stdout

@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cnode.storage import (
+    DAG_CBOR,
+    BlockStore,
+    CARError,
+    compute_cid,
+    export_car,
+    import_car,
+    load_checkpoint,
+    read_manifest,
+    save_checkpoint,
+    verify_car,
+)
+from cnode.storage._car import _varint
+from cnode.storage._cbor import encode
+
+from .conftest import meta, small_state, snapshot
+
+
+@pytest.fixture
+def car(tmp_path: Path) -> tuple[Path, object, dict[str, torch.Tensor]]:
+    src = BlockStore(tmp_path / "src")
+    state = small_state()
+    cid = save_checkpoint(src, state, meta(tokenizer_files={"vocab.json": b"{}"}))
+    path = tmp_path / "ckpt.car"
+    assert export_car(src, cid, path) == 1 + 6 + 1  # manifest, 6 chunks, 1 file chunk
+    return path, cid, state
+
+
+def _sections(path: Path) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """Split a CAR into header bytes and (cid bytes, data) sections; test helper."""
+    data = path.read_bytes()
+    pos = 0
+
+    def varint() -> int:
+        nonlocal pos
+        value = shift = 0
+        while True:
+            b = data[pos]
+            pos += 1
+            value |= (b & 0x7F) << shift
+            shift += 7
+            if not b & 0x80:
+                return value
+
+    n = varint()
+    header = data[pos : pos + n]
+    pos += n
+    sections = []
+    while pos < len(data):
+        n = varint()
+        section = data[pos : pos + n]
+        pos += n
+        sections.append((section[:36], section[36:]))
+    return header, sections
+
+
+def _write(path: Path, header: bytes, sections: list[tuple[bytes, bytes]]) -> Path:
+    out = _varint(len(header)) + header
+    for cid, block in sections:
+        out += _varint(len(cid) + len(block)) + cid + block
+    path.write_bytes(out)
+    return path
+
+
+def test_round_trip(car, store: BlockStore) -> None:  # type: ignore[no-untyped-def]
+    path, cid, state = car
+    _header, sections = _sections(path)
+    assert sections[0][0] == bytes(cid)  # root first
+    assert import_car(store, path) == cid
+    assert store.pins() == {str(cid): cid}
+    loaded, _manifest = load_checkpoint(store, cid)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    assert verify_car(path).ok
+    assert list((store.root / "tmp").iterdir()) == []
+
+
+def test_car_header_is_ipld_standard(car) -> None:  # type: ignore[no-untyped-def]
+    import dag_cbor
+
+    path, cid, _ = car
+    header, _ = _sections(path)
+    decoded: Any = dag_cbor.decode(header)
+    assert decoded["version"] == 1 and bytes(decoded["roots"][0]) == bytes(cid)
+
+
+def _bad_cars(path: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
+    header, sections = _sections(path)
+    cid0, data0 = sections[1]
+    other = compute_cid(b"\xa0", DAG_CBOR)
+    return {
+        "truncated": ((tmp / "t.car"), "truncated CAR"),
+        "root absent": (_write(tmp / "r.car", header, sections[1:]), "root .* is not in the CAR"),
+        "bad block": (
+            _write(tmp / "b.car", header, [sections[0], (cid0, data0[:-1] + b"!"), *sections[2:]]),
+            "does not match its CID",
+        ),
+        "incomplete": (_write(tmp / "i.car", header, sections[:-1]), "incomplete CAR"),
+        "two roots": (
+            _write(tmp / "2.car", encode({"roots": [other, other], "version": 1}), sections),
+            "exactly one root",
+        ),
+        "version 2": (
+            _write(tmp / "v.car", encode({"roots": [other], "version": 2}), sections),
+            "version 2",
+        ),
+        "garbage": (tmp / "g.car", "malformed CAR header"),
+        "empty": (tmp / "e.car", "empty"),
+        "bad cid": (
+            _write(tmp / "c.car", header, [(b"\x01\x70" + cid0[2:], data0), *sections]),
+            "codec 0x70",
+        ),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "truncated",
+        "root absent",
+        "bad block",
+        "incomplete",
+        "two roots",
+        "version 2",
+        "garbage",
+        "empty",
+        "bad cid",
+    ],
+)
+def test_bad_car_leaves_store_unchanged(car, store: BlockStore, tmp_path: Path, case: str) -> None:  # type: ignore[no-untyped-def]
+    path, _, _ = car
+    cases = _bad_cars(path, tmp_path)
+    (tmp_path / "t.car").write_bytes(path.read_bytes()[:-100])
+    (tmp_path / "g.car").write_bytes(b"\x05hello world")
+    (tmp_path / "e.car").write_bytes(b"")
+    bad, message = cases[case]
+    save_checkpoint(store, small_state(3), meta())  # something already stored
+    before = snapshot(store)
+    with pytest.raises(CARError, match=message):
+        import_car(store, bad)
+    assert snapshot(store) == before
+    assert list((store.root / "tmp").iterdir()) == []
+    report = verify_car(bad)
+    assert not report.ok and report.faults
+
+
+def test_export_needs_every_block(store: BlockStore, tmp_path: Path) -> None:
+    cid = save_checkpoint(store, small_state(), meta())
+    store.delete(read_manifest(store, cid).layers[0].chunks[0])
+    with pytest.raises(CARError, match="1 blocks missing"):
+        export_car(store, cid, tmp_path / "x.car")
+    assert not (tmp_path / "x.car").exists()

@@ -1,0 +1,192 @@
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from cnode.storage import (
+    BlockStore,
+    CheckpointMeta,
+    HFFolderError,
+    export_hf,
+    import_hf,
+    load_checkpoint,
+    read_manifest,
+    read_tokenizer_files,
+    save_checkpoint,
+)
+
+from .conftest import meta, snapshot
+
+transformers = pytest.importorskip("transformers")
+
+
+def _tiny_gpt2() -> tuple[Any, Any]:
+    config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
+    torch.manual_seed(0)
+    return transformers.GPT2LMHeadModel(config).eval(), config
+
+
+def _tokenizer_files(folder: Path) -> dict[str, bytes]:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(99)} | {"<unk>": 99}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = transformers.PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    fast.save_pretrained(folder)
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name.startswith("tokenizer")}
+
+
+@pytest.mark.slow
+def test_export_loads_in_transformers_with_same_outputs(store: BlockStore, tmp_path: Path) -> None:
+    model, config = _tiny_gpt2()
+    files = _tokenizer_files(tmp_path / "tok")
+    cid = save_checkpoint(
+        store,
+        model.state_dict(),
+        CheckpointMeta(run_id="r", model_config=config.to_dict(), tokenizer_files=files),
+    )
+    out = export_hf(store, cid, tmp_path / "hf")
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "model.safetensors", *files]
+    )
+    loaded = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
+    ids = torch.tensor([[1, 5, 7, 42, 99, 3]])
+    with torch.no_grad():
+        assert torch.equal(model(ids).logits, loaded(ids).logits)
+    assert loaded.lm_head.weight.data_ptr() == loaded.transformer.wte.weight.data_ptr()  # tied
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    assert tok("w1 w5")["input_ids"] == [1, 5]
+
+    # and back: import --hf gives the same tensors and the same tokenizer files
+    back = import_hf(store, out, run_id="again")
+    tensors, manifest = load_checkpoint(store, back)
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensors[name], tensor), name
+    assert read_tokenizer_files(store, manifest) == files
+    assert manifest.model_config == json.loads((out / "config.json").read_text())
+    assert store.pins()[str(back)] == back
+
+
+def test_import_of_hf_saved_folder(store: BlockStore, tmp_path: Path) -> None:
+    model, _ = _tiny_gpt2()
+    model.save_pretrained(tmp_path / "saved")  # transformers' own writer (drops tied lm_head)
+    cid = import_hf(store, tmp_path / "saved")
+    tensors, manifest = load_checkpoint(store, cid)
+    assert manifest.extra == {"source": "hf"} and manifest.model_config["n_layer"] == 2
+    state = model.state_dict()
+    for name, tensor in tensors.items():
+        assert torch.equal(tensor, state[name]), name
+
+
+def test_export_needs_model_config(store: BlockStore, tmp_path: Path) -> None:
+    cid = save_checkpoint(store, {"w": torch.zeros(2)}, meta())
+    with pytest.raises(HFFolderError, match="no model_config"):
+        export_hf(store, cid, tmp_path / "x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "f").write_text("x")
+    cid2 = save_checkpoint(store, {"w": torch.zeros(2)}, meta(model_config={"a": 1}))
+    with pytest.raises(HFFolderError, match="not an empty folder"):
+        export_hf(store, cid2, tmp_path / "full")
+    assert read_manifest(store, cid2).model_config == {"a": 1}
+
+
+def _st(path: Path, header: Any, data: bytes) -> int:
+    head = json.dumps(header).encode()
+    return path.write_bytes(struct.pack("<Q", len(head)) + head + data)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda d: None, "config.json"),
+        (lambda d: (d / "config.json").write_text("{}"), "has no model.safetensors"),
+        (
+            lambda d: (
+                (d / "config.json").write_text("{}"),
+                (d / "pytorch_model.bin").write_bytes(b"x"),
+            ),
+            "pickle",
+        ),
+        (lambda d: (d / "config.json").write_text("{nope"), "not valid JSON"),
+        (lambda d: (d / "config.json").write_text('{"x": NaN}'), "NaN is not allowed"),
+        (
+            lambda d: (
+                (d / "config.json").write_text("{}"),
+                _st(
+                    d / "model.safetensors",
+                    {"../w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}},
+                    bytes(4),
+                ),
+            ),
+            "bad layer name",
+        ),
+        (
+            lambda d: (
+                (d / "config.json").write_text("{}"),
+                _st(
+                    d / "model.safetensors",
+                    {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4]}},
+                    bytes(4),
+                ),
+            ),
+            "shape",
+        ),
+        (
+            lambda d: (
+                (d / "config.json").write_text("{}"),
+                _st(
+                    d / "model.safetensors",
+                    {"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}},
+                    bytes(4),
+                ),
+            ),
+            "tensors need 8",
+        ),
+        (
+            lambda d: (
+                (d / "config.json").write_text("{}"),
+                _st(
+                    d / "model.safetensors",
+                    {"w": {"dtype": "C64", "shape": [1], "data_offsets": [0, 8]}},
+                    bytes(8),
+                ),
+            ),
+            "unsupported dtype",
+        ),
+        (
+            lambda d: (
+                (d / "config.json").write_text("{}"),
+                (d / "model.safetensors").write_bytes(b"\xff" * 8),
+            ),
+            "too large",
+        ),
+    ],
+)
+def test_bad_hf_folders(store: BlockStore, tmp_path: Path, make, message) -> None:  # type: ignore[no-untyped-def]
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    make(folder)
+    before = snapshot(store)
+    with pytest.raises(HFFolderError, match=message):
+        import_hf(store, folder)
+    assert snapshot(store) == before
+
+
+def test_duplicate_names_across_shards(store: BlockStore, tmp_path: Path) -> None:
+    folder = tmp_path / "sharded"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    entry = {"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}
+    _st(folder / "a.safetensors", entry, bytes(4))
+    _st(folder / "b.safetensors", entry, bytes(4))
+    index = {"weight_map": {"w": "a.safetensors", "w2": "b.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    before = snapshot(store)
+    with pytest.raises(HFFolderError, match="duplicate layer name 'w'"):
+        import_hf(store, folder)
+    assert snapshot(store) == before
