@@ -1,0 +1,72 @@
+"""cnode.node.p2p: the libp2p host, block exchange, multi-holder fetch and announcements.
+
+Protocols: ``/cnode/blocks/1.0.0`` (specs/blocks.md) and signed announcements over gossipsub
+(specs/announce.md). The py-libp2p 0.8.1 workarounds live in ``_defects.py``; the asyncio
+bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
+
+Trio callers::
+
+    async with open_p2p_node(identity, store, P2PSettings(), allow=allow) as node:
+        await node.connect("/ip4/127.0.0.1/tcp/4001/p2p/12D3Koo...")
+        report = await node.fetch(manifest_cid)
+"""
+
+from . import limits as limits
+from ._announce import PAYLOAD_TYPE as ANNOUNCE_PAYLOAD_TYPE
+from ._announce import Announcement as Announcement
+from ._announce import EnvelopeValidator as EnvelopeValidator
+from ._announce import HolderTable as HolderTable
+from ._announce import Kind as AnnounceKind
+from ._announce import announce_topic as announce_topic
+from ._announce import announcement_validator as announcement_validator
+from ._bridge import TrioPortal as TrioPortal
+from ._bridge import trio_portal as trio_portal
+from ._bucket import TokenBucket as TokenBucket
+from ._exceptions import AnnouncementError as AnnouncementError
+from ._exceptions import BadBlockError as BadBlockError
+from ._exceptions import DialError as DialError
+from ._exceptions import FetchError as FetchError
+from ._exceptions import FrameTooLargeError as FrameTooLargeError
+from ._exceptions import P2PError as P2PError
+from ._exceptions import PeerProtocolError as PeerProtocolError
+from ._exceptions import RejectedMessage as RejectedMessage
+from ._exceptions import RemoteRefusedError as RemoteRefusedError
+from ._exceptions import StreamBroken as StreamBroken
+from ._node import P2PNode as P2PNode
+from ._node import P2PSettings as P2PSettings
+from ._node import Subscription as Subscription
+from ._node import open_p2p_node as open_p2p_node
+from ._scheduler import FetchProgress as FetchProgress
+from ._scheduler import FetchReport as FetchReport
+from ._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
+
+__all__ = [
+    "ANNOUNCE_PAYLOAD_TYPE",
+    "BLOCKS_PROTOCOL_ID",
+    "AnnounceKind",
+    "Announcement",
+    "AnnouncementError",
+    "BadBlockError",
+    "DialError",
+    "EnvelopeValidator",
+    "FetchError",
+    "FetchProgress",
+    "FetchReport",
+    "FrameTooLargeError",
+    "HolderTable",
+    "P2PError",
+    "P2PNode",
+    "P2PSettings",
+    "PeerProtocolError",
+    "RejectedMessage",
+    "RemoteRefusedError",
+    "StreamBroken",
+    "Subscription",
+    "TokenBucket",
+    "TrioPortal",
+    "announce_topic",
+    "announcement_validator",
+    "limits",
+    "open_p2p_node",
+    "trio_portal",
+]

@@ -1,0 +1,169 @@
+"""Workarounds for py-libp2p 0.8.1 defects, all in one place (see ../shared DESIGN notes).
+
+Each function names the defect it handles; tests/node/p2p/test_defects.py has one test per defect
+that fails without the workaround. Nothing else in cnode touches py-libp2p internals.
+
+1. Inbound slots never released: ``Swarm._do_handle_inbound_connection`` ends in
+   ``await self.manager.wait_finished()``, so the task (and its slot of the 250-slot inbound
+   ``CapacityLimiter``) lives until the swarm stops; the 251st connection is refused forever.
+   :func:`release_inbound_slots` ends that task when its connection closes.
+2. Fixed 250 ms per dial: ``dial_peer`` waits ``_HAPPY_EYEBALLS_DELAY`` after *starting* each
+   address's dial even when it succeeds at once. :func:`remove_dial_delay` sets it to 0; our
+   connect dials one address at a time, so nothing races.
+3. A stream handler's exception kills the host: it propagates into the swarm's nursery.
+   :func:`guard_handler` wraps every handler we register.
+4. The default upgrader offers ``/plaintext/2.0.0`` (and secio, TLS) and mplex:
+   :func:`secure_transports` and :func:`muxers` give Noise only and yamux only.
+5. Gossipsub: messages over 1 MiB dropped silently, > 32 queued per peer dropped silently, a
+   10 msg/s per-topic spam limit that also throttles our own publishes, and a 120 s heartbeat.
+   :func:`gossipsub_router` sets the heartbeat and rate; the node bounds message size
+   (MAX_ANNOUNCEMENT_SIZE, an error, not a silent drop) and paces publishes (PUBLISH_MAX_PER_S).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import math
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+import trio
+from libp2p.abc import IMuxedConn, INetStream
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.exceptions import BaseLibp2pError
+from libp2p.network import swarm as _swarm_module
+from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_V10
+from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11 as GOSSIPSUB_V11
+from libp2p.pubsub.gossipsub import GossipSub
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
+
+from . import limits
+
+log = structlog.get_logger(__name__)
+
+StreamHandler = Callable[[INetStream], Awaitable[None]]
+
+# -- 4. Noise only, yamux only -------------------------------------------------------------------
+
+
+def secure_transports(key_pair: KeyPair) -> dict[TProtocol, Any]:
+    """Noise as the only security protocol: a plaintext-, TLS- or secio-only dialer is refused."""
+    noise = NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
+    return {TProtocol(NOISE_PROTOCOL_ID): noise}
+
+
+def muxers() -> dict[TProtocol, Any]:
+    """Yamux as the only stream muxer: an mplex-only dialer is refused."""
+    return {TProtocol(YAMUX_PROTOCOL_ID): Yamux}
+
+
+# -- 2. fixed 250 ms per dial --------------------------------------------------------------------
+
+
+def remove_dial_delay() -> None:
+    """Drop the happy-eyeballs head start that every dial waits out (process-wide setting)."""
+    _swarm_module._HAPPY_EYEBALLS_DELAY = 0.0  # type: ignore[attr-defined]
+
+
+# -- 1. inbound slots never released -------------------------------------------------------------
+
+
+# Set in each inbound-connection task: the muxed connection its upgrade produced.
+class _Upgraded:
+    def __init__(self) -> None:
+        self.conn: IMuxedConn | None = None
+        self.event = trio.Event()
+
+
+_UPGRADED: contextvars.ContextVar[_Upgraded | None] = contextvars.ContextVar(
+    "cnode_upgraded_inbound", default=None
+)
+
+
+def release_inbound_slots(swarm: Any, capacity: int = limits.MAX_INBOUND_CONNECTIONS) -> None:
+    """End each inbound-connection task when its connection closes, freeing its slot.
+
+    ``swarm`` is the host's ``Swarm``. Its inbound handler is wrapped: the upgrade records the
+    muxed connection in a task-local box; a watcher waits for that connection's ``event_closed``
+    and cancels the task, whose ``finally`` then releases the limiter slot. ``capacity`` bounds
+    inbound connections open at once.
+    """
+    original_handle = swarm._do_handle_inbound_connection
+    original_upgrade = swarm.upgrade_inbound_raw_conn
+    swarm._inbound_limiter = trio.CapacityLimiter(capacity)
+
+    async def upgrade(raw_conn: Any, maddr: Any) -> IMuxedConn:
+        muxed: IMuxedConn = await original_upgrade(raw_conn, maddr)
+        box = _UPGRADED.get()
+        if box is not None:
+            box.conn = muxed
+            box.event.set()
+        return muxed
+
+    async def handle(read_write_closer: Any, maddr: Any, failure_event: Any) -> None:
+        box = _Upgraded()
+        _UPGRADED.set(box)
+        async with trio.open_nursery() as nursery:
+
+            async def run_original() -> None:
+                await original_handle(read_write_closer, maddr, failure_event)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(run_original)
+            await box.event.wait()
+            closed = getattr(box.conn, "event_closed", None)
+            if closed is None:  # not a muxer we know how to watch: keep the library behaviour
+                return
+            await closed.wait()
+            nursery.cancel_scope.cancel()
+
+    swarm._do_handle_inbound_connection = handle
+    swarm.upgrade_inbound_raw_conn = upgrade
+
+
+# -- 3. a stream handler's exception kills the host ----------------------------------------------
+
+
+def guard_handler(protocol: str, handler: StreamHandler) -> StreamHandler:
+    """Wrap ``handler`` so nothing it raises reaches the swarm; the stream is reset instead."""
+
+    async def guarded(stream: INetStream) -> None:
+        try:
+            await handler(stream)
+        # The one catch-all in cnode: any exception escaping here would kill the whole host
+        # (defect 3), and py-libp2p raises many unrelated types. It is logged, never swallowed
+        # silently, and cancellation (a BaseException) still passes.
+        except Exception as exc:
+            log.warning("stream_handler_failed", protocol=protocol, error=repr(exc))
+            with contextlib.suppress(BaseLibp2pError):
+                await stream.reset()
+
+    return guarded
+
+
+# -- 5. gossipsub defaults -----------------------------------------------------------------------
+
+
+def gossipsub_router() -> GossipSub:
+    """A gossipsub router with a 1 s heartbeat and a per-topic rate that does not throttle us."""
+    return GossipSub(
+        protocols=[GOSSIPSUB_V11, GOSSIPSUB_V10],
+        degree=6,
+        degree_low=4,
+        degree_high=12,
+        heartbeat_initial_delay=0.1,
+        heartbeat_interval=limits.GOSSIP_HEARTBEAT_S,
+        max_messages_per_topic_per_second=limits.GOSSIP_MAX_MSGS_PER_TOPIC_PER_S,
+    )
+
+
+def publish_interval() -> float:
+    """Seconds between two of our own publishes (pacing under the 32-message peer queue)."""
+    return 0.0 if math.isinf(limits.PUBLISH_MAX_PER_S) else 1.0 / limits.PUBLISH_MAX_PER_S

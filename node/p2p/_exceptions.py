@@ -1,0 +1,76 @@
+"""Exceptions of cnode.node.p2p.
+
+::
+
+    CnodeError
+    └── P2PError                       anything in the libp2p layer of cnode
+        ├── DialError                  a peer could not be reached or refused our handshake
+        ├── StreamBroken               the remote side or the network broke a stream mid-way
+        ├── PeerProtocolError          a remote peer sent bytes that break specs/blocks.md
+        │   ├── FrameTooLargeError     ... a frame or a CID list over the limits
+        │   └── BadBlockError          ... a block whose bytes do not hash to its CID
+        ├── RemoteRefusedError         a remote peer answered with an ERROR frame (status inside)
+        ├── FetchError                 a fetch could not finish: no holder left for some blocks
+        ├── AnnouncementError          an announcement we were asked to publish is not valid
+        └── RejectedMessage            an incoming pubsub message failed validation (reason inside)
+
+Messages name the peer (short id) and CID involved; they never contain secrets.
+"""
+
+from __future__ import annotations
+
+from cnode import CnodeError
+
+
+class P2PError(CnodeError):
+    """Raised by cnode.node.p2p when a network operation cannot be done."""
+
+
+class DialError(P2PError):
+    """Raised by connect when the peer cannot be reached or its handshake fails."""
+
+
+class StreamBroken(P2PError):
+    """Raised when the remote side or the network resets or loses a stream (not our misuse)."""
+
+
+class PeerProtocolError(P2PError):
+    """Raised when a remote peer sends a frame that breaks specs/blocks.md (its fault)."""
+
+
+class FrameTooLargeError(PeerProtocolError):
+    """Raised when a remote peer sends a frame or a CID list over the limits of limits.py."""
+
+
+class BadBlockError(PeerProtocolError):
+    """Raised when a remote peer sends bytes that do not hash to the CID they came with."""
+
+    def __init__(self, message: str, *, claimed: str, computed: str) -> None:
+        super().__init__(message)
+        self.claimed = claimed
+        self.computed = computed
+
+
+class RemoteRefusedError(P2PError):
+    """Raised when a remote peer answers a request with an ERROR frame."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class FetchError(P2PError):
+    """Raised by fetch when some blocks cannot be had from any holder; progress is kept."""
+
+    def __init__(self, message: str, *, missing: int, fetched: int) -> None:
+        super().__init__(message)
+        self.missing = missing
+        self.fetched = fetched
+
+
+class AnnouncementError(P2PError):
+    """Raised by publish/announce when our own message breaks specs/announce.md (our fault)."""
+
+
+class RejectedMessage(P2PError):
+    """Raised by a validator when an incoming message must be dropped; str() is the reason."""

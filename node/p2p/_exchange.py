@@ -1,0 +1,87 @@
+"""Requesting side of ``/cnode/blocks/1.0.0`` (specs/blocks.md#interaction): one request.
+
+:func:`request_blocks` sends one REQUEST and reads the answer, checking every frame against the
+request. Each BLOCK's CID is recomputed from its bytes *before* the block is handed on; a
+mismatch raises BadBlockError with the evidence. Peer choice and retries are not here (see
+_scheduler.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+
+import trio
+from cnode.storage import CID, BlockTooLargeError, compute_cid
+
+from . import limits
+from ._exceptions import BadBlockError, PeerProtocolError, RemoteRefusedError
+from ._wire import Block, ByteStream, End, Error, FrameReader, Lacking, Request
+
+OnBlock = Callable[[CID, bytes], Awaitable[None]]
+
+
+def _checked_cid(claimed: CID, data: bytes) -> None:
+    try:
+        computed = compute_cid(data, claimed.codec)
+    except BlockTooLargeError as exc:
+        raise PeerProtocolError(f"block {claimed} is over MAX_BLOCK_SIZE") from exc
+    if computed != claimed:
+        raise BadBlockError(
+            f"bytes sent for {claimed} hash to {computed}",
+            claimed=str(claimed),
+            computed=str(computed),
+        )
+
+
+async def request_blocks(
+    stream: ByteStream,
+    cids: Sequence[CID],
+    on_block: OnBlock,
+    on_frame: Callable[[], None] = lambda: None,
+) -> set[CID]:
+    """Ask for ``cids`` on ``stream``; call ``on_block`` for each verified block; return lacks.
+
+    Args:
+        stream: a fresh stream to the holder, negotiated to PROTOCOL_ID.
+        cids: 1 to MAX_REQUEST_CIDS CIDs.
+        on_block: awaited with (cid, bytes) once the bytes are proven to hash to the CID.
+        on_frame: called on every frame (the scheduler's no-progress timer).
+
+    Returns: the CIDs the holder said it lacks.
+
+    Error handling: BadBlockError (bytes do not match), PeerProtocolError (bad or unexpected
+    frames, early end), RemoteRefusedError (ERROR frame), StreamBroken (from the stream).
+    The caller closes or resets the stream.
+    """
+    if not 0 < len(cids) <= limits.MAX_REQUEST_CIDS:
+        raise ValueError(f"a request names 1 to {limits.MAX_REQUEST_CIDS} CIDs")
+    await stream.write(Request(tuple(cids)).encode())
+    unanswered = set(cids)
+    lacking: set[CID] = set()
+    reader = FrameReader(stream)
+    while True:
+        frame = await reader.read_frame(limits.MAX_FRAME_BODY)
+        on_frame()
+        if frame is None:
+            raise PeerProtocolError(f"stream ended with {len(unanswered)} CIDs unanswered")
+        if isinstance(frame, Block):
+            if frame.cid not in unanswered:
+                raise PeerProtocolError(f"unrequested or repeated block {frame.cid}")
+            await trio.to_thread.run_sync(_checked_cid, frame.cid, frame.data)
+            unanswered.discard(frame.cid)
+            await on_block(frame.cid, frame.data)
+        elif isinstance(frame, Lacking):
+            if not set(frame.cids) <= unanswered:
+                raise PeerProtocolError("LACKING names CIDs not requested or already answered")
+            unanswered -= set(frame.cids)
+            lacking |= set(frame.cids)
+        elif isinstance(frame, End):
+            if unanswered:
+                raise PeerProtocolError(f"END with {len(unanswered)} CIDs unanswered")
+            return lacking
+        elif isinstance(frame, Error):
+            raise RemoteRefusedError(
+                f"holder refused: {frame.status.name}: {frame.text}", int(frame.status)
+            )
+        else:
+            raise PeerProtocolError(f"unexpected {type(frame).__name__} frame from holder")

@@ -1,0 +1,407 @@
+"""The node: one libp2p host with block exchange, fetch scheduler and announcements.
+
+:func:`open_p2p_node` is the whole public surface for trio callers (the training loop, the CLI).
+asyncio callers (the coordinator) reach it through :mod:`._bridge`.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any, Protocol
+
+import multiaddr
+import structlog
+import trio
+from cnode.auth import Opened, seal
+from cnode.storage import CID, BlockStore, missing_blocks
+from libp2p import new_host
+from libp2p.crypto.keys import KeyPair
+from libp2p.custom_types import TProtocol
+from libp2p.exceptions import BaseLibp2pError
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.tools.anyio_service import background_trio_service
+
+from . import _defects, limits
+from ._announce import (
+    PAYLOAD_TYPE,
+    Announcement,
+    EnvelopeValidator,
+    HolderTable,
+    Kind,
+    announce_topic,
+    announcement_validator,
+)
+from ._bucket import TokenBucket
+from ._exceptions import AnnouncementError, DialError, P2PError, RejectedMessage
+from ._scheduler import FetchReport, ProgressFn, Transfer
+from ._server import BlockServer
+from ._stream import Libp2pStream
+from ._wire import PROTOCOL_ID
+
+log = structlog.get_logger(__name__)
+
+
+class NodeIdentity(Protocol):
+    """What the node needs of ``cnode.auth.Identity``."""
+
+    @property
+    def peer_id_str(self) -> str: ...
+
+    def key_pair(self) -> KeyPair: ...
+
+
+@dataclass(frozen=True)
+class P2PSettings:
+    """How a node listens, whom it dials first, and how much it uploads.
+
+    ``corrupt_uploads_for_tests`` is a TESTING AID ONLY (see BlockServer).
+    """
+
+    listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    bootstrap: tuple[str, ...] = ()
+    upload_rate_bytes_per_s: int = 0  # 0 = no cap
+    run_id: str | None = None  # join this run's announcement topic
+    corrupt_uploads_for_tests: bool = False
+
+
+class Subscription:
+    """Validated messages of one topic, as an async iterator (and async context manager)."""
+
+    def __init__(self, node: P2PNode, topic: str, validator: EnvelopeValidator) -> None:
+        self._node = node
+        self.topic = topic
+        self.validator = validator
+        self._send, self._recv = trio.open_memory_channel[Opened](limits.SUBSCRIBER_BUFFER)
+        self.dropped = 0
+        self._joined = False
+
+    async def _join(self) -> None:
+        if not self._joined:
+            self._joined = True
+            await self._node._join(self)
+
+    async def __aenter__(self) -> Subscription:
+        await self._join()
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._node._leave(self)
+        self._send.close()
+
+    def __aiter__(self) -> Subscription:
+        return self
+
+    async def __anext__(self) -> Opened:
+        await self._join()
+        try:
+            return await self._recv.receive()
+        except trio.EndOfChannel:
+            raise StopAsyncIteration from None
+
+    def _deliver(self, opened: Opened) -> None:
+        try:
+            self._send.send_nowait(opened)
+        except trio.WouldBlock:
+            self.dropped += 1
+            log.warning("subscriber_too_slow", topic=self.topic, dropped=self.dropped)
+        except trio.ClosedResourceError:
+            pass
+
+
+class P2PNode:
+    """A running node; get one from :func:`open_p2p_node`, never construct it directly."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        store: BlockStore,
+        settings: P2PSettings,
+        host: Any,
+        pubsub: Pubsub,
+        server: BlockServer,
+        nursery: trio.Nursery,
+    ) -> None:
+        self.identity = identity
+        self.store = store
+        self.settings = settings
+        self.server = server
+        self._host = host
+        self._pubsub = pubsub
+        self._nursery = nursery
+        self._table = HolderTable()
+        self._pacer = TokenBucket(limits.PUBLISH_MAX_PER_S, burst=8)
+        self._topics: dict[str, tuple[EnvelopeValidator, list[Subscription]]] = {}
+        self._validated: collections.OrderedDict[bytes, Opened] = collections.OrderedDict()
+        self._counter = 0
+        self.peer_id: str = identity.peer_id_str
+        self.listen_addrs: list[str] = [str(a) for a in host.get_addrs()]
+
+    # -- peers and blocks ------------------------------------------------------------------
+
+    async def connect(self, address: str) -> str:
+        """Dial ``address`` (a multiaddr ending in ``/p2p/PEER``); return the peer id.
+
+        Error handling: DialError naming the address when it is malformed or the dial or
+        handshake fails (a peer without Noise + yamux fails here).
+        """
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(address))
+        except (ValueError, multiaddr.exceptions.Error, BaseLibp2pError) as exc:
+            raise DialError(f"bad peer address {address!r}: {exc}") from exc
+        try:
+            await self._host.connect(info)
+        except BaseLibp2pError as exc:
+            raise DialError(f"cannot connect to {address}: {exc}") from exc
+        return str(info.peer_id)
+
+    def connected_peers(self) -> list[str]:
+        return [str(p) for p in self._host.get_connected_peers()]
+
+    async def _open_stream(self, peer: str) -> Libp2pStream:
+        try:
+            raw = await self._host.new_stream(ID.from_base58(peer), [TProtocol(PROTOCOL_ID)])
+        except (BaseLibp2pError, ValueError) as exc:
+            raise DialError(f"cannot open a block stream to {peer[-8:]}: {exc}") from exc
+        return Libp2pStream(raw, peer)
+
+    def holders(self, cid: CID) -> set[str]:
+        """Peers that announced they hold ``cid`` (and have not departed)."""
+        return self._table.holders(cid)
+
+    async def fetch(
+        self,
+        root: CID,
+        holders: Sequence[str] | None = None,
+        *,
+        progress: ProgressFn | None = None,
+    ) -> FetchReport:
+        """Fetch ``root`` and every block it needs that the store lacks; verify each.
+
+        Holders: ``holders`` plus those announced for ``root``; if both are empty, every
+        connected peer. Loops fetch / ``missing_blocks`` until nothing is missing.
+
+        Error handling: FetchError when some block cannot be had from any holder; every block
+        stored until then stays stored, so calling fetch again resumes.
+        """
+        peers = set(holders or ()) | self.holders(root)
+        if not peers:
+            peers = set(self.connected_peers())
+        peers.discard(self.peer_id)
+        transfer = Transfer(self.store, self._open_stream, sorted(peers), progress)
+        rounds = 0
+        while True:
+            missing = await trio.to_thread.run_sync(missing_blocks, self.store, root)
+            if not missing:
+                break
+            rounds += 1
+            await transfer.fetch(missing)
+        report = transfer.report(root)
+        log.info(
+            "fetch_done",
+            root=str(root),
+            blocks=report.blocks,
+            bytes=report.bytes,
+            mb_per_s=round(report.mb_per_s, 1),
+            holders=len(report.per_holder_bytes),
+            dropped=len(report.dropped),
+            rounds=rounds,
+        )
+        return report
+
+    # -- pubsub ----------------------------------------------------------------------------
+
+    async def publish(self, topic: str, envelope_bytes: bytes) -> None:
+        """Publish an auth envelope on ``topic``, paced under py-libp2p's silent-drop limits.
+
+        Error handling: AnnouncementError if the message is over MAX_ANNOUNCEMENT_SIZE
+        (gossipsub would drop it without a word).
+        """
+        if len(envelope_bytes) > limits.MAX_ANNOUNCEMENT_SIZE:
+            raise AnnouncementError(
+                f"message of {len(envelope_bytes)} bytes exceeds MAX_ANNOUNCEMENT_SIZE "
+                f"{limits.MAX_ANNOUNCEMENT_SIZE}"
+            )
+        await self._pacer.take(1)
+        try:
+            await self._pubsub.publish(topic, envelope_bytes)
+        except BaseLibp2pError as exc:
+            raise P2PError(f"publish on {topic} failed: {exc}") from exc
+
+    def subscribe(self, topic: str, validator: EnvelopeValidator) -> Subscription:
+        """Messages on ``topic`` that ``validator`` accepts, as :class:`Opened` envelopes.
+
+        Use as ``async with node.subscribe(t, v) as sub: async for opened in sub: ...``.
+        One validator per topic: a second subscriber must pass the same validator object.
+        """
+        current = self._topics.get(topic)
+        if current is not None and current[0] is not validator:
+            raise P2PError(f"topic {topic} already has a different validator")
+        return Subscription(self, topic, validator)
+
+    async def _join(self, sub: Subscription) -> None:
+        if sub.topic in self._topics:
+            self._topics[sub.topic][1].append(sub)
+            return
+        self._topics[sub.topic] = (sub.validator, [sub])
+        self._pubsub.set_topic_validator(
+            sub.topic, self._topic_validator(sub.topic, sub.validator), False
+        )
+        libp2p_sub = await self._pubsub.subscribe(sub.topic)
+        self._nursery.start_soon(self._pump, sub.topic, libp2p_sub)
+
+    def _leave(self, sub: Subscription) -> None:
+        entry = self._topics.get(sub.topic)
+        if entry is not None and sub in entry[1]:
+            entry[1].remove(sub)
+
+    def _topic_validator(
+        self, topic: str, validator: EnvelopeValidator
+    ) -> Callable[[ID, rpc_pb2.Message], bool]:
+        def validate(forwarder: ID, msg: rpc_pb2.Message) -> bool:
+            source = str(ID(msg.from_id))
+            try:
+                opened = validator.validate(msg.data, source)
+            except RejectedMessage as exc:
+                log.warning(
+                    "pubsub_message_dropped",
+                    topic=topic,
+                    source=source[-8:],
+                    forwarder=str(forwarder)[-8:],
+                    reason=str(exc),
+                )
+                return False
+            self._validated[msg.from_id + msg.seqno] = opened
+            while len(self._validated) > limits.SUBSCRIBER_BUFFER:
+                self._validated.popitem(last=False)
+            return True
+
+        return validate
+
+    async def _pump(self, topic: str, libp2p_sub: Any) -> None:
+        # Drain py-libp2p's 32-message subscription queue at once into our own buffers.
+        while True:
+            msg = await libp2p_sub.get()
+            opened = self._validated.pop(msg.from_id + msg.seqno, None)
+            if opened is None:
+                continue  # validated long ago and evicted: nothing safe to deliver
+            for sub in list(self._topics.get(topic, (None, []))[1]):
+                sub._deliver(opened)
+
+    # -- announcements ---------------------------------------------------------------------
+
+    def _next_counter(self) -> int:
+        # Strictly increasing, also across restarts (replay guards remember the last one).
+        self._counter = max(self._counter + 1, time.time_ns())
+        return self._counter
+
+    async def _announce(self, kind: Kind, **fields: Any) -> None:
+        run = self.settings.run_id
+        if run is None:
+            raise AnnouncementError("announcements need P2PSettings.run_id")
+        ann = Announcement(run, kind, self._next_counter(), int(time.time()), **fields)
+        await self.publish(announce_topic(run), seal(self.identity, PAYLOAD_TYPE, ann.to_payload()))
+
+    async def announce_hold(self, root: CID, layers: Sequence[str] | None = None) -> None:
+        """Tell the run we hold manifest ``root`` (all its blocks, or only ``layers``)."""
+        await self._announce(Kind.HOLD, cid=root, layers=None if layers is None else tuple(layers))
+
+    async def announce_update(self, update: CID, round: int) -> None:
+        """Tell the run we hold update ``update`` for round ``round``."""
+        await self._announce(Kind.UPDATE, cid=update, round=round)
+
+    async def announce_departure(self) -> None:
+        """Tell the run we are leaving (peers forget us as a holder)."""
+        await self._announce(Kind.DEPARTURE)
+
+    async def _follow_announcements(self, run: str, allow: Callable[[str], bool]) -> None:
+        validator = announcement_validator(run, allow)
+        async with self.subscribe(announce_topic(run), validator) as sub:
+            async for opened in sub:
+                self._table.apply(opened.signer, Announcement.from_payload(opened.payload))
+
+
+@asynccontextmanager
+async def open_p2p_node(
+    identity: NodeIdentity,
+    store: BlockStore,
+    settings: P2PSettings,
+    *,
+    allow: Callable[[str], bool],
+) -> AsyncIterator[P2PNode]:
+    """Run a node for the duration of the ``async with`` block (trio only).
+
+    Args:
+        identity: the node's key (``cnode.auth.Identity``); its peer id is the host's.
+        store: blocks served to others and filled by ``fetch``.
+        settings: listen addresses, bootstrap peers, upload cap, run id.
+        allow: ``allow(peer_id) -> bool``: who may fetch blocks from us and whose
+            announcements we accept (wire it to the coordinator's allowlist/tokens).
+
+    Resource handling: the host, pubsub, and every background task live in a nursery that
+    closes with the block; a departure is announced (best effort, 1 s) on the way out.
+    Error handling: DialError for a listen address that cannot be bound; bootstrap peers that
+    cannot be reached are logged and skipped.
+    """
+    _defects.remove_dial_delay()
+    key_pair = identity.key_pair()
+    host = new_host(
+        key_pair=key_pair,
+        sec_opt=_defects.secure_transports(key_pair),
+        muxer_opt=_defects.muxers(),
+    )
+    _defects.release_inbound_slots(host.get_network())
+    server = BlockServer(
+        store,
+        allow=allow,
+        bucket=TokenBucket(settings.upload_rate_bytes_per_s),
+        corrupt_for_tests=settings.corrupt_uploads_for_tests,
+    )
+    host.set_stream_handler(
+        TProtocol(PROTOCOL_ID), _defects.guard_handler(PROTOCOL_ID, server.handle)
+    )
+    router = _defects.gossipsub_router()
+    pubsub = Pubsub(host, router, strict_signing=True)
+    try:
+        addrs = [multiaddr.Multiaddr(a) for a in settings.listen]
+    except (ValueError, multiaddr.exceptions.Error) as exc:
+        raise DialError(f"bad listen address in {settings.listen}: {exc}") from exc
+    async with (
+        host.run(addrs),
+        background_trio_service(pubsub),
+        background_trio_service(router),
+        trio.open_nursery() as nursery,
+    ):
+        await pubsub.wait_until_ready()
+        node = P2PNode(identity, store, settings, host, pubsub, server, nursery)
+        log.info("p2p_node_started", peer=node.peer_id[-8:], listen=node.listen_addrs)
+        for address in settings.bootstrap:
+            try:
+                with trio.fail_after(10):
+                    await node.connect(address)
+            except (DialError, trio.TooSlowError) as exc:
+                log.warning("bootstrap_peer_unreachable", address=address, error=str(exc))
+        if settings.run_id is not None:
+            nursery.start_soon(node._follow_announcements, settings.run_id, allow)
+        try:
+            yield node
+        finally:
+            if settings.run_id is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    try:
+                        await node.announce_departure()
+                    except P2PError as exc:
+                        log.info("departure_not_announced", error=str(exc))
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,242 @@
+"""Which holder gets which blocks: the multi-holder fetch policy (specs/blocks.md#fetching).
+
+A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
+runs MAX_IN_FLIGHT_PER_HOLDER workers; each worker takes the next BATCH_BLOCKS CIDs its holder
+has not said it lacks from one shared queue, so fast holders take more work and nobody idles
+while work is left. A request that makes no progress for NO_PROGRESS_TIMEOUT_S is abandoned;
+a holder whose request fails (timeout, broken stream, protocol error, refusal) is dropped for
+this transfer and its unfinished CIDs go back to the queue for the others. A holder that sends
+bytes not matching their CID is dropped and reported with the evidence. A CID is requested from
+a second holder only if the first did not deliver it, so nothing is fetched twice unless its
+first copy was bad.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+from cnode.storage import CID, BlockStore
+
+from . import limits
+from ._exceptions import (
+    BadBlockError,
+    DialError,
+    FetchError,
+    PeerProtocolError,
+    RemoteRefusedError,
+    StreamBroken,
+)
+from ._exchange import request_blocks
+from ._stream import Libp2pStream
+
+log = structlog.get_logger(__name__)
+
+OpenStream = Callable[[str], Awaitable[Libp2pStream]]
+
+
+@dataclass(frozen=True)
+class FetchProgress:
+    """A snapshot handed to the progress callback after every stored block."""
+
+    bytes: int  # block bytes stored by this fetch so far
+    blocks: int  # blocks stored by this fetch so far
+    pending: int  # CIDs known to be missing and not yet stored
+    holders_in_use: int  # holders with a request in flight now
+    elapsed_s: float
+
+
+@dataclass(frozen=True)
+class FetchReport:
+    """What one fetch did. ``per_holder_bytes`` counts verified block bytes by peer id."""
+
+    root: CID
+    blocks: int
+    bytes: int
+    seconds: float
+    per_holder_bytes: dict[str, int]
+    dropped: dict[str, str]  # holder -> why it was dropped (bad bytes, timeout, ...)
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class _Holder:
+    peer: str
+    lacks: set[CID] = field(default_factory=set)
+    in_flight: int = 0
+    bytes: int = 0
+    dropped: str | None = None
+
+
+ProgressFn = Callable[[FetchProgress], None]
+
+
+class Transfer:
+    """Fetch state shared by every round of one ``fetch`` (holders stay dropped across rounds).
+
+    Args:
+        store: where verified blocks are put.
+        open_stream: ``await open_stream(peer)`` gives a stream to that holder (DialError,
+            StreamBroken on failure).
+        holders: peer ids to fetch from.
+        progress: called after every stored block.
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        open_stream: OpenStream,
+        holders: Iterable[str],
+        progress: ProgressFn | None = None,
+    ) -> None:
+        self.store = store
+        self.open_stream = open_stream
+        self.holders = {peer: _Holder(peer) for peer in holders}
+        self.progress = progress
+        self.started = time.monotonic()
+        self.bytes = 0
+        self.blocks = 0
+        self._pending: collections.deque[CID] = collections.deque()
+        self._in_flight: set[CID] = set()
+        self._changed = trio.Event()
+
+    # -- shared queue ------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _take_batch(self, holder: _Holder) -> list[CID]:
+        batch: list[CID] = []
+        skipped: list[CID] = []
+        while self._pending and len(batch) < limits.BATCH_BLOCKS:
+            cid = self._pending.popleft()
+            (skipped if cid in holder.lacks else batch).append(cid)
+        self._pending.extendleft(reversed(skipped))
+        self._in_flight.update(batch)
+        return batch
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(
+                FetchProgress(
+                    bytes=self.bytes,
+                    blocks=self.blocks,
+                    pending=len(self._pending) + len(self._in_flight),
+                    holders_in_use=sum(1 for h in self.holders.values() if h.in_flight),
+                    elapsed_s=time.monotonic() - self.started,
+                )
+            )
+
+    # -- one round ---------------------------------------------------------------------------
+
+    async def fetch(self, cids: Iterable[CID]) -> None:
+        """Fetch every CID in ``cids`` from the live holders, or raise FetchError.
+
+        Blocks stored before a FetchError stay stored (a later fetch resumes from them).
+        """
+        self._pending = collections.deque(dict.fromkeys(cids))
+        self._in_flight = set()
+        live = [h for h in self.holders.values() if h.dropped is None]
+        if self._pending and live:
+            async with trio.open_nursery() as nursery:
+                for holder in live:
+                    for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
+                        nursery.start_soon(self._worker, holder)
+        if self._pending:
+            reasons = {h.peer[-8:]: h.dropped or "lacks them" for h in self.holders.values()}
+            raise FetchError(
+                f"{len(self._pending)} blocks could not be fetched from any holder "
+                f"(holders: {reasons or 'none'}); {self.blocks} blocks fetched are kept",
+                missing=len(self._pending),
+                fetched=self.blocks,
+            )
+
+    async def _worker(self, holder: _Holder) -> None:
+        while holder.dropped is None:
+            batch = self._take_batch(holder)
+            if not batch:
+                # Nothing this holder can take now; only a request in flight elsewhere can
+                # put work back (a failure or a lack), so wait for one to finish, or stop.
+                if not self._in_flight:
+                    return
+                await self._changed.wait()
+                continue
+            holder.in_flight += 1
+            delivered: set[CID] = set()
+            lacked: set[CID] = set()
+            try:
+                lacked = await self._request(holder, batch, delivered)
+            except BadBlockError as exc:
+                self._drop(holder, f"bad bytes: {exc}")
+                log.error(
+                    "holder_sent_bad_block",
+                    holder=holder.peer,
+                    claimed=exc.claimed,
+                    computed=exc.computed,
+                    evidence="bytes received for the claimed CID hash to the computed CID",
+                )
+            except (
+                PeerProtocolError,
+                RemoteRefusedError,
+                StreamBroken,
+                DialError,
+                trio.TooSlowError,
+            ) as exc:
+                self._drop(holder, f"{type(exc).__name__}: {exc}")
+            finally:
+                holder.in_flight -= 1
+                holder.lacks |= lacked
+                self._in_flight.difference_update(batch)
+                back = [cid for cid in batch if cid not in delivered]
+                self._pending.extendleft(reversed(back))
+                self._notify()
+
+    def _drop(self, holder: _Holder, reason: str) -> None:
+        if holder.dropped is None:
+            holder.dropped = reason
+            log.warning("holder_dropped", holder=holder.peer, reason=reason)
+
+    async def _request(self, holder: _Holder, batch: list[CID], delivered: set[CID]) -> set[CID]:
+        async def on_block(cid: CID, data: bytes) -> None:
+            await trio.to_thread.run_sync(self.store.put, cid, data)
+            delivered.add(cid)
+            holder.bytes += len(data)
+            self.bytes += len(data)
+            self.blocks += 1
+            self._report()
+
+        with trio.CancelScope() as scope:
+
+            def on_frame() -> None:
+                scope.deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
+
+            on_frame()
+            stream = await self.open_stream(holder.peer)
+            try:
+                lacked = await request_blocks(stream, batch, on_block, on_frame)
+            except BaseException:
+                # Also on cancellation: tell the holder to stop sending (bounded, shielded).
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.reset()
+                raise
+            await stream.close()
+            return lacked
+        raise trio.TooSlowError(f"no progress for {limits.NO_PROGRESS_TIMEOUT_S} s")
+
+    def report(self, root: CID) -> FetchReport:
+        return FetchReport(
+            root=root,
+            blocks=self.blocks,
+            bytes=self.bytes,
+            seconds=time.monotonic() - self.started,
+            per_holder_bytes={p: h.bytes for p, h in self.holders.items() if h.bytes},
+            dropped={p: h.dropped for p, h in self.holders.items() if h.dropped},
+        )

@@ -1,0 +1,64 @@
+"""Named limits of cnode.node.p2p, shared by code, specs/blocks.md, specs/announce.md and tests.
+
+Every size or count read from a peer is checked against one of these before it is used.
+"""
+
+from __future__ import annotations
+
+from cnode.storage.limits import MAX_BLOCK_SIZE
+
+# -- /cnode/blocks/1.0.0 (specs/blocks.md#limits) ------------------------------------------------
+
+# Most CIDs one request may name. 64 x 1 MiB keeps one response under ~64 MiB of wire time.
+MAX_REQUEST_CIDS = 64
+# Longest binary CID accepted on the wire (CIDv1 sha2-256 is 36 bytes; slack for varints).
+MAX_CID_BYTES = 64
+# Largest REQUEST frame body: a count byte plus, per CID, a length byte and the CID.
+MAX_REQUEST_FRAME = 2 + MAX_REQUEST_CIDS * (1 + MAX_CID_BYTES)
+# Largest frame body of any kind: a BLOCK frame is a CID plus one block.
+MAX_FRAME_BODY = 1 + MAX_CID_BYTES + MAX_BLOCK_SIZE
+# Longest human-readable text in an ERROR frame.
+MAX_ERROR_TEXT = 512
+# Requests one fetcher keeps in flight per holder (each on its own stream).
+MAX_IN_FLIGHT_PER_HOLDER = 3
+# Requests one holder serves at once for one peer; more are refused with BUSY.
+MAX_SERVED_STREAMS_PER_PEER = 8
+# Blocks asked for in one request by the scheduler (small: bounds the tail on a slow holder).
+BATCH_BLOCKS = 8
+# A request that yields no frame for this long is abandoned and its blocks go to other holders.
+NO_PROGRESS_TIMEOUT_S = 10.0
+# A requester that sends no complete REQUEST frame within this time has its stream reset.
+REQUEST_READ_TIMEOUT_S = 10.0
+# Pieces in which a block is written to a stream (and taken from the upload token bucket).
+SEND_PIECE = 64 * 1024
+
+# -- announcements over gossipsub (specs/announce.md#limits) -------------------------------------
+
+# Largest announcement envelope published or accepted (gossipsub itself drops > 1 MiB silently).
+MAX_ANNOUNCEMENT_SIZE = 64 * 1024
+# Most layer names one "hold manifest" announcement may list.
+MAX_ANNOUNCED_LAYERS = 1024
+# Longest run id / layer name in an announcement.
+MAX_ANNOUNCE_STRING = 512
+# An announcement older (or newer) than this many seconds by its own clock is dropped.
+MAX_ANNOUNCE_SKEW_S = 600
+# Most CIDs tracked in the holder table (oldest forgotten first), and holders per CID.
+MAX_HOLDER_TABLE_CIDS = 4096
+MAX_HOLDERS_PER_CID = 256
+
+# -- gossipsub settings that work around py-libp2p 0.8.1 defaults (see _defects.py) -------------
+
+# Heartbeat interval; the library default of 120 s leaves a fresh mesh empty for two minutes.
+GOSSIP_HEARTBEAT_S = 1
+# Per-topic message rate accepted from one peer (library default 10/s also throttles our own).
+GOSSIP_MAX_MSGS_PER_TOPIC_PER_S = 200.0
+# Our own publishes are paced to at most this many per second, under the per-peer outbound
+# queue of 32 messages that py-libp2p drops beyond, silently.
+PUBLISH_MAX_PER_S = 50.0
+# Messages buffered for a local subscriber before the oldest are dropped (and counted).
+SUBSCRIBER_BUFFER = 1024
+
+# -- host ----------------------------------------------------------------------------------------
+
+# Inbound connections a listener keeps open at once (live ones; closed ones free their slot).
+MAX_INBOUND_CONNECTIONS = 512
