@@ -30,7 +30,7 @@ from typing import Protocol
 import structlog
 
 from . import limits
-from ._cid import CID, compute_cid, verify_block
+from ._cid import CID, RAW, compute_cid, verify_block
 from ._exceptions import (
     BlockNotFoundError,
     CorruptBlockError,
@@ -266,7 +266,7 @@ class BlockStore:
             pass
         self._files.write(cid, data)
 
-    def put_new(self, data: bytes | bytearray | memoryview, codec: int) -> CID:
+    def put_new(self, data: bytes | bytearray | memoryview, codec: int = RAW) -> CID:
         """Compute the CID of ``data``, store it, and return the CID."""
         cid = compute_cid(data, codec)
         path = self._files.path(cid)
