@@ -20,12 +20,12 @@ from types import ModuleType
 from cnode import CnodeError, __version__
 from cnode.node._logging import configure_logging
 
-from . import _checkpoint
+from . import _checkpoint, _fetch, _serve
 
 # Modules with a register(subparsers) for top-level commands, in the order --help lists them.
 _TOP_LEVEL: list[ModuleType] = []
 # Modules with a register(subparsers) for `cnode checkpoint ...` subcommands.
-_CHECKPOINT: list[ModuleType] = [_checkpoint]
+_CHECKPOINT: list[ModuleType] = [_checkpoint, _fetch, _serve]
 
 
 def _command_modules() -> tuple[list[ModuleType], list[ModuleType]]:
