@@ -6,6 +6,9 @@ deterministic aggregation into a state every honest node agrees on (by its state
 checkpoints with their aggregation record, and replay. Spec: specs/training.md.
 """
 
+from ._checkpoint import ReplayReport as ReplayReport
+from ._checkpoint import replay_checkpoint as replay_checkpoint
+from ._checkpoint import store_checkpoint as store_checkpoint
 from ._config import DataConfig as DataConfig
 from ._config import ModelConfig as ModelConfig
 from ._config import TrainingConfig as TrainingConfig
@@ -22,22 +25,41 @@ from ._local import train_local as train_local
 from ._model import build_model as build_model
 from ._model import load_state as load_state
 from ._model import model_state as model_state
+from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
+from ._round import UpdateHeader as UpdateHeader
+from ._round import aggregate_round as aggregate_round
+from ._round import open_update_header as open_update_header
+from ._round import seal_update_header as seal_update_header
+from ._state import state_cid as state_cid
+from ._state import state_cid_from_layers as state_cid_from_layers
+from ._trainer import NodeTrainer as NodeTrainer
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_exports.py)
     "CatchUpError",
     "DataConfig",
     "LocalResult",
     "ModelConfig",
+    "NodeTrainer",
     "PeerUpdateError",
     "ReplayMismatchError",
+    "ReplayReport",
     "StateMismatchError",
     "TextData",
     "TrainingConfig",
     "TrainingConfigError",
     "TrainingError",
+    "UPDATE_HEADER_TYPE",
+    "UpdateHeader",
+    "aggregate_round",
     "build_model",
     "evaluate",
     "load_state",
     "model_state",
+    "open_update_header",
+    "replay_checkpoint",
+    "seal_update_header",
+    "state_cid",
+    "state_cid_from_layers",
+    "store_checkpoint",
     "train_local",
 ]

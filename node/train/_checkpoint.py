@@ -1,0 +1,267 @@
+"""Checkpoints of a run and their replay.
+
+A checkpoint at round R is a ``kind="checkpoint"`` manifest whose
+
+* ``parent`` is the previous checkpoint's manifest CID (``None`` for the genesis at round 0),
+* ``aggregation`` lists the aggregator, its parameters and the CIDs of every signed update
+  header of rounds ``parent.round + 1 .. R`` (each header names its round),
+* ``extra`` holds ``state_cid`` (see _state.py), the run's ``training`` settings and one row per
+  round ``{"round", "state_cid", "loss"}``.
+
+Replay (:func:`replay_checkpoint`) loads the parent, re-aggregates each round from the signed
+updates, and compares every layer's chunk CIDs with the manifest's. See specs/training.md#replay.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from cnode.storage import (
+    CID,
+    AggregationRecord,
+    BlockStore,
+    CheckpointMeta,
+    Manifest,
+    StorageError,
+    load_checkpoint,
+    read_manifest,
+    save_checkpoint,
+)
+
+from . import limits
+from ._config import TrainingConfig
+from ._exceptions import CatchUpError, PeerUpdateError, ReplayMismatchError, TrainingConfigError
+from ._model import State, build_model, model_state
+from ._round import UpdateHeader, aggregate_round, load_update, open_update_header
+from ._state import layer_chunk_cids, state_cid
+
+__all__ = [
+    "CheckpointInfo",
+    "ReplayReport",
+    "RoundLog",
+    "genesis_state",
+    "read_checkpoint_info",
+    "replay_checkpoint",
+    "replay_rounds",
+    "store_checkpoint",
+]
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True)
+class RoundLog:
+    """What one aggregated round left behind, as a checkpoint records it."""
+
+    round: int
+    state_cid: CID
+    headers: tuple[CID, ...]  # signed update header CIDs the round aggregated (in id order)
+    params: Mapping[str, Any] = field(default_factory=dict)  # the aggregator's derived params
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """The parts of a checkpoint manifest the training loop uses."""
+
+    cid: CID
+    run: str
+    round: int
+    parent: CID | None
+    state_cid: CID | None
+    training: TrainingConfig | None
+    headers: tuple[CID, ...]
+    manifest: Manifest
+
+
+def genesis_state(config: TrainingConfig) -> State:
+    """The run's round-0 state: the model built from the config and seed."""
+    return model_state(build_model(config))
+
+
+def store_checkpoint(
+    store: BlockStore,
+    state: State,
+    *,
+    run: str,
+    round_: int,
+    parent: CID | None,
+    config: TrainingConfig,
+    rounds: Sequence[RoundLog],
+    tokenizer_json: str,
+) -> CID:
+    """Store ``state`` as the checkpoint of ``round_`` with its aggregation record."""
+    headers = [h for r in rounds for h in r.headers]
+    record = None
+    if rounds:
+        record = AggregationRecord(
+            aggregator=config.aggregator,
+            params={
+                "configured": dict(config.aggregator_params),
+                "outer_lr": config.outer_lr,
+                "rounds": [[r.round, dict(r.params)] for r in rounds],
+            },
+            updates=headers,
+        )
+    meta = CheckpointMeta(
+        run_id=run,
+        kind="checkpoint",
+        epoch=0,
+        round=round_,
+        step=round_ * config.local_steps,
+        parent=parent,
+        model_config={"model_type": "gpt2", **config.model.to_gpt2_kwargs()},
+        tokenizer_files={"tokenizer.json": tokenizer_json.encode()},
+        aggregation=record,
+        extra={
+            "state_cid": str(state_cid(state)),
+            "training": config.to_dict(),
+            "rounds": [{"round": r.round, "state_cid": str(r.state_cid)} for r in rounds],
+        },
+    )
+    return save_checkpoint(store, state, meta)
+
+
+def _meta(manifest: Manifest) -> Any:
+    return getattr(manifest, "meta", manifest)
+
+
+def read_checkpoint_info(store: BlockStore, cid: CID) -> CheckpointInfo:
+    """Read a checkpoint manifest (blocks must be local) and the training fields it carries."""
+    manifest = read_manifest(store, cid)
+    meta = _meta(manifest)
+    if meta.kind != "checkpoint":
+        raise TrainingConfigError(f"{cid} is a {meta.kind!r} manifest, not a checkpoint")
+    extra = dict(meta.extra or {})
+    training = None
+    if isinstance(extra.get("training"), dict):
+        training = TrainingConfig.from_dict(extra["training"])
+    state = CID.parse(extra["state_cid"]) if isinstance(extra.get("state_cid"), str) else None
+    headers = tuple(meta.aggregation.updates) if meta.aggregation is not None else ()
+    return CheckpointInfo(
+        cid, meta.run_id, meta.round, meta.parent, state, training, headers, manifest
+    )
+
+
+def replay_rounds(
+    store: BlockStore,
+    parent: State,
+    *,
+    run: str,
+    first_round: int,
+    headers: Sequence[CID],
+    config: TrainingConfig,
+) -> tuple[State, list[RoundLog]]:
+    """Re-aggregate the rounds the signed headers describe, starting from ``parent``.
+
+    Every header block and update block must be in ``store``. A header whose ``base`` is not the
+    replayed state of the round before is a :class:`ReplayMismatchError`.
+    """
+    by_round: dict[int, list[tuple[CID, UpdateHeader]]] = defaultdict(list)
+    for cid in headers:
+        try:
+            envelope = store.get(cid)
+        except StorageError as exc:
+            raise CatchUpError(f"signed update header {cid} is not available: {exc}") from exc
+        header = open_update_header(envelope, run=run)
+        by_round[header.round].append((cid, header))
+    if not by_round:
+        return parent, []
+    rounds = sorted(by_round)
+    if rounds[0] < first_round or rounds != list(range(rounds[0], rounds[0] + len(rounds))):
+        raise ReplayMismatchError(f"update headers cover rounds {rounds}, from {first_round} on")
+    if len(rounds) > limits.MAX_REPLAY_ROUNDS:
+        raise ReplayMismatchError(f"{len(rounds)} rounds to replay > MAX_REPLAY_ROUNDS")
+    state, logs = parent, []
+    for number in rounds:
+        base = state_cid(state)
+        updates: dict[str, State] = {}
+        for _cid, header in sorted(by_round[number], key=lambda item: item[1].peer):
+            if header.base != base:
+                raise ReplayMismatchError(
+                    f"round {number}: {header.peer[-8:]}'s update was trained from {header.base}, "
+                    f"but the replayed parent state is {base}"
+                )
+            try:
+                updates[header.peer] = load_update(store, header.update, peer=header.peer)
+            except PeerUpdateError as exc:
+                raise CatchUpError(f"round {number}: {exc}") from exc
+        result = aggregate_round(state, updates, config)
+        state = result.state
+        cids = tuple(cid for cid, _ in sorted(by_round[number], key=lambda item: item[1].peer))
+        logs.append(RoundLog(number, result.state_cid, cids, result.aggregation.params))
+        log.info("round_replayed", round=number, updates=len(updates), state=str(result.state_cid))
+    return state, logs
+
+
+@dataclass(frozen=True)
+class ReplayReport:
+    """The result of a successful replay."""
+
+    manifest: CID
+    parent: CID | None
+    rounds: tuple[int, ...]
+    updates: int
+    layers: int
+    state_cid: CID
+
+
+def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
+    """Recompute a checkpoint from its parent and signed updates; compare every layer's CIDs.
+
+    Raises:
+        ReplayMismatchError: the recomputed state differs; ``.layer`` names the first layer
+            (sorted by name) whose chunk CIDs differ.
+        CatchUpError: a block the replay needs (parent, header, update) is not in ``store``.
+    """
+    info = read_checkpoint_info(store, manifest_cid)
+    if info.training is None:
+        raise ReplayMismatchError(f"checkpoint {manifest_cid} carries no training settings")
+    config = info.training
+    if info.parent is None:
+        parent_state, first = genesis_state(config), 1
+    else:
+        try:
+            parent_state, parent_manifest = load_checkpoint(store, info.parent)
+        except StorageError as exc:
+            raise CatchUpError(f"parent checkpoint {info.parent} is not available: {exc}") from exc
+        first = _meta(parent_manifest).round + 1
+    state, logs = replay_rounds(
+        store, parent_state, run=info.run, first_round=first, headers=info.headers, config=config
+    )
+    if logs and logs[-1].round != info.round:
+        raise ReplayMismatchError(
+            f"updates end at round {logs[-1].round}, the checkpoint is of round {info.round}"
+        )
+    compare_layers(info.manifest, state)
+    return ReplayReport(
+        manifest_cid,
+        info.parent,
+        tuple(r.round for r in logs),
+        len(info.headers),
+        len(state),
+        state_cid(state),
+    )
+
+
+def compare_layers(manifest: Manifest, state: State) -> None:
+    """Raise ReplayMismatchError naming the first layer whose CIDs differ from ``state``'s."""
+    layers = {layer.name: layer for layer in manifest.layers}
+    if set(layers) != set(state):
+        missing = sorted(set(state) - set(layers))[:3]
+        extra = sorted(set(layers) - set(state))[:3]
+        raise ReplayMismatchError(
+            f"layer sets differ: recomputed-only {missing}, manifest-only {extra}"
+        )
+    for name in sorted(layers):
+        got = layer_chunk_cids(state[name])
+        want = list(layers[name].chunks)
+        if got != want:
+            raise ReplayMismatchError(
+                f"layer {name} differs: manifest has {len(want)} chunk(s) starting {want[0]}, "
+                f"the replay gives {got[0]}",
+                layer=name,
+            )

@@ -1,0 +1,187 @@
+"""One round, without the network: store an update, sign its header, check others', aggregate.
+
+Everything here is a pure function of its inputs and a block store, so the same code serves the
+live loop, a late joiner replaying rounds, and ``cnode checkpoint verify --replay``.
+See specs/training.md#a-round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import torch
+from cnode.aggregation import AggregationResult, AggregatorConfig, TensorSpec, aggregate
+from cnode.auth import EnvelopeError, Identity, open_envelope, seal
+from cnode.storage import (
+    CID,
+    BlockStore,
+    CheckpointMeta,
+    StorageError,
+    compute_cid,
+    load_checkpoint,
+    save_checkpoint,
+)
+
+from . import limits
+from ._config import TrainingConfig
+from ._exceptions import PeerUpdateError
+from ._model import State
+from ._state import state_cid
+
+__all__ = [
+    "UPDATE_HEADER_TYPE",
+    "RoundResult",
+    "UpdateHeader",
+    "aggregate_round",
+    "expected_specs",
+    "header_cid",
+    "load_update",
+    "open_update_header",
+    "seal_update_header",
+    "store_update",
+]
+
+log = structlog.get_logger(__name__)
+
+UPDATE_HEADER_TYPE = "cnode/update-header/v1"
+_DAG_CBOR = 0x71
+
+
+@dataclass(frozen=True)
+class UpdateHeader:
+    """The signed statement "in round R of run X, I trained on N samples; here is my update"."""
+
+    run: str  # run id
+    round: int  # the round the update belongs to (>= 1)
+    peer: str  # the signer's peer id; must equal the envelope's signer
+    samples: int  # sequences trained on (recorded; not used as a weight, it cannot be checked)
+    update: CID  # manifest CID of the update (kind "update"), fetched over the block exchange
+    base: CID  # state CID the update was trained from; must equal the round's parent state
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "run": self.run,
+            "round": self.round,
+            "peer": self.peer,
+            "samples": self.samples,
+            "update": str(self.update),
+            "base": str(self.base),
+        }
+
+    @classmethod
+    def from_payload(cls, payload: Mapping[str, Any], signer: str) -> UpdateHeader:
+        """Decode; raise :class:`PeerUpdateError` naming what is wrong."""
+        want = {"run": str, "round": int, "peer": str, "samples": int, "update": str, "base": str}
+        if set(payload) != set(want):
+            raise PeerUpdateError(signer, f"header fields {sorted(payload)} != {sorted(want)}")
+        for key, typ in want.items():
+            value = payload[key]
+            if not isinstance(value, typ) or isinstance(value, bool):
+                raise PeerUpdateError(signer, f"header field {key} has type {type(value).__name__}")
+        if payload["peer"] != signer:
+            raise PeerUpdateError(signer, "header names another peer than its signer")
+        if payload["round"] < 1 or payload["samples"] < 0:
+            raise PeerUpdateError(signer, "header round must be >= 1 and samples >= 0")
+        try:
+            update, base = CID.parse(payload["update"]), CID.parse(payload["base"])
+        except StorageError as exc:
+            raise PeerUpdateError(signer, f"header holds a bad CID: {exc}") from exc
+        return cls(
+            payload["run"], payload["round"], payload["peer"], payload["samples"], update, base
+        )
+
+
+def seal_update_header(identity: Identity, header: UpdateHeader) -> bytes:
+    """The header as a signed envelope (``cnode/update-header/v1``)."""
+    if header.peer != identity.peer_id_str:
+        raise ValueError("an update header is signed by the peer it names")
+    return seal(identity, UPDATE_HEADER_TYPE, header.to_payload())
+
+
+def header_cid(envelope: bytes) -> CID:
+    """The CID a signed header is stored and referenced under (a DAG-CBOR block)."""
+    return compute_cid(envelope, _DAG_CBOR)
+
+
+def open_update_header(
+    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
+) -> UpdateHeader:
+    """Verify a signed header's size, signature, run and round; raise PeerUpdateError if bad."""
+    who = signer or "unknown peer"
+    if len(envelope) > limits.MAX_UPDATE_HEADER_BYTES:
+        raise PeerUpdateError(who, f"header of {len(envelope)} bytes > MAX_UPDATE_HEADER_BYTES")
+    try:
+        opened = open_envelope(envelope, expected_type=UPDATE_HEADER_TYPE, expected_signer=signer)
+    except EnvelopeError as exc:
+        raise PeerUpdateError(who, f"bad header envelope: {exc}") from exc
+    header = UpdateHeader.from_payload(opened.payload, opened.signer)
+    if header.run != run:
+        raise PeerUpdateError(opened.signer, f"header is for run {header.run!r}, not {run!r}")
+    if round_ is not None and header.round != round_:
+        raise PeerUpdateError(opened.signer, f"header is for round {header.round}, not {round_}")
+    return header
+
+
+def store_update(store: BlockStore, delta: State, *, run: str, round_: int, base: CID) -> CID:
+    """Store an update as blocks (a ``kind="update"`` manifest); return the manifest CID."""
+    meta = CheckpointMeta(
+        run_id=run,
+        kind="update",
+        epoch=0,
+        round=round_,
+        step=0,
+        parent=None,
+        model_config=None,
+        tokenizer_files=None,
+        aggregation=None,
+        extra={"base": str(base)},
+    )
+    return save_checkpoint(store, delta, meta)
+
+
+def load_update(store: BlockStore, cid: CID, *, peer: str) -> State:
+    """Read an update manifest and its tensors from ``store``; PeerUpdateError if not an update."""
+    try:
+        tensors, manifest = load_checkpoint(store, cid)
+    except StorageError as exc:
+        raise PeerUpdateError(peer, f"update {cid} unreadable: {exc}") from exc
+    kind = getattr(manifest, "kind", None) or getattr(getattr(manifest, "meta", None), "kind", None)
+    if kind != "update":
+        raise PeerUpdateError(peer, f"manifest {cid} is a {kind!r}, not an update")
+    return tensors
+
+
+def expected_specs(state: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
+    """What every update of a round must look like: the state's names, shapes, float32."""
+    return {name: TensorSpec(tuple(t.shape), torch.float32) for name, t in state.items()}
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """The outcome of aggregating one round."""
+
+    state: State  # parent + outer_lr * aggregate
+    state_cid: CID  # see _state.py
+    aggregation: AggregationResult  # per-peer records (distance, clip weight, rejection)
+
+
+def aggregate_round(
+    parent: State, updates: Mapping[str, State], config: TrainingConfig
+) -> RoundResult:
+    """Aggregate the round's updates with the run's rule and apply them to ``parent``.
+
+    Deterministic: the aggregation orders peers by id and the apply is one elementwise float32
+    add per layer, so every honest node gets the same bytes.
+    """
+    rule = AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
+    result = aggregate(updates, expected=expected_specs(parent), config=rule)
+    new: State = {}
+    for name, base in parent.items():
+        step = result.tensors[name].to(torch.float32)
+        if config.outer_lr != 1.0:
+            step = step * config.outer_lr
+        new[name] = (base + step).contiguous()
+    return RoundResult(new, state_cid(new), result)

@@ -1,0 +1,222 @@
+"""One node's training state across rounds, without the network.
+
+:class:`NodeTrainer` owns the model, the agreed state and its CID, the rounds since the last
+checkpoint and the ban policy. The network loop (_loop.py) calls it from a worker thread
+(``trio.to_thread.run_sync``) so the host keeps serving blocks while torch computes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+import torch
+from cnode.aggregation import ATTACKS, BanPolicy, BanRecommendation
+from cnode.auth import Identity
+from cnode.storage import CID, BlockStore, load_checkpoint
+
+from ._checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
+from ._config import TrainingConfig
+from ._data import TextData
+from ._exceptions import CatchUpError, PeerUpdateError, StateMismatchError
+from ._local import LocalResult, evaluate, train_local
+from ._model import State, build_model
+from ._round import (
+    RoundResult,
+    UpdateHeader,
+    aggregate_round,
+    load_update,
+    seal_update_header,
+    store_update,
+)
+from ._state import state_cid
+
+__all__ = ["NodeTrainer", "OwnUpdate", "RoundOutcome"]
+
+log = structlog.get_logger(__name__)
+_DAG_CBOR = 0x71
+
+
+@dataclass(frozen=True)
+class OwnUpdate:
+    """This node's contribution to a round."""
+
+    round: int
+    header: UpdateHeader
+    envelope: bytes  # the signed header as published
+    header_cid: CID
+    local: LocalResult
+    seconds_store: float
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What a round did to this node's state."""
+
+    round: int
+    result: RoundResult
+    members: tuple[str, ...]  # peers whose update was aggregated
+    dropped: dict[str, str]  # peer -> why its update was not used (missing, bad header, ...)
+    loss: float  # held-out loss of the new state
+    bans: list[BanRecommendation]
+    seconds: float
+
+
+def _finite(params: Mapping[str, Any]) -> dict[str, Any]:
+    # DAG-CBOR has no NaN/Infinity: keep such derived figures as text.
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            out[key] = repr(value)
+        else:
+            out[key] = value
+    return out
+
+
+class NodeTrainer:
+    """The training side of one node of one run."""
+
+    def __init__(
+        self,
+        config: TrainingConfig,
+        *,
+        run: str,
+        identity: Identity,
+        store: BlockStore,
+        attack: str | None = None,
+    ) -> None:
+        self.config = config
+        self.run = run
+        self.identity = identity
+        self.peer = identity.peer_id_str
+        self.store = store
+        self.data = TextData.build(config.data, config.model)
+        self.model = build_model(config)
+        self.attack = ATTACKS[attack] if attack else None
+        self.attack_name = attack
+        self._rng = torch.Generator().manual_seed(config.seed + 1)
+        self.bans = BanPolicy()
+        self.state: State = genesis_state(config)
+        self.state_cid: CID = state_cid(self.state)
+        self.round = 0  # the last round included in self.state
+        self.checkpoint: CID | None = None  # the checkpoint self.state descends from
+        self.since_checkpoint: list[RoundLog] = []
+
+    @property
+    def pin_name(self) -> str:
+        """The pin under which this node keeps its latest checkpoint (what a restart resumes)."""
+        return f"train-{self.run}-latest"
+
+    # -- starting points ---------------------------------------------------------------------
+
+    def adopt_checkpoint(self, cid: CID) -> None:
+        """Take a checkpoint (all blocks in the store) as the current state, after checking it."""
+        info = read_checkpoint_info(self.store, cid)
+        if info.run != self.run:
+            raise CatchUpError(f"checkpoint {cid} is of run {info.run!r}, not {self.run!r}")
+        tensors, _ = load_checkpoint(self.store, cid)
+        got = state_cid(tensors)
+        if info.state_cid is not None and got != info.state_cid:
+            raise CatchUpError(
+                f"checkpoint {cid}: its tensors give state {got}, it claims {info.state_cid}"
+            )
+        if set(tensors) != set(self.state):
+            raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
+        self.state, self.state_cid, self.round = tensors, got, info.round
+        self.checkpoint, self.since_checkpoint = cid, []
+        log.info("checkpoint_adopted", checkpoint=str(cid), round=info.round, state=str(got))
+
+    # -- a round -----------------------------------------------------------------------------
+
+    def train(self, round_: int) -> OwnUpdate:
+        """Train on the current state, store the update and the signed header; return them."""
+        if round_ != self.round + 1:
+            raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
+        local = train_local(
+            self.model, self.state, self.data, self.config, peer_id=self.peer, round_=round_
+        )
+        began = time.perf_counter()
+        delta = local.delta
+        if self.attack is not None:
+            # Testing aid (`--attack`): send what the attack harness makes of the honest update.
+            delta = self.attack([], delta, self._rng, 1, 1)
+            delta = {k: t.to(torch.float32).contiguous() for k, t in delta.items()}
+        update = store_update(self.store, delta, run=self.run, round_=round_, base=self.state_cid)
+        header = UpdateHeader(self.run, round_, self.peer, local.samples, update, self.state_cid)
+        envelope = seal_update_header(self.identity, header)
+        cid = self.store.put_new(envelope, _DAG_CBOR)
+        return OwnUpdate(round_, header, envelope, cid, local, time.perf_counter() - began)
+
+    def aggregate(
+        self, round_: int, headers: Mapping[str, tuple[CID, UpdateHeader]], dropped: dict[str, str]
+    ) -> RoundOutcome:
+        """Aggregate the members' updates (blocks in the store), apply, and advance the state."""
+        began = time.perf_counter()
+        if round_ != self.round + 1:
+            raise StateMismatchError(
+                f"asked to aggregate round {round_} on the state of {self.round}"
+            )
+        updates: dict[str, State] = {}
+        dropped = dict(dropped)
+        used: dict[str, CID] = {}
+        for peer in sorted(headers):
+            cid, header = headers[peer]
+            if header.base != self.state_cid:
+                dropped[peer] = f"trained from state {header.base}, not {self.state_cid}"
+                continue
+            try:
+                updates[peer] = load_update(self.store, header.update, peer=peer)
+            except PeerUpdateError as exc:
+                dropped[peer] = exc.reason
+                continue
+            used[peer] = cid
+        result = aggregate_round(self.state, updates, self.config)
+        update_cids = {p: str(headers[p][1].update) for p in used}
+        bans = self.bans.observe(round_, result.aggregation.records, update_cids)
+        self.state, self.state_cid, self.round = result.state, result.state_cid, round_
+        self.since_checkpoint.append(
+            RoundLog(
+                round_,
+                result.state_cid,
+                tuple(used[p] for p in sorted(used)),
+                _finite(result.aggregation.params),
+            )
+        )
+        loss = evaluate(self.model, self.state, self.data)
+        log.info(
+            "round_aggregated",
+            round=round_,
+            state=str(result.state_cid),
+            loss=round(loss, 4),
+            members=len(updates),
+            dropped=len(dropped),
+        )
+        return RoundOutcome(
+            round_,
+            result,
+            tuple(sorted(updates)),
+            dropped,
+            loss,
+            bans,
+            time.perf_counter() - began,
+        )
+
+    def store_checkpoint(self) -> CID:
+        """Store the current state as a checkpoint; every honest node gets the same manifest CID."""
+        cid = store_checkpoint(
+            self.store,
+            self.state,
+            run=self.run,
+            round_=self.round,
+            parent=self.checkpoint,
+            config=self.config,
+            rounds=self.since_checkpoint,
+            tokenizer_json=self.data.tokenizer_json,
+        )
+        self.store.pin(self.pin_name, cid)
+        self.checkpoint, self.since_checkpoint = cid, []
+        return cid

@@ -1,0 +1,136 @@
+"""A round without the network: updates as blocks, signed headers, aggregation, checkpoints, replay.
+
+Real block stores, real signatures, the real aggregator; several "nodes" are several NodeTrainers
+with their own stores, exchanging blocks by copying them (what the block exchange does, verified).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from cnode.auth import Identity, seal
+from cnode.node.train import (
+    PeerUpdateError,
+    ReplayMismatchError,
+    TrainingConfig,
+    replay_checkpoint,
+)
+from cnode.node.train._round import UPDATE_HEADER_TYPE, UpdateHeader, open_update_header
+from cnode.node.train._trainer import NodeTrainer, OwnUpdate
+from cnode.storage import BlockStore, load_checkpoint, manifest_closure
+
+CONFIG = TrainingConfig.from_dict({"local_steps": 2, "batch_size": 4})
+
+
+def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
+    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
+        if not dst.has(cid):
+            dst.put(cid, src.get(cid))
+
+
+def _swarm(tmp_path: Path, n: int, attack: dict[int, str] | None = None) -> list[NodeTrainer]:
+    attack = attack or {}
+    return [
+        NodeTrainer(
+            CONFIG,
+            run="r1",
+            identity=Identity.generate(),
+            store=BlockStore(tmp_path / f"n{i}"),
+            attack=attack.get(i),
+        )
+        for i in range(n)
+    ]
+
+
+def _play_round(nodes: list[NodeTrainer], round_: int) -> list[object]:
+    own: list[OwnUpdate] = [node.train(round_) for node in nodes]
+    outcomes = []
+    for node in nodes:
+        headers = {}
+        for o, src in zip(own, nodes, strict=True):
+            _copy(src.store, node.store, o.header.update)
+            node.store.put(o.header_cid, o.envelope)
+            header = open_update_header(o.envelope, run="r1", round_=round_, signer=src.peer)
+            headers[src.peer] = (o.header_cid, header)
+        outcomes.append(node.aggregate(round_, headers, {}))
+    return outcomes
+
+
+def test_honest_nodes_end_every_round_bit_identical(tmp_path: Path) -> None:
+    nodes = _swarm(tmp_path, 3)
+    for round_ in (1, 2):
+        outcomes = _play_round(nodes, round_)
+        assert len({node.state_cid for node in nodes}) == 1
+        assert all(o.members == tuple(sorted(n.peer for n in nodes)) for o in outcomes)  # type: ignore[attr-defined]
+    cids = {node.store_checkpoint() for node in nodes}
+    assert len(cids) == 1  # same manifest bytes on every node: each is a holder
+
+
+def test_checkpoint_replays_to_the_same_layers_and_names_a_tampered_layer(tmp_path: Path) -> None:
+    nodes = _swarm(tmp_path, 3)
+    _play_round(nodes, 1)
+    first = nodes[0].store_checkpoint()
+    for node in nodes[1:]:
+        node.store_checkpoint()
+    _play_round(nodes, 2)
+    _play_round(nodes, 3)
+    second = nodes[0].store_checkpoint()
+    report = replay_checkpoint(nodes[0].store, second)
+    assert report.rounds == (2, 3) and report.parent == first
+    assert report.state_cid == nodes[0].state_cid
+    # the genesis-parented first checkpoint replays from the seed
+    assert replay_checkpoint(nodes[0].store, first).rounds == (1,)
+
+    # A checkpoint whose tensors were changed in one layer: replay names that layer.
+    tensors, _ = load_checkpoint(nodes[0].store, second)
+    bad_name = sorted(tensors)[3]
+    nodes[1].state = dict(nodes[1].state)
+    nodes[1].state[bad_name] = nodes[1].state[bad_name] + 1.0
+    forged = nodes[1].store_checkpoint()
+    with pytest.raises(ReplayMismatchError, match=bad_name) as info:
+        replay_checkpoint(nodes[1].store, forged)
+    assert info.value.layer == bad_name
+
+
+def test_an_attacker_is_clipped_rejected_or_recommended_for_a_ban(tmp_path: Path) -> None:
+    nodes = _swarm(tmp_path, 5, attack={4: "gaussian"})
+    attacker = nodes[4].peer
+    bans = []
+    for round_ in (1, 2, 3):
+        outcomes = _play_round(nodes, round_)
+        honest = outcomes[0]
+        record = honest.result.aggregation.records[attacker]  # type: ignore[attr-defined]
+        assert record.outlier
+        bans += honest.bans  # type: ignore[attr-defined]
+    assert [b.peer for b in bans] == [attacker]
+    assert bans[0].round == 3 and bans[0].figures["rounds"] == [1, 2, 3]
+
+
+def test_nan_update_is_rejected_and_the_round_still_agrees(tmp_path: Path) -> None:
+    nodes = _swarm(tmp_path, 4, attack={3: "nan"})
+    outcomes = _play_round(nodes, 1)
+    assert len({n.state_cid for n in nodes[:3]}) == 1
+    honest = outcomes[0]
+    assert nodes[3].peer in honest.result.aggregation.rejected  # type: ignore[attr-defined]
+    assert honest.bans[0].peer == nodes[3].peer  # type: ignore[attr-defined]
+    assert all(torch.isfinite(t).all() for t in nodes[0].state.values())
+
+
+def test_update_header_errors_name_the_fault(tmp_path: Path) -> None:
+    node = _swarm(tmp_path, 1)[0]
+    own = node.train(1)
+    with pytest.raises(PeerUpdateError, match="not 'other'"):
+        open_update_header(own.envelope, run="other")
+    with pytest.raises(PeerUpdateError, match="round 1, not 2"):
+        open_update_header(own.envelope, run="r1", round_=2)
+    stranger = Identity.generate()
+    with pytest.raises(PeerUpdateError, match="bad header envelope"):
+        open_update_header(own.envelope, run="r1", signer=stranger.peer_id_str)
+    lying = seal(stranger, UPDATE_HEADER_TYPE, own.header.to_payload())  # names another peer
+    with pytest.raises(PeerUpdateError, match="another peer than its signer"):
+        open_update_header(lying, run="r1")
+    with pytest.raises(PeerUpdateError, match="MAX_UPDATE_HEADER_BYTES"):
+        open_update_header(b"x" * 5000, run="r1")
+    assert isinstance(open_update_header(own.envelope, run="r1"), UpdateHeader)
