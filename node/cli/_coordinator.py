@@ -1,0 +1,143 @@
+"""``cnode coordinator serve`` and ``cnode coordinator new-run``.
+
+See specs/coordinator.md. ``serve`` runs the aiohttp server in this process until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+from pathlib import Path
+
+import structlog
+import tomli_w
+from cnode.auth import Identity, load_identity, save_identity
+from cnode.node.coordinator import (
+    AccessConfig,
+    CoordinatorServer,
+    RoundsConfig,
+    RunConfig,
+    RunConfigError,
+    ServeSettings,
+    load_run_config,
+)
+
+log = structlog.get_logger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "coordinator",
+        help="serve a run's coordinator, or write a new run config",
+        description="The coordinator of a run: members, rounds, checkpoints and bans.",
+    )
+    sub = parser.add_subparsers(dest="coordinator_command", metavar="ACTION", required=True)
+    serve = sub.add_parser("serve", help="serve the coordinator HTTP API of one run")
+    serve.add_argument("--run-config", type=Path, required=True, help="run config TOML file")
+    serve.add_argument("--db", type=Path, required=True, help="SQLite state file (created)")
+    serve.add_argument(
+        "--key",
+        type=Path,
+        required=True,
+        help="coordinator key file (created, mode 0600, if missing)",
+    )
+    serve.add_argument("--listen", default="127.0.0.1:8470", help="HOST:PORT (PORT 0 = any)")
+    serve.add_argument(
+        "--hf-endpoint",
+        default=None,
+        help="Hugging Face Hub URL for whoami (default: $HF_ENDPOINT or the Hub)",
+    )
+    serve.add_argument(
+        "--ready-file",
+        type=Path,
+        default=None,
+        help="write {url, peer_id, run, pid} as JSON here once listening",
+    )
+    serve.set_defaults(handler=_serve)
+    new = sub.add_parser("new-run", help="write a run config pinning this coordinator's key")
+    new.add_argument("run", help="run id")
+    new.add_argument("--key", type=Path, required=True, help="coordinator key file (created)")
+    new.add_argument("--out", type=Path, required=True, help="run config file to write")
+    new.add_argument("--url", default="http://127.0.0.1:8470", help="where nodes reach it")
+    new.add_argument("--min-participants", type=int, default=1)
+    new.add_argument("--round-timeout", type=float, default=60.0, help="seconds")
+    new.add_argument("--checkpoint-every", type=int, default=0, help="rounds per epoch")
+    new.add_argument("--peer", action="append", default=[], help="allowlist a peer id")
+    new.add_argument("--user", action="append", default=[], help="allowlist an HF username")
+    new.add_argument("--org", action="append", default=[], help="allowlist an HF org")
+    new.set_defaults(handler=_new_run)
+
+
+def key_identity(path: Path) -> Identity:
+    """Load the coordinator key, creating it (0600) on first use."""
+    if not path.exists():
+        identity = Identity.generate()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_identity(identity, path)
+        log.info("coordinator_key_created", path=str(path), peer=identity.peer_id_str)
+        return identity
+    return load_identity(path)
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit():
+        raise RunConfigError(f"--listen must be HOST:PORT, got {text!r}")
+    return host, int(port)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    config = load_run_config(args.run_config)
+    host, port = _listen(args.listen)
+    settings = ServeSettings(
+        config=config,
+        db=args.db,
+        identity=key_identity(args.key),
+        host=host,
+        port=port,
+        hf_endpoint=args.hf_endpoint,
+    )
+    asyncio.run(_serve_until_signal(settings, args.ready_file))
+    return 0
+
+
+async def _serve_until_signal(settings: ServeSettings, ready_file: Path | None) -> None:
+    server = CoordinatorServer(settings)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        url = await server.start()
+        info = {"url": url, "peer_id": server.peer_id, "run": server.run, "pid": os.getpid()}
+        print(json.dumps(info), flush=True)
+        if ready_file is not None:
+            tmp = ready_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(info))
+            os.replace(tmp, ready_file)
+        await stop.wait()
+    finally:
+        await server.stop()
+        log.info("coordinator_stopped")
+
+
+def _new_run(args: argparse.Namespace) -> int:
+    identity = key_identity(args.key)
+    config = RunConfig(
+        run=args.run,
+        coordinator=identity.peer_id_str,
+        url=args.url,
+        rounds=RoundsConfig(
+            min_participants=args.min_participants,
+            round_timeout_s=args.round_timeout,
+            checkpoint_every=args.checkpoint_every,
+        ),
+        access=AccessConfig(users=args.user, peers=args.peer, orgs=args.org),
+    )
+    config.check()
+    args.out.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")
+    print(f"wrote {args.out}: run {config.run}, coordinator {identity.peer_id_str}")
+    return 0

@@ -1,0 +1,68 @@
+"""The coordinator: a run's single source of truth for members, rounds, checkpoints and bans.
+
+It never touches model data. Its state lives in SQLite (WAL) and every read of it is signed by the
+coordinator key; nodes pin that key's peer id in their run config. Spec: specs/coordinator.md.
+
+Server side: :class:`CoordinatorServer` (asyncio, in-process) or :class:`CoordinatorProcess`
+(``cnode coordinator serve`` in its own process). Node side: :class:`CoordinatorClient` (async,
+trio or asyncio) and :class:`SyncCoordinatorClient` (CLI).
+"""
+
+from ._client import CoordinatorClient as CoordinatorClient
+from ._client import SyncCoordinatorClient as SyncCoordinatorClient
+from ._client import verify_state_envelope as verify_state_envelope
+from ._config import AccessConfig as AccessConfig
+from ._config import RoundsConfig as RoundsConfig
+from ._config import RunConfig as RunConfig
+from ._config import load_run_config as load_run_config
+from ._exceptions import BadRunState as BadRunState
+from ._exceptions import CoordinatorError as CoordinatorError
+from ._exceptions import CoordinatorRejected as CoordinatorRejected
+from ._exceptions import CoordinatorUnavailable as CoordinatorUnavailable
+from ._exceptions import RateLimited as RateLimited
+from ._exceptions import RequestRefused as RequestRefused
+from ._exceptions import RunConfigError as RunConfigError
+from ._process import CoordinatorProcess as CoordinatorProcess
+from ._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
+from ._protocol import REQUEST_TYPE as REQUEST_TYPE
+from ._protocol import STATE_TYPE as STATE_TYPE
+from ._protocol import BanRecord as BanRecord
+from ._protocol import BanReport as BanReport
+from ._protocol import CheckpointRecord as CheckpointRecord
+from ._protocol import JoinResult as JoinResult
+from ._protocol import Phase as Phase
+from ._protocol import RoundInfo as RoundInfo
+from ._protocol import RoundStatus as RoundStatus
+from ._protocol import RunState as RunState
+from ._server import CoordinatorServer as CoordinatorServer
+from ._server import ServeSettings as ServeSettings
+
+__all__ = [
+    "PEER_ONLY_USERNAME",
+    "REQUEST_TYPE",
+    "STATE_TYPE",
+    "AccessConfig",
+    "BadRunState",
+    "BanRecord",
+    "BanReport",
+    "CheckpointRecord",
+    "CoordinatorClient",
+    "CoordinatorError",
+    "CoordinatorProcess",
+    "CoordinatorRejected",
+    "CoordinatorServer",
+    "CoordinatorUnavailable",
+    "JoinResult",
+    "Phase",
+    "RateLimited",
+    "RequestRefused",
+    "RoundInfo",
+    "RoundStatus",
+    "RoundsConfig",
+    "RunConfig",
+    "RunState",
+    "ServeSettings",
+    "SyncCoordinatorClient",
+    "load_run_config",
+    "verify_state_envelope",
+]

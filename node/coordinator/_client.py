@@ -1,0 +1,359 @@
+"""Clients of the coordinator API: :class:`CoordinatorClient` (async) and a sync one for the CLI.
+
+Both sign every request with the node's identity, number them with a strictly increasing counter
+(replay protection), and verify every state they read against the pinned coordinator peer id:
+a state with a bad or missing signature raises :class:`BadRunState` and is never returned.
+
+The async client is built on ``httpx.AsyncClient`` and ``anyio``, so it runs under trio (the
+training loop) and asyncio alike. Its methods take no timeouts: wrap calls in
+``trio.fail_after`` / ``anyio.fail_after``. See specs/coordinator.md#client.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+import httpx
+from cnode.auth import EnvelopeError, Identity, open_envelope, seal
+
+from . import limits
+from ._config import RunConfig
+from ._exceptions import BadRunState, CoordinatorRejected, CoordinatorUnavailable, RateLimited
+from ._protocol import (
+    REQUEST_TYPE,
+    STATE_TYPE,
+    BanRecord,
+    BanReport,
+    CheckpointRecord,
+    JoinResult,
+    Op,
+    RoundInfo,
+    RoundStatus,
+    RunState,
+    b64decode,
+    b64encode,
+)
+
+__all__ = ["CoordinatorClient", "SyncCoordinatorClient", "verify_state_envelope"]
+
+# Re-join when the access token has less than this many seconds left.
+_TOKEN_REFRESH_S = 60.0
+# HTTP timeouts: a long poll holds the connection up to MAX_LONG_POLL_S.
+_HTTP_TIMEOUT = httpx.Timeout(10.0, read=limits.MAX_LONG_POLL_S + 10.0)
+
+
+def verify_state_envelope(data: bytes, *, run: str, coordinator: str) -> dict[str, Any]:
+    """Open a ``cnode/run-state/v1`` envelope signed by ``coordinator`` for ``run``.
+
+    Used for states read over HTTP and for states relayed by peers on gossipsub: the signature,
+    not the sender, makes them authentic. Raises :class:`BadRunState`.
+    """
+    try:
+        opened = open_envelope(data, expected_type=STATE_TYPE, expected_signer=coordinator)
+    except EnvelopeError as exc:
+        raise BadRunState(
+            f"run state not signed by the pinned coordinator {coordinator}: {exc}"
+        ) from exc
+    if opened.payload.get("run") != run:
+        raise BadRunState(f"signed state is for run {opened.payload.get('run')!r}, not {run!r}")
+    return dict(opened.payload)
+
+
+class _Core:
+    """What both clients share: request signing, counters, answer decoding. No I/O."""
+
+    def __init__(self, url: str, run: str, coordinator: str, identity: Identity) -> None:
+        self.url = url.rstrip("/")
+        self.run = run
+        self.coordinator = coordinator
+        self.identity = identity
+        self.joined: JoinResult | None = None
+        self._join_args: dict[str, Any] = {}
+        self._counter = 0
+        self._last_version = 0
+
+    def path(self, tail: str) -> str:
+        return f"{self.url}/v1/runs/{self.run}/{tail}"
+
+    def next_counter(self) -> int:
+        # Microseconds since the epoch, forced strictly increasing: a restarted client needs no
+        # saved counter to stay above the one the coordinator last saw from it.
+        self._counter = max(self._counter + 1, time.time_ns() // 1000)
+        return self._counter
+
+    def request_body(self, op: Op, args: Mapping[str, Any], *, with_token: bool) -> dict[str, str]:
+        payload: dict[str, Any] = {
+            "run": self.run,
+            "op": str(op),
+            "counter": self.next_counter(),
+            "args": dict(args),
+        }
+        if with_token:
+            if self.joined is None:
+                raise CoordinatorRejected(401, "bad_token", "join the run before this request")
+            payload["token"] = self.joined.token
+        return {"envelope": b64encode(seal(self.identity, REQUEST_TYPE, payload))}
+
+    def needs_rejoin(self) -> bool:
+        if self.joined is None:
+            return False
+        return self.joined.expires_at_ms / 1000 - time.time() < _TOKEN_REFRESH_S
+
+    @staticmethod
+    def answer(response: httpx.Response) -> dict[str, Any]:
+        try:
+            body = response.json()
+        except ValueError as exc:
+            raise CoordinatorUnavailable(
+                f"coordinator answered {response.status_code} without JSON"
+            ) from exc
+        if not isinstance(body, dict):
+            raise CoordinatorUnavailable("coordinator answered JSON that is not an object")
+        if response.status_code >= 400:
+            code = str(body.get("error", "error"))
+            message = str(body.get("message", ""))
+            if response.status_code == 429:
+                retry = float(response.headers.get("Retry-After", "1"))
+                raise RateLimited(429, code, message, retry)
+            raise CoordinatorRejected(response.status_code, code, message)
+        return body
+
+    def signed(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            data = b64decode(body.get("envelope"))
+        except ValueError as exc:
+            raise BadRunState(f"coordinator sent no signed state: {exc}") from exc
+        return verify_state_envelope(data, run=self.run, coordinator=self.coordinator)
+
+    def run_state(self, body: dict[str, Any]) -> RunState:
+        state = RunState.from_payload(self.signed(body))
+        if state.coordinator != self.coordinator:
+            raise BadRunState("signed state names another coordinator")
+        if state.version < self._last_version:
+            raise BadRunState(
+                f"state version {state.version} is older than one already seen "
+                f"({self._last_version})"
+            )
+        self._last_version = state.version
+        return state
+
+
+def _map_transport(exc: httpx.HTTPError, url: str) -> CoordinatorUnavailable:
+    return CoordinatorUnavailable(f"cannot reach the coordinator at {url}: {exc!r}")
+
+
+class CoordinatorClient:
+    """Async client of one run's coordinator (trio or asyncio).
+
+    ``async with CoordinatorClient(url, run=..., coordinator=PEER_ID, identity=...) as c:``.
+    Signed requests are serialized by a lock, so one client may be shared by tasks.
+
+    Resource handling: the HTTP client is closed on exit (unless it was passed in).
+    Error handling: :class:`CoordinatorUnavailable` (network), :class:`CoordinatorRejected` /
+    :class:`RateLimited` (4xx: ``.code`` names why), :class:`BadRunState` (bad signature).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        run: str,
+        coordinator: str,
+        identity: Identity,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self._core = _Core(url, run, coordinator, identity)
+        self._own_http = http is None
+        self._http = http or httpx.AsyncClient(timeout=_HTTP_TIMEOUT)
+        self._lock = anyio.Lock()
+
+    @classmethod
+    def for_run(
+        cls, config: RunConfig, identity: Identity, *, url: str | None = None
+    ) -> CoordinatorClient:
+        """A client for the run config's coordinator (``url`` overrides ``config.url``)."""
+        return cls(
+            url or config.url, run=config.run, coordinator=config.coordinator, identity=identity
+        )
+
+    async def __aenter__(self) -> CoordinatorClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._own_http:
+            await self._http.aclose()
+
+    @property
+    def joined(self) -> JoinResult | None:
+        """The last join's answer (token, username, expiry), or None before joining."""
+        return self._core.joined
+
+    @property
+    def token(self) -> bytes | None:
+        """The access token to show peers (verify with ``cnode.auth.verify_access_token``)."""
+        return None if self._core.joined is None else self._core.joined.token
+
+    async def _get(self, tail: str, params: dict[str, str] | None = None) -> dict[str, Any]:
+        try:
+            response = await self._http.get(self._core.path(tail), params=params)
+        except httpx.HTTPError as exc:
+            raise _map_transport(exc, self._core.url) from exc
+        return self._core.answer(response)
+
+    async def _post(self, op: Op, args: Mapping[str, Any], *, token: bool) -> dict[str, Any]:
+        if token and op is not Op.JOIN and self._core.needs_rejoin():
+            await self.join(**self._core._join_args)
+        async with self._lock:
+            body = self._core.request_body(op, args, with_token=token)
+            try:
+                response = await self._http.post(self._core.path(str(op)), json=body)
+            except httpx.HTTPError as exc:
+                raise _map_transport(exc, self._core.url) from exc
+        return self._core.answer(response)
+
+    # -- membership ---------------------------------------------------------------------------
+
+    async def join(
+        self, *, hf_binding: bytes | None = None, hf_token: str | None = None
+    ) -> JoinResult:
+        """Get an access token: by peer id alone, or with an HF binding + HF token (both)."""
+        args: dict[str, Any] = {}
+        if hf_binding is not None or hf_token is not None:
+            args = {"hf_binding": hf_binding, "hf_token": hf_token}
+        result = JoinResult.from_json(await self._post(Op.JOIN, args, token=False))
+        self._core.joined = result
+        self._core._join_args = {"hf_binding": hf_binding, "hf_token": hf_token}
+        return result
+
+    async def join_round(self) -> int:
+        """Say this peer takes part; returns the round it landed in (current or next)."""
+        body = await self._post(Op.JOIN_ROUND, {}, token=True)
+        return int(body["round"])
+
+    async def ready(self, round: int) -> None:
+        """Local training for ``round`` is done; the first ready closes the member list."""
+        await self._post(Op.READY, {"round": round}, token=True)
+
+    async def leave(self, round: int) -> None:
+        """Leave ``round``; before the list closes this never fails the round."""
+        await self._post(Op.LEAVE, {"round": round}, token=True)
+
+    # -- reads (verified) -----------------------------------------------------------------------
+
+    async def run_state(self) -> RunState:
+        return self._core.run_state(await self._get("state"))
+
+    async def round_info(self, round: int, *, wait_s: float = 0.0) -> RoundInfo:
+        """The round's signed record; with ``wait_s`` the server holds until it is published."""
+        wait = f"{min(max(wait_s, 0.0), limits.MAX_LONG_POLL_S):g}"
+        body = await self._get(f"rounds/{round}", {"wait": wait})
+        info = RoundInfo.from_payload(self._core.signed(body))
+        if info.round != round:
+            raise BadRunState(f"asked for round {round}, got a signed record of {info.round}")
+        return info
+
+    async def wait_members(self, round: int) -> RoundInfo:
+        """Wait until ``round``'s member list is published and return it. Bound it yourself."""
+        while True:
+            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S)
+            if info.status is RoundStatus.PUBLISHED:
+                return info
+            await anyio.sleep(0)  # a checkpoint for cancellation between long polls
+
+    async def current_checkpoint(self) -> CheckpointRecord | None:
+        return (await self.run_state()).checkpoint
+
+    async def bans(self) -> list[BanRecord]:
+        return (await self.run_state()).bans
+
+    # -- checkpoints and bans -------------------------------------------------------------------
+
+    async def submit_checkpoint(
+        self,
+        *,
+        epoch: int,
+        round: int,
+        manifest: str,
+        hf_repo: str | None = None,
+        hf_revision: str | None = None,
+    ) -> CheckpointRecord:
+        args = {
+            "epoch": epoch,
+            "round": round,
+            "manifest": str(manifest),
+            "hf_repo": hf_repo,
+            "hf_revision": hf_revision,
+        }
+        body = await self._post(Op.CHECKPOINT, args, token=True)
+        return CheckpointRecord.from_payload(body["checkpoint"])
+
+    async def report_ban_evidence(self, evidence: Mapping[str, Any]) -> BanReport:
+        """Send ``BanRecommendation.to_payload()`` ({peer, round, reason, update_cid, figures})."""
+        return BanReport.from_json(await self._post(Op.BAN_EVIDENCE, evidence, token=True))
+
+    async def admin(self, action: str, **args: Any) -> dict[str, Any]:
+        """An admin action (the identity must be the coordinator's key or an admin key)."""
+        return await self._post(Op.ADMIN, {"action": action, **args}, token=False)
+
+
+class SyncCoordinatorClient:
+    """Blocking client for CLI commands: state reads, joins and admin actions."""
+
+    def __init__(self, url: str, *, run: str, coordinator: str, identity: Identity) -> None:
+        self._core = _Core(url, run, coordinator, identity)
+        self._http = httpx.Client(timeout=_HTTP_TIMEOUT)
+
+    def __enter__(self) -> SyncCoordinatorClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, method: str, tail: str, **kw: Any) -> dict[str, Any]:
+        try:
+            response = self._http.request(method, self._core.path(tail), **kw)
+        except httpx.HTTPError as exc:
+            raise _map_transport(exc, self._core.url) from exc
+        return self._core.answer(response)
+
+    def run_state(self) -> RunState:
+        return self._core.run_state(self._send("GET", "state"))
+
+    def join(self, *, hf_binding: bytes | None = None, hf_token: str | None = None) -> JoinResult:
+        args: dict[str, Any] = {}
+        if hf_binding is not None or hf_token is not None:
+            args = {"hf_binding": hf_binding, "hf_token": hf_token}
+        body = self._core.request_body(Op.JOIN, args, with_token=False)
+        self._core.joined = JoinResult.from_json(self._send("POST", "join", json=body))
+        return self._core.joined
+
+    def admin(self, action: str, **args: Any) -> dict[str, Any]:
+        body = self._core.request_body(Op.ADMIN, {"action": action, **args}, with_token=False)
+        return self._send("POST", "admin", json=body)
+
+    def allowlist_add(self, value: str, *, kind: str = "user") -> bool:
+        return bool(self.admin("allowlist.add", kind=kind, value=value)["changed"])
+
+    def allowlist_remove(self, value: str, *, kind: str = "user") -> bool:
+        return bool(self.admin("allowlist.remove", kind=kind, value=value)["changed"])
+
+    def allowlist(self) -> list[dict[str, Any]]:
+        return list(self.admin("allowlist.ls")["allowlist"])
+
+    def ban(self, peer: str, reason: str) -> None:
+        self.admin("ban", peer=peer, reason=reason)
+
+    def unban(self, peer: str) -> None:
+        self.admin("unban", peer=peer)
+
+    def log(self, *, after: int = 0, limit: int = limits.MAX_LOG_PAGE) -> list[dict[str, Any]]:
+        return list(self.admin("log", after=after, limit=limit)["log"])

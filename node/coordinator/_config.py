@@ -1,0 +1,127 @@
+"""The run config file (TOML) the coordinator serves and every node pins.
+
+See specs/coordinator.md#run-config. The file is written once by whoever starts the run and given
+to every node: it pins the coordinator's peer id, so a node can check every state it reads.
+Everything in it is public (it is part of the signed run state).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from . import limits
+from ._exceptions import RunConfigError
+
+__all__ = ["AccessConfig", "RoundsConfig", "RunConfig", "load_run_config"]
+
+
+@dataclass(frozen=True)
+class RoundsConfig:
+    """Round timing and phases (Psyche's WaitingForMembers → Warmup → Training ⇄ Cooldown)."""
+
+    min_participants: int = 1  # a round's member list is published only with at least this many
+    round_timeout_s: float = 60.0  # after the list closes, not-ready members are dropped at this
+    warmup_s: float = 0.0  # once enough members are there, time for joiners to fetch the checkpoint
+    cooldown_s: float = 60.0  # after an epoch's last round, time for a checkpoint to be submitted
+    checkpoint_every: int = 0  # rounds per epoch; after each epoch comes Cooldown. 0 = no epochs
+
+
+@dataclass(frozen=True)
+class AccessConfig:
+    """Who may join and who may administer. The lists seed the allowlist on first start only."""
+
+    token_ttl_s: int = 900  # lifetime of an access token; clients re-join before it runs out
+    users: list[str] = field(default_factory=list)  # allowed Hugging Face usernames
+    peers: list[str] = field(default_factory=list)  # allowed peer ids (no HF account needed)
+    orgs: list[str] = field(default_factory=list)  # any member of these HF orgs may join
+    admins: list[str] = field(default_factory=list)  # peer ids besides the coordinator's own key
+    checkpointers: list[str] = field(default_factory=list)  # empty = any member of the round
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One run: its id, the pinned coordinator, rounds, access, and the opaque training table."""
+
+    run: str  # run id, [A-Za-z0-9._-]{1,64}
+    coordinator: str = ""  # the coordinator's peer id; `serve` fills it from --key when empty
+    url: str = ""  # where nodes reach the coordinator (informational)
+    rounds: RoundsConfig = field(default_factory=RoundsConfig)
+    access: AccessConfig = field(default_factory=AccessConfig)
+    training: dict[str, Any] = field(default_factory=dict)  # model, data, aggregator: node/train
+    initial_checkpoint: str = ""  # manifest CID the run starts from (round 0); empty = none
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: Any) -> RunConfig:
+        """Build and check; raise :class:`RunConfigError` naming the bad setting."""
+        if not isinstance(raw, dict):
+            raise RunConfigError("run config must be a table")
+        raw = dict(raw)
+        rounds = _build(RoundsConfig, raw.pop("rounds", {}), "rounds")
+        access = _build(AccessConfig, raw.pop("access", {}), "access")
+        training = raw.pop("training", {})
+        if not isinstance(training, dict):
+            raise RunConfigError("[training] must be a table")
+        config = _build(cls, raw, "run config", rounds=rounds, access=access, training=training)
+        config.check()
+        return config
+
+    def check(self) -> None:
+        run = self.run
+        if not (0 < len(run) <= 64 and all(c.isalnum() or c in "._-" for c in run)):
+            raise RunConfigError(f"run id {run!r} must be 1-64 characters of [A-Za-z0-9._-]")
+        r = self.rounds
+        if r.min_participants < 1:
+            raise RunConfigError("rounds.min_participants must be >= 1")
+        if not 0 < r.round_timeout_s <= limits.MAX_ROUND_TIMEOUT_S:
+            raise RunConfigError(
+                f"rounds.round_timeout_s must be in (0, {limits.MAX_ROUND_TIMEOUT_S}]"
+            )
+        if r.warmup_s < 0 or r.cooldown_s < 0 or r.checkpoint_every < 0:
+            raise RunConfigError("rounds.warmup_s, cooldown_s and checkpoint_every must be >= 0")
+        ttl = self.access.token_ttl_s
+        if not limits.MIN_TOKEN_TTL_S <= ttl <= limits.MAX_TOKEN_TTL_S:
+            raise RunConfigError(
+                f"access.token_ttl_s must be in "
+                f"[{limits.MIN_TOKEN_TTL_S}, {limits.MAX_TOKEN_TTL_S}]"
+            )
+
+
+def _build(cls: type, raw: Any, where: str, **given: Any) -> Any:
+    if not isinstance(raw, dict):
+        raise RunConfigError(f"[{where}] must be a table")
+    known = {f.name for f in fields(cls)} - set(given)
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise RunConfigError(f"[{where}]: unknown setting(s) {', '.join(unknown)}")
+    if "run" in known and "run" not in raw:
+        raise RunConfigError('run config needs `run = "<run id>"`')
+    defaults = cls(**given, **({"run": "x"} if "run" in known else {}))
+    values = dict(raw)
+    for key, value in raw.items():
+        want = type(getattr(defaults, key))
+        ok = (isinstance(value, want) and not isinstance(value, bool)) or want is bool
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, values[key] = True, float(value)
+        if want is list:
+            ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        if not ok:
+            raise RunConfigError(f"[{where}] {key} must be {want.__name__}, got {value!r}")
+    return cls(**given, **values)
+
+
+def load_run_config(path: Path) -> RunConfig:
+    """Read a run config TOML file; raise :class:`RunConfigError` with the file name if bad."""
+    try:
+        raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise RunConfigError(f"cannot read run config {path}: {exc}") from exc
+    try:
+        return RunConfig.from_dict(raw)
+    except RunConfigError as exc:
+        raise RunConfigError(f"{path}: {exc}") from exc

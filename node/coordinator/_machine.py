@@ -1,0 +1,433 @@
+"""The run state machine: phases, DISCO-style rounds, checkpoints, bans.
+
+See specs/coordinator.md#rounds. Every method runs inside the caller's ``Store.tx()``; a refusal
+raises :class:`RequestRefused` and the transaction rolls back. ``advance(now)`` applies every
+transition that is due (list closing, publishing, dropping at the deadline, phase changes) and is
+called after each change and by the server's deadline tick, so a restart simply resumes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import structlog
+
+from . import limits
+from ._config import RunConfig
+from ._exceptions import RequestRefused
+from ._protocol import (
+    BanRecord,
+    BanReport,
+    CheckpointRecord,
+    Phase,
+    RoundInfo,
+    RoundStatus,
+    RunState,
+    ms,
+)
+from ._store import Store
+
+__all__ = ["RunMachine"]
+
+log = structlog.get_logger(__name__)
+
+_ACTIVE = ("joined", "ready")
+
+
+class RunMachine:
+    """Rules of one run over its :class:`Store`."""
+
+    def __init__(self, store: Store, config: RunConfig, coordinator: str) -> None:
+        self.store = store
+        self.config = config
+        self.coordinator = coordinator
+
+    # -- replay -------------------------------------------------------------------------------
+
+    def consume_counter(self, peer: str, counter: int) -> None:
+        """Refuse a counter not above the last one this peer used (replay or reordering)."""
+        if counter < 0:
+            raise RequestRefused(400, "bad_request", "request counter must be >= 0")
+        last = self.store.last_counter(peer)
+        if last is not None and counter <= last:
+            raise RequestRefused(
+                409, "replayed", f"request counter {counter} is not above the last one ({last})"
+            )
+        self.store.set_counter(peer, counter)
+
+    # -- joining ------------------------------------------------------------------------------
+
+    def check_not_banned(self, peer: str, username: str = "") -> None:
+        row = self.store.ban_row(peer) or self.store.user_ban(username)
+        if row is not None:
+            who = f"peer {peer}" if row["peer"] == peer else f"user {username!r}"
+            raise RequestRefused(403, "banned", f"{who} is banned: {row['reason']}")
+
+    def check_may_join(self, peer: str, username: str, orgs: list[str]) -> None:
+        self.check_not_banned(peer, username)
+        s = self.store
+        if s.allowed("peer", peer) or (username and s.allowed("user", username)):
+            return
+        if username and any(s.allowed("org", org) for org in orgs):
+            return
+        who = f"user {username!r} (peer {peer})" if username else f"peer {peer}"
+        raise RequestRefused(403, "not_allowlisted", f"{who} is not on the allowlist of this run")
+
+    def record_join(self, peer: str, username: str, now: float, expires: float) -> None:
+        self.store.put_peer(peer, username, now, expires)
+        self.store.append_log(now, peer, "join", {"username": username, "expires_ms": ms(expires)})
+
+    # -- rounds -------------------------------------------------------------------------------
+
+    def join_round(self, peer: str, username: str, now: float) -> int:
+        """Enter the current round if its list is open, else the next one; return the round."""
+        s = self.store
+        current = int(s.run_row()["round"])
+        for n in (current, current + 1):
+            row = s.member(n, peer)
+            if row is not None and row["status"] in _ACTIVE:
+                return n  # idempotent: already in
+        status = s.current_round_row()["status"]
+        target = current if status == RoundStatus.OPEN else current + 1
+        if s.count_members(target, *_ACTIVE) >= limits.MAX_ROUND_MEMBERS:
+            raise RequestRefused(409, "round_full", f"round {target} has MAX_ROUND_MEMBERS members")
+        s.put_member(target, peer, username, now)
+        s.append_log(now, peer, "join_round", {"round": target})
+        self.advance(now)
+        return target
+
+    def _own_membership(self, peer: str, n: int) -> None:
+        current = int(self.store.run_row()["round"])
+        if n not in (current, current + 1):
+            raise RequestRefused(
+                409,
+                "round_over",
+                f"round {n} is not open to changes; the current round is {current}",
+            )
+        row = self.store.member(n, peer)
+        if row is None or row["status"] not in _ACTIVE:
+            why = "" if row is None else f" ({row['status']})"
+            raise RequestRefused(
+                409, "not_member", f"peer {peer} is not a member of round {n}{why}"
+            )
+
+    def ready(self, peer: str, n: int, now: float) -> None:
+        self._own_membership(peer, n)
+        row = self.store.member(n, peer)
+        if row is not None and row["status"] == "ready":
+            return
+        self.store.set_member(n, peer, status="ready", ready_at=now)
+        self.store.append_log(now, peer, "ready", {"round": n})
+        self.advance(now)
+
+    def leave(self, peer: str, n: int, now: float) -> None:
+        self._own_membership(peer, n)
+        self.store.set_member(n, peer, status="left")
+        self.store.append_log(now, peer, "leave", {"round": n})
+        self.advance(now)
+
+    # -- transitions --------------------------------------------------------------------------
+
+    def next_due(self) -> float | None:
+        """The earliest time at which ``advance`` has something to do without a request."""
+        s = self.store
+        run = s.run_row()
+        dues = []
+        if run["phase"] in (Phase.WARMUP, Phase.COOLDOWN) and run["phase_until"] is not None:
+            dues.append(float(run["phase_until"]))
+        row = s.current_round_row()
+        if row["status"] == RoundStatus.CLOSED and row["deadline"] is not None:
+            dues.append(float(row["deadline"]))
+        return min(dues) if dues else None
+
+    def advance(self, now: float) -> None:
+        """Apply every due transition; each one is logged. Bounded: each step changes state."""
+        for _ in range(64):
+            if not self._step(now):
+                return
+        log.warning("advance_not_settled")
+
+    def _step(self, now: float) -> bool:
+        s, r = self.store, self.config.rounds
+        run = s.run_row()
+        phase, n = Phase(run["phase"]), int(run["round"])
+        row = s.current_round_row()
+        active = s.count_members(n, *_ACTIVE)
+        ready = s.count_members(n, "ready")
+        need = r.min_participants
+        if phase is Phase.COOLDOWN:
+            ckpt = s.latest_checkpoint()
+            done = ckpt is not None and int(ckpt["round"]) >= n - 1
+            if done or now >= float(run["phase_until"]):
+                epoch = int(run["epoch"]) + 1
+                s.set_run(epoch=epoch, phase=str(Phase.WAITING_FOR_MEMBERS), phase_until=None)
+                s.set_round(n, epoch=epoch)
+                why = "checkpoint" if done else "timeout"
+                self._log(now, "epoch_started", epoch=epoch, after=why)
+                return True
+            return self._waiting(f"cooldown: waiting for the checkpoint of round {n - 1}")
+        if phase is Phase.WAITING_FOR_MEMBERS:
+            if active >= need:
+                s.set_run(phase=str(Phase.WARMUP), phase_until=now + r.warmup_s)
+                self._log(now, "phase", phase=str(Phase.WARMUP))
+                return True
+            return self._waiting(f"round {n} has {active} of {need} participants")
+        if phase is Phase.WARMUP:
+            if active < need:
+                s.set_run(phase=str(Phase.WAITING_FOR_MEMBERS), phase_until=None)
+                self._log(now, "phase", phase=str(Phase.WAITING_FOR_MEMBERS))
+                return True
+            if now >= float(run["phase_until"]):
+                s.set_run(phase=str(Phase.TRAINING), phase_until=None)
+                self._log(now, "phase", phase=str(Phase.TRAINING))
+                return True
+            return self._waiting("warmup: joiners fetch the current checkpoint")
+        # Training
+        if row["status"] == RoundStatus.OPEN:
+            if active < need:
+                s.set_run(phase=str(Phase.WAITING_FOR_MEMBERS))
+                self._log(now, "phase", phase=str(Phase.WAITING_FOR_MEMBERS), round=n)
+                return True
+            if ready > 0:
+                s.set_round(
+                    n,
+                    status=str(RoundStatus.CLOSED),
+                    closed_at=now,
+                    deadline=now + r.round_timeout_s,
+                )
+                self._log(now, "round_closed", round=n, members=active)
+                return True
+            return self._waiting(None)
+        # Closed: the list is fixed; wait for everyone ready, at least `need`, up to the deadline.
+        if active < need:
+            s.set_round(n, status=str(RoundStatus.OPEN), closed_at=None, deadline=None)
+            self._log(now, "round_reopened", round=n, members=active, need=need)
+            return True
+        if ready == active:
+            self._publish(n, now)
+            return True
+        if now >= float(row["deadline"]):
+            dropped = s.members(n, "joined")
+            for peer in dropped:
+                s.set_member(n, peer, status="dropped")
+            self._log(now, "members_dropped", round=n, peers=dropped)
+            return True
+        return self._waiting(f"round {n}: {active - ready} of {active} members not ready yet")
+
+    def _waiting(self, text: str | None) -> bool:
+        if self.store.run_row()["waiting"] != text:
+            self.store.set_run(waiting=text)  # not logged: derived, shown in the state only
+        return False
+
+    def _publish(self, n: int, now: float) -> None:
+        s, r = self.store, self.config.rounds
+        members = s.members(n, "ready")
+        s.set_round(
+            n, status=str(RoundStatus.PUBLISHED), published_at=now, members=json.dumps(members)
+        )
+        epoch = int(s.run_row()["epoch"])
+        s.db.execute(
+            "INSERT INTO rounds (round, epoch, status, opened_at) VALUES (?, ?, ?, ?)",
+            (n + 1, epoch, str(RoundStatus.OPEN), now),
+        )
+        s.set_run(round=n + 1)
+        self._log(now, "round_published", round=n, members=members)
+        if r.checkpoint_every and n % r.checkpoint_every == 0:
+            s.set_run(phase=str(Phase.COOLDOWN), phase_until=now + r.cooldown_s)
+            self._log(now, "phase", phase=str(Phase.COOLDOWN), epoch=epoch, last_round=n)
+
+    def _log(self, now: float, kind: str, **detail: Any) -> None:
+        self.store.append_log(now, "coordinator", kind, detail)
+        log.info(kind, **detail)
+
+    # -- checkpoints --------------------------------------------------------------------------
+
+    def submit_checkpoint(
+        self, peer: str, record: CheckpointRecord, now: float
+    ) -> CheckpointRecord:
+        s, n = self.store, record.round
+        checkpointers = self.config.access.checkpointers
+        row = s.round_row(n)
+        if row is None or row["status"] != RoundStatus.PUBLISHED:
+            raise RequestRefused(409, "round_not_published", f"round {n} has no published list")
+        published = json.loads(row["members"] or "[]")
+        if peer not in (checkpointers or published):
+            raise RequestRefused(
+                403, "not_checkpointer", f"peer {peer} may not checkpoint round {n}"
+            )
+        if int(row["epoch"]) != record.epoch:
+            raise RequestRefused(
+                409, "wrong_epoch", f"round {n} belongs to epoch {row['epoch']}, not {record.epoch}"
+            )
+        latest = s.latest_checkpoint()
+        if latest is not None and int(latest["round"]) >= n:
+            if int(latest["round"]) == n and latest["manifest"] == record.manifest:
+                return _checkpoint(latest)  # the same result from another member: agreed
+            raise RequestRefused(
+                409,
+                "stale_round",
+                f"a manifest for round {n} is not newer than the current checkpoint "
+                f"(round {latest['round']}, {latest['manifest']})",
+            )
+        s.db.execute(
+            "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (n, record.epoch, record.manifest, record.hf_repo, record.hf_revision, peer, now),
+        )
+        s.append_log(now, peer, "checkpoint", {"round": n, "manifest": record.manifest})
+        self.advance(now)
+        return _checkpoint(s.latest_checkpoint())
+
+    # -- bans ---------------------------------------------------------------------------------
+
+    def ban(
+        self,
+        peer: str,
+        reason: str,
+        by: str,
+        now: float,
+        *,
+        round_: int | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        s = self.store
+        s.db.execute(
+            "INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (peer, s.peer_username(peer), reason, round_, json.dumps(evidence), by, now),
+        )
+        current = int(s.run_row()["round"])
+        for n in (current, current + 1):
+            row = s.member(n, peer)
+            if row is not None and row["status"] in _ACTIVE:
+                s.set_member(n, peer, status="banned")
+        s.append_log(now, by, "ban", {"peer": peer, "reason": reason, "round": round_})
+        log.info("ban", peer=peer, reason=reason, by=by)
+        self.advance(now)
+
+    def unban(self, peer: str, by: str, now: float) -> None:
+        if self.store.db.execute("DELETE FROM bans WHERE peer = ?", (peer,)).rowcount == 0:
+            raise RequestRefused(404, "not_banned", f"peer {peer} is not banned")
+        self.store.append_log(now, by, "unban", {"peer": peer})
+
+    def report_ban(self, reporter: str, evidence: dict[str, Any], now: float) -> BanReport:
+        """Count same-evidence reports of the round's members; ban on a strict majority."""
+        s = self.store
+        n, accused = evidence["round"], evidence["peer"]
+        row = s.round_row(n)
+        published = json.loads(row["members"] or "[]") if row is not None else []
+        if reporter not in published:
+            raise RequestRefused(
+                403, "not_member", f"peer {reporter} was not a member of round {n}"
+            )
+        if accused not in published or accused == reporter:
+            raise RequestRefused(
+                409, "bad_accused", f"peer {accused} is not another member of round {n}"
+            )
+        needed = (len(published) - 1) // 2 + 1
+        if s.ban_row(accused) is not None:
+            return BanReport(accused, n, 0, needed, True)
+        s.db.execute(
+            "INSERT OR REPLACE INTO ban_reports VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                n,
+                accused,
+                reporter,
+                evidence["reason"],
+                evidence["update_cid"],
+                evidence["figures"],
+                now,
+            ),
+        )
+        s.append_log(
+            now,
+            reporter,
+            "ban_evidence",
+            {"round": n, "peer": accused, "reason": evidence["reason"]},
+        )
+        reporters = [
+            str(r[0])
+            for r in s.db.execute(
+                "SELECT reporter FROM ban_reports WHERE round = ? AND accused = ? AND reason = ? "
+                "AND update_cid IS ? ORDER BY reporter",
+                (n, accused, evidence["reason"], evidence["update_cid"]),
+            ).fetchall()
+        ]
+        banned = len(reporters) >= needed
+        if banned:
+            self.ban(
+                accused,
+                evidence["reason"],
+                f"majority:{len(reporters)} of {len(published) - 1}",
+                now,
+                round_=n,
+                evidence={
+                    "update_cid": evidence["update_cid"],
+                    "reporters": reporters,
+                    "figures": evidence["figures"],
+                },
+            )
+        return BanReport(accused, n, len(reporters), needed, banned)
+
+    # -- signed views ---------------------------------------------------------------------------
+
+    def round_info(self, n: int) -> RoundInfo:
+        s = self.store
+        run = s.run_row()
+        row = s.round_row(n)
+        joined = s.count_members(n, "joined", "ready")
+        ready = s.count_members(n, "ready")
+        if row is None:
+            return RoundInfo(
+                self.config.run, n, int(run["epoch"]), RoundStatus.FUTURE, [], joined, ready, None
+            )
+        status = RoundStatus(row["status"])
+        members = json.loads(row["members"]) if status is RoundStatus.PUBLISHED else []
+        return RoundInfo(
+            self.config.run,
+            n,
+            int(row["epoch"]),
+            status,
+            members,
+            joined,
+            ready,
+            ms(row["deadline"]) if status is RoundStatus.CLOSED else None,
+        )
+
+    def run_state(self, now: float) -> RunState:
+        s = self.store
+        run = s.run_row()
+        n = int(run["round"])
+        latest = s.latest_checkpoint()
+        bans = [
+            BanRecord(
+                b["peer"], b["username"], b["reason"], b["round"], b["by"], int(b["at"] * 1000)
+            )
+            for b in s.ban_rows()
+        ]
+        return RunState(
+            run=self.config.run,
+            coordinator=self.coordinator,
+            version=s.version(),
+            at_ms=int(now * 1000),
+            config=self.config.to_dict(),
+            phase=Phase(run["phase"]),
+            phase_until_ms=ms(run["phase_until"]),
+            epoch=int(run["epoch"]),
+            round=self.round_info(n),
+            last_round=self.round_info(n - 1) if n > 1 else None,
+            waiting=run["waiting"],
+            checkpoint=None if latest is None else _checkpoint(latest),
+            bans=bans,
+        )
+
+
+def _checkpoint(row: Any) -> CheckpointRecord:
+    return CheckpointRecord(
+        int(row["epoch"]),
+        int(row["round"]),
+        str(row["manifest"]),
+        row["hf_repo"],
+        row["hf_revision"],
+        str(row["submitter"]),
+        int(float(row["at"]) * 1000),
+    )

@@ -1,0 +1,359 @@
+"""Wire messages of the coordinator API: one encode and one decode path each.
+
+See specs/coordinator.md#messages. Requests are ``cnode/request/v1`` envelopes signed by the peer
+(or admin); every state read is a ``cnode/run-state/v1`` envelope signed by the coordinator. Both
+travel base64-encoded inside a JSON object ``{"envelope": "..."}``. Times are integer
+milliseconds since the Unix epoch (DAG-CBOR payloads carry no floats).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from ._exceptions import BadRunState
+
+__all__ = [
+    "PEER_ONLY_USERNAME",
+    "REQUEST_TYPE",
+    "STATE_TYPE",
+    "BanRecord",
+    "BanReport",
+    "CheckpointRecord",
+    "JoinResult",
+    "Op",
+    "Phase",
+    "RoundInfo",
+    "RoundStatus",
+    "RunState",
+    "b64decode",
+    "b64encode",
+]
+
+REQUEST_TYPE = "cnode/request/v1"
+STATE_TYPE = "cnode/run-state/v1"
+# The username inside access tokens of peers admitted by peer id alone (tokens need one). "~" is
+# not allowed in Hugging Face usernames, so it can never name a real account.
+PEER_ONLY_USERNAME = "~peer"
+
+
+class Phase(StrEnum):
+    """The run's phase, as in Psyche."""
+
+    WAITING_FOR_MEMBERS = "WaitingForMembers"  # fewer than min_participants in the current round
+    WARMUP = "Warmup"  # enough members; joiners fetch the checkpoint before training starts
+    TRAINING = "Training"  # rounds close and publish
+    COOLDOWN = "Cooldown"  # an epoch ended; waiting for its checkpoint
+
+
+class RoundStatus(StrEnum):
+    """Where one round stands."""
+
+    FUTURE = "future"  # not begun; peers who join while the current round is closed land here
+    OPEN = "open"  # accepting join_round
+    CLOSED = "closed"  # a member is ready: the list is closed, waiting for the rest or deadline
+    PUBLISHED = "published"  # member list final; members exchange updates
+
+
+class Op(StrEnum):
+    """Request operations; each is also the last path segment it is POSTed to."""
+
+    JOIN = "join"
+    JOIN_ROUND = "join_round"
+    READY = "ready"
+    LEAVE = "leave"
+    CHECKPOINT = "checkpoint"
+    BAN_EVIDENCE = "ban_evidence"
+    ADMIN = "admin"
+
+
+def b64encode(data: bytes) -> str:
+    return base64.b64encode(data).decode("ascii")
+
+
+def b64decode(text: Any) -> bytes:
+    """Strict base64 (RFC 4648 with padding); raise ValueError on anything else."""
+    if not isinstance(text, str):
+        raise ValueError("expected a base64 string")
+    try:
+        return base64.b64decode(text.encode("ascii"), validate=True)
+    except (binascii.Error, UnicodeEncodeError) as exc:
+        raise ValueError(f"bad base64: {exc}") from exc
+
+
+def _ms(t: float | None) -> int | None:
+    return None if t is None else int(t * 1000)
+
+
+def _get(payload: Mapping[str, Any], key: str, typ: type | tuple[type, ...]) -> Any:
+    value = payload.get(key)
+    if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
+        raise BadRunState(f"signed state field {key!r} is missing or has the wrong type")
+    return value
+
+
+def _opt(payload: Mapping[str, Any], key: str, typ: type) -> Any:
+    value = payload.get(key)
+    return None if value is None else _get(payload, key, typ)
+
+
+def _strs(payload: Mapping[str, Any], key: str) -> list[str]:
+    value = _get(payload, key, list)
+    if not all(isinstance(v, str) for v in value):
+        raise BadRunState(f"signed state field {key!r} must be a list of strings")
+    return list(value)
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A manifest CID recorded for the end of a round (round 0 = the run's initial checkpoint)."""
+
+    epoch: int  # the epoch the round belongs to
+    round: int  # the round whose aggregated result the manifest holds
+    manifest: str  # manifest CID (base32 CIDv1)
+    hf_repo: str | None  # optional Hugging Face repo holding the same checkpoint
+    hf_revision: str | None  # its revision (commit sha or tag)
+    submitter: str  # peer id that submitted it (the coordinator for round 0)
+    at_ms: int  # when it was recorded
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "round": self.round,
+            "manifest": self.manifest,
+            "hf_repo": self.hf_repo,
+            "hf_revision": self.hf_revision,
+            "submitter": self.submitter,
+            "at_ms": self.at_ms,
+        }
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> CheckpointRecord:
+        return cls(
+            _get(p, "epoch", int),
+            _get(p, "round", int),
+            _get(p, "manifest", str),
+            _opt(p, "hf_repo", str),
+            _opt(p, "hf_revision", str),
+            _get(p, "submitter", str),
+            _get(p, "at_ms", int),
+        )
+
+
+@dataclass(frozen=True)
+class BanRecord:
+    """A banned peer, with the reason shown in ``cnode status``."""
+
+    peer: str  # banned peer id
+    username: str  # its HF username ("" if it joined by peer id)
+    reason: str  # human-readable reason
+    round: int | None  # the round of the evidence, if any
+    by: str  # "admin:<peer id>" or "majority:<n> reporters"
+    at_ms: int  # when the ban took effect
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "peer": self.peer,
+            "username": self.username,
+            "reason": self.reason,
+            "round": self.round,
+            "by": self.by,
+            "at_ms": self.at_ms,
+        }
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> BanRecord:
+        return cls(
+            _get(p, "peer", str),
+            _get(p, "username", str),
+            _get(p, "reason", str),
+            _opt(p, "round", int),
+            _get(p, "by", str),
+            _get(p, "at_ms", int),
+        )
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """One round as the coordinator sees it (signed, kind "round")."""
+
+    run: str
+    round: int  # round number (rounds start at 1)
+    epoch: int  # epoch of the round (for a future round: the current epoch)
+    status: RoundStatus
+    members: list[str]  # the published member list (sorted peer ids); empty until published
+    joined: int  # members who joined and have not left (any status)
+    ready: int  # of them, how many said ready
+    deadline_ms: int | None  # when not-ready members are dropped (closed rounds only)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "kind": "round",
+            "run": self.run,
+            "round": self.round,
+            "epoch": self.epoch,
+            "status": str(self.status),
+            "members": list(self.members),
+            "joined": self.joined,
+            "ready": self.ready,
+            "deadline_ms": self.deadline_ms,
+        }
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> RoundInfo:
+        if p.get("kind") != "round":
+            raise BadRunState("signed state is not a round record")
+        try:
+            status = RoundStatus(_get(p, "status", str))
+        except ValueError as exc:
+            raise BadRunState(f"unknown round status {p.get('status')!r}") from exc
+        return cls(
+            _get(p, "run", str),
+            _get(p, "round", int),
+            _get(p, "epoch", int),
+            status,
+            _strs(p, "members"),
+            _get(p, "joined", int),
+            _get(p, "ready", int),
+            _opt(p, "deadline_ms", int),
+        )
+
+
+@dataclass(frozen=True)
+class RunState:
+    """The whole public state of a run (signed, kind "run"). ``version`` grows with every change."""
+
+    run: str  # run id
+    coordinator: str  # the coordinator's peer id (the signer)
+    version: int  # sequence number of the last change-log entry; larger = newer
+    at_ms: int  # when this state was signed
+    config: dict[str, Any]  # the run config (RunConfig.to_dict())
+    phase: Phase
+    phase_until_ms: int | None  # end of Warmup/Cooldown
+    epoch: int
+    round: RoundInfo  # the current round (open or closed)
+    last_round: RoundInfo | None  # the latest published round
+    waiting: str | None  # why the run is waiting, in words ("round 3 has 1 of 2 participants")
+    checkpoint: CheckpointRecord | None  # the current (latest) checkpoint
+    bans: list[BanRecord] = field(default_factory=list)
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "kind": "run",
+            "run": self.run,
+            "coordinator": self.coordinator,
+            "version": self.version,
+            "at_ms": self.at_ms,
+            "config": json.dumps(self.config, sort_keys=True),  # JSON text: floats stay exact
+            "phase": str(self.phase),
+            "phase_until_ms": self.phase_until_ms,
+            "epoch": self.epoch,
+            "round": self.round.to_payload(),
+            "last_round": None if self.last_round is None else self.last_round.to_payload(),
+            "waiting": self.waiting,
+            "checkpoint": None if self.checkpoint is None else self.checkpoint.to_payload(),
+            "bans": [b.to_payload() for b in self.bans],
+        }
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> RunState:
+        if p.get("kind") != "run":
+            raise BadRunState("signed state is not a run record")
+        try:
+            phase = Phase(_get(p, "phase", str))
+            config = json.loads(_get(p, "config", str))
+        except ValueError as exc:
+            raise BadRunState(f"bad phase or config in signed state: {exc}") from exc
+        if not isinstance(config, dict):
+            raise BadRunState("signed state config is not an object")
+        last = _opt(p, "last_round", dict)
+        ckpt = _opt(p, "checkpoint", dict)
+        bans = _get(p, "bans", list)
+        if not all(isinstance(b, dict) for b in bans):
+            raise BadRunState("signed state bans must be records")
+        return cls(
+            run=_get(p, "run", str),
+            coordinator=_get(p, "coordinator", str),
+            version=_get(p, "version", int),
+            at_ms=_get(p, "at_ms", int),
+            config=config,
+            phase=phase,
+            phase_until_ms=_opt(p, "phase_until_ms", int),
+            epoch=_get(p, "epoch", int),
+            round=RoundInfo.from_payload(_get(p, "round", dict)),
+            last_round=None if last is None else RoundInfo.from_payload(last),
+            waiting=_opt(p, "waiting", str),
+            checkpoint=None if ckpt is None else CheckpointRecord.from_payload(ckpt),
+            bans=[BanRecord.from_payload(b) for b in bans],
+        )
+
+    def banned(self, peer: str) -> BanRecord | None:
+        """The ban of ``peer``, or None; peers refuse updates and blocks from banned peers."""
+        return next((b for b in self.bans if b.peer == peer), None)
+
+
+@dataclass(frozen=True)
+class JoinResult:
+    """The answer to a join: a short-lived access token signed by the coordinator."""
+
+    token: bytes  # cnode/access-token/v1 envelope; show it to peers and send it in requests
+    peer: str  # the peer id it was issued to
+    username: str  # the HF username checked ("" for a peer-id-only join)
+    expires_at_ms: int  # when it stops being accepted
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "token": b64encode(self.token),
+            "peer": self.peer,
+            "username": self.username,
+            "expires_at_ms": self.expires_at_ms,
+        }
+
+    @classmethod
+    def from_json(cls, j: Mapping[str, Any]) -> JoinResult:
+        return cls(
+            b64decode(j.get("token")),
+            _get(j, "peer", str),
+            _get(j, "username", str),
+            _get(j, "expires_at_ms", int),
+        )
+
+
+@dataclass(frozen=True)
+class BanReport:
+    """The answer to ban evidence: how many members reported the same evidence, and the outcome."""
+
+    accused: str
+    round: int
+    reports: int  # distinct members of the round who reported this same evidence
+    needed: int  # reports needed: a strict majority of the round's other members
+    banned: bool  # the accused is banned (now or before)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "accused": self.accused,
+            "round": self.round,
+            "reports": self.reports,
+            "needed": self.needed,
+            "banned": self.banned,
+        }
+
+    @classmethod
+    def from_json(cls, j: Mapping[str, Any]) -> BanReport:
+        return cls(
+            _get(j, "accused", str),
+            _get(j, "round", int),
+            _get(j, "reports", int),
+            _get(j, "needed", int),
+            _get(j, "banned", bool),
+        )
+
+
+def ms(t: float | None) -> int | None:
+    """Seconds (float) to integer milliseconds, as every payload carries times."""
+    return _ms(t)

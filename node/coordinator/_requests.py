@@ -1,0 +1,107 @@
+"""Decoding of request arguments (the ``args`` map of a ``cnode/request/v1`` payload).
+
+Each function checks types and bounds and raises :class:`RequestRefused` (400) naming the field.
+See specs/coordinator.md#messages.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from cnode.storage import CID, StorageError
+
+from . import limits
+from ._exceptions import RequestRefused
+from ._protocol import CheckpointRecord
+
+__all__ = ["parse_admin", "parse_checkpoint", "parse_evidence", "parse_round", "require"]
+
+_ADMIN_ACTIONS = ("allowlist.add", "allowlist.remove", "allowlist.ls", "ban", "unban", "log")
+_ALLOW_KINDS = ("user", "peer", "org")
+
+
+def require(p: Mapping[str, Any], key: str, typ: type, *, optional: bool = False) -> Any:
+    value = p.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise RequestRefused(400, "bad_request", f"field {key!r} must be {typ.__name__}")
+    if isinstance(value, str) and len(value) > limits.MAX_TEXT_CHARS:
+        raise RequestRefused(400, "bad_request", f"field {key!r} over MAX_TEXT_CHARS")
+    return value
+
+
+def _text(p: Mapping[str, Any], key: str) -> str:
+    value: str = require(p, key, str)
+    if not value.strip():
+        raise RequestRefused(400, "bad_request", f"field {key!r} is empty")
+    return value
+
+
+def _cid(p: Mapping[str, Any], key: str) -> str:
+    text = _text(p, key)
+    if len(text) > limits.MAX_CID_CHARS:
+        raise RequestRefused(400, "bad_request", f"field {key!r} over MAX_CID_CHARS")
+    try:
+        return str(CID.parse(text))
+    except StorageError as exc:
+        raise RequestRefused(400, "bad_cid", f"field {key!r} is not a CID: {exc}") from exc
+
+
+def parse_round(args: Mapping[str, Any]) -> int:
+    n: int = require(args, "round", int)
+    if n < 1:
+        raise RequestRefused(400, "bad_request", "round must be >= 1")
+    return n
+
+
+def parse_checkpoint(args: Mapping[str, Any], peer: str) -> CheckpointRecord:
+    epoch: int = require(args, "epoch", int)
+    hf_repo = require(args, "hf_repo", str, optional=True)
+    hf_revision = require(args, "hf_revision", str, optional=True)
+    if (hf_repo is None) != (hf_revision is None):
+        raise RequestRefused(400, "bad_request", "hf_repo and hf_revision go together")
+    return CheckpointRecord(
+        epoch, parse_round(args), _cid(args, "manifest"), hf_repo, hf_revision, peer, 0
+    )
+
+
+def parse_evidence(args: Mapping[str, Any]) -> dict[str, Any]:
+    """A BanRecommendation payload: {peer, round, reason, update_cid|None, figures}."""
+    update = None if args.get("update_cid") is None else _cid(args, "update_cid")
+    figures = args.get("figures", "{}")
+    if isinstance(figures, Mapping):
+        figures = json.dumps(figures, sort_keys=True, default=str)
+    if not isinstance(figures, str) or len(figures) > limits.MAX_FIGURES_CHARS:
+        raise RequestRefused(
+            400, "bad_request", "figures must be JSON text within MAX_FIGURES_CHARS"
+        )
+    return {
+        "peer": _text(args, "peer"),
+        "round": parse_round(args),
+        "reason": _text(args, "reason"),
+        "update_cid": update,
+        "figures": figures,
+    }
+
+
+def parse_admin(args: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    action = require(args, "action", str)
+    if action not in _ADMIN_ACTIONS:
+        raise RequestRefused(400, "bad_request", f"unknown admin action {action[:40]!r}")
+    if action in ("allowlist.add", "allowlist.remove"):
+        kind = require(args, "kind", str)
+        if kind not in _ALLOW_KINDS:
+            raise RequestRefused(400, "bad_request", f"kind must be one of {_ALLOW_KINDS}")
+        return action, {"kind": kind, "value": _text(args, "value")}
+    if action == "ban":
+        return action, {"peer": _text(args, "peer"), "reason": _text(args, "reason")}
+    if action == "unban":
+        return action, {"peer": _text(args, "peer")}
+    if action == "log":
+        after = require(args, "after", int, optional=True) or 0
+        limit = require(args, "limit", int, optional=True) or limits.MAX_LOG_PAGE
+        return action, {"after": after, "limit": max(1, min(limit, limits.MAX_LOG_PAGE))}
+    return action, {}

@@ -1,0 +1,413 @@
+"""The coordinator's HTTP API (aiohttp, asyncio). See specs/coordinator.md#interaction.
+
+Each handler is short: bound and decode the body, open the signed request, check who may do it,
+then apply it in one SQLite transaction (replay counter included) and answer after the commit.
+aiohttp and auth errors are translated to JSON ``{"error", "message"}`` answers here and only here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+from aiohttp import web
+from cnode.auth import (
+    AuthError,
+    BadSignature,
+    EnvelopeError,
+    HFLoginError,
+    Identity,
+    TokenError,
+    hf_whoami,
+    issue_access_token,
+    open_envelope,
+    seal,
+    verify_access_token,
+    verify_hf_binding,
+)
+
+from . import limits
+from ._config import RunConfig
+from ._exceptions import RequestRefused, RunConfigError
+from ._machine import RunMachine
+from ._protocol import (
+    PEER_ONLY_USERNAME,
+    REQUEST_TYPE,
+    STATE_TYPE,
+    JoinResult,
+    Op,
+    RoundStatus,
+    b64decode,
+    b64encode,
+)
+from ._ratelimit import RateLimiter
+from ._requests import parse_admin, parse_checkpoint, parse_evidence, parse_round, require
+from ._store import Store
+
+__all__ = ["CoordinatorServer", "ServeSettings"]
+
+log = structlog.get_logger(__name__)
+
+StatePublisher = Callable[[bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What one coordinator process serves."""
+
+    config: RunConfig  # the run config file's content
+    db: Path  # the SQLite file (created on first start; WAL files beside it)
+    identity: Identity  # the coordinator key: signs state and tokens; its peer id is pinned
+    host: str = "127.0.0.1"
+    port: int = 0  # 0 = any free port (see CoordinatorServer.url)
+    hf_endpoint: str | None = None  # HF Hub for whoami; None = $HF_ENDPOINT or the public Hub
+
+
+class CoordinatorServer:
+    """One run's coordinator: ``await start()``, then ``url``; ``await stop()`` at the end.
+
+    Resource handling: ``stop()`` cancels the deadline tick, closes the listener and the database.
+    Error handling: a bad run config or a DB of another run raises :class:`RunConfigError` from
+    ``start()``; request errors never escape (they become 4xx answers).
+    """
+
+    def __init__(self, settings: ServeSettings, *, publish: StatePublisher | None = None) -> None:
+        self.settings = settings
+        self.identity = settings.identity
+        self.peer_id = settings.identity.peer_id_str
+        if settings.config.coordinator and settings.config.coordinator != self.peer_id:
+            raise RunConfigError(
+                f"run config pins coordinator {settings.config.coordinator}, "
+                f"but the key is {self.peer_id}"
+            )
+        self.store = Store(settings.db)
+        config = self.store.initialize(settings.config, self.peer_id, time.time())
+        self.config = config
+        self.run = config.run
+        self.machine = RunMachine(self.store, config, self.peer_id)
+        self.admins = {self.peer_id, *config.access.admins}
+        self._publish = publish
+        self._join_limit = RateLimiter(
+            limits.JOIN_BURST, limits.JOIN_RATE_PER_S, limits.MAX_RATE_BUCKETS
+        )
+        self._request_limit = RateLimiter(
+            limits.REQUEST_BURST, limits.REQUEST_RATE_PER_S, limits.MAX_RATE_BUCKETS
+        )
+        self._changed = asyncio.Event()
+        self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
+        self._round_cache: dict[int, bytes] = {}  # published rounds never change
+        self._runner: web.AppRunner | None = None
+        self.url = ""
+        self.app = web.Application(
+            client_max_size=limits.MAX_REQUEST_BYTES, middlewares=[_json_errors]
+        )
+        self.app.cleanup_ctx.append(self._ticker)
+        base = "/v1/runs/{run}"
+        self.app.add_routes(
+            [
+                web.get("/v1/health", self._health),
+                web.get(f"{base}/state", self._state),
+                web.get(f"{base}/rounds/{{round}}", self._round),
+                *(web.post(f"{base}/{op}", self._post) for op in Op),
+            ]
+        )
+
+    async def start(self) -> str:
+        self._runner = web.AppRunner(self.app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets  # type: ignore[attr-defined]
+        host, port = server.sockets[0].getsockname()[:2]  # type: ignore[attr-defined]
+        self.url = f"http://{host}:{port}"
+        log.info("coordinator_listening", url=self.url, run=self.run, peer=self.peer_id)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self.store.close()
+
+    # -- background deadline tick ---------------------------------------------------------------
+
+    async def _ticker(self, _app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(self._tick_loop())  # owned: cancelled on cleanup below
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    async def _tick_loop(self) -> None:
+        while True:
+            await asyncio.sleep(limits.TICK_S)
+            now = time.time()
+            due = self.machine.next_due()
+            if due is not None and now >= due:
+                before = self.store.version()
+                with self.store.tx():
+                    self.machine.advance(now)
+                if self.store.version() != before:
+                    await self._after_change()
+
+    async def _after_change(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+        if self._publish is not None:
+            await self._publish(self._signed_state())
+
+    # -- reads ----------------------------------------------------------------------------------
+
+    async def _health(self, _request: web.Request) -> web.Response:
+        return web.json_response({"ok": True, "run": self.run, "coordinator": self.peer_id})
+
+    def _check_run(self, request: web.Request) -> None:
+        run = request.match_info["run"]
+        if run != self.run:
+            raise RequestRefused(
+                404, "unknown_run", f"this coordinator serves run {self.run!r}, not {run[:80]!r}"
+            )
+
+    def _signed_state(self) -> bytes:
+        key = (self.store.version(), self.store.run_row()["waiting"])
+        if self._state_cache is None or self._state_cache[0] != key:
+            state = self.machine.run_state(time.time())
+            self._state_cache = (key, seal(self.identity, STATE_TYPE, state.to_payload()))
+        return self._state_cache[1]
+
+    async def _state(self, request: web.Request) -> web.Response:
+        self._check_run(request)
+        return web.json_response({"envelope": b64encode(self._signed_state())})
+
+    async def _round(self, request: web.Request) -> web.Response:
+        self._check_run(request)
+        try:
+            n = int(request.match_info["round"])
+            wait = float(request.query.get("wait", "0"))
+        except ValueError as exc:
+            raise RequestRefused(400, "bad_request", "round and wait must be numbers") from exc
+        if n < 1 or not 0 <= wait <= limits.MAX_LONG_POLL_S:
+            raise RequestRefused(
+                400, "bad_request", f"round must be >= 1 and wait in [0, {limits.MAX_LONG_POLL_S}]"
+            )
+        deadline = time.monotonic() + wait
+        while True:
+            cached = self._round_cache.get(n)
+            if cached is not None:
+                return web.json_response({"envelope": b64encode(cached)})
+            info = self.machine.round_info(n)
+            body = seal(self.identity, STATE_TYPE, info.to_payload())
+            if info.status is RoundStatus.PUBLISHED:
+                self._round_cache[n] = body
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return web.json_response({"envelope": b64encode(body)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), remaining)
+
+    # -- signed requests ------------------------------------------------------------------------
+
+    async def _post(self, request: web.Request) -> web.Response:
+        self._check_run(request)
+        op = Op(request.path.rsplit("/", 1)[1])
+        if (request.content_length or 0) > limits.MAX_REQUEST_BYTES:
+            raise RequestRefused(
+                413, "too_large", f"body over MAX_REQUEST_BYTES ({limits.MAX_REQUEST_BYTES})"
+            )
+        body = await request.read()
+        try:
+            outer = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise RequestRefused(400, "malformed_json", f"body is not JSON: {exc}") from exc
+        if not isinstance(outer, dict) or not isinstance(outer.get("envelope"), str):
+            raise RequestRefused(400, "bad_request", 'body must be {"envelope": "<base64>"}')
+        try:
+            data = b64decode(outer["envelope"])
+        except ValueError as exc:
+            raise RequestRefused(400, "bad_request", f"envelope: {exc}") from exc
+        if len(data) > limits.MAX_ENVELOPE_BYTES:
+            raise RequestRefused(413, "too_large", "envelope over MAX_ENVELOPE_BYTES")
+        try:
+            opened = open_envelope(data, expected_type=REQUEST_TYPE)
+        except BadSignature as exc:
+            raise RequestRefused(401, "bad_signature", f"request signature: {exc}") from exc
+        except EnvelopeError as exc:
+            raise RequestRefused(400, "bad_envelope", f"request envelope: {exc}") from exc
+        signer, p = opened.signer, opened.payload
+        counter = require(p, "counter", int)
+        args = require(p, "args", dict)
+        if require(p, "run", str) != self.run:
+            raise RequestRefused(400, "run_mismatch", "the signed request names another run")
+        if require(p, "op", str) != op:
+            raise RequestRefused(
+                400, "wrong_op", f"the signed request is for {p['op']!r}, not {str(op)!r}"
+            )
+        limiter = self._join_limit if op is Op.JOIN else self._request_limit
+        wait = limiter.take(signer, time.time())
+        if wait > 0:
+            raise _RateLimited(wait)
+        before = self.store.version()
+        if op is Op.JOIN:
+            result = await self._join(signer, counter, args)
+        elif op is Op.ADMIN:
+            result = self._admin(signer, counter, args)
+        else:
+            result = self._peer_op(op, signer, counter, args, p.get("token"))
+        if self.store.version() != before:
+            await self._after_change()
+        return web.json_response({"ok": True, **result})
+
+    async def _join(self, peer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
+        binding, hf_token = args.get("hf_binding"), args.get("hf_token")
+        username, orgs = "", []
+        self.machine.check_not_banned(peer)  # cheap refusal before asking the Hub
+        if binding is not None or hf_token is not None:
+            if not isinstance(binding, bytes) or not isinstance(hf_token, str):
+                raise RequestRefused(
+                    400, "bad_request", "hf_binding (bytes) and hf_token (string) go together"
+                )
+            if len(hf_token) > limits.MAX_HF_TOKEN_CHARS:
+                raise RequestRefused(400, "bad_request", "hf_token over MAX_HF_TOKEN_CHARS")
+            try:
+                bound = verify_hf_binding(binding)
+            except AuthError as exc:
+                raise RequestRefused(401, "bad_binding", f"HF binding: {exc}") from exc
+            if bound.peer_id != peer:
+                raise RequestRefused(401, "bad_binding", "the HF binding is for another peer")
+            account = await self._whoami(hf_token)
+            if account.username != bound.username:
+                raise RequestRefused(
+                    401,
+                    "hf_user_mismatch",
+                    f"the HF token belongs to "
+                    f"{account.username!r}, the binding names {bound.username!r}",
+                )
+            username, orgs = account.username, list(account.orgs)
+        now = time.time()
+        expires = now + self.config.access.token_ttl_s
+        with self.store.tx():
+            self.machine.consume_counter(peer, counter)
+            self.machine.check_may_join(peer, username, orgs)
+            self.machine.record_join(peer, username, now, expires)
+        token = issue_access_token(
+            self.identity,
+            peer_id=peer,
+            username=username or PEER_ONLY_USERNAME,
+            run=self.run,
+            expires_at=int(expires),
+        )
+        return JoinResult(token, peer, username, int(expires) * 1000).to_json()
+
+    async def _whoami(self, hf_token: str) -> Any:
+        loop = asyncio.get_running_loop()
+        call = loop.run_in_executor(None, hf_whoami, hf_token, self.settings.hf_endpoint)
+        try:
+            return await asyncio.wait_for(call, limits.HF_WHOAMI_TIMEOUT_S)
+        except HFLoginError as exc:
+            raise RequestRefused(401, "hf_login_failed", str(exc)) from exc
+        except TimeoutError as exc:
+            raise RequestRefused(504, "hf_timeout", "the HF Hub did not answer whoami") from exc
+
+    def _peer_op(
+        self, op: Op, peer: str, counter: int, args: dict[str, Any], token: Any
+    ) -> dict[str, Any]:
+        now = time.time()
+        if not isinstance(token, bytes):
+            raise RequestRefused(401, "bad_token", "this request needs the access token from join")
+        try:
+            access = verify_access_token(
+                token, coordinator_peer_id=self.peer_id, run=self.run, now=now
+            )
+        except (TokenError, EnvelopeError) as exc:
+            raise RequestRefused(401, "bad_token", f"access token: {exc}") from exc
+        if access.peer_id != peer:
+            raise RequestRefused(401, "bad_token", "the access token was issued to another peer")
+        m = self.machine
+        with self.store.tx():
+            m.check_not_banned(peer)  # revocation: a ban beats any token, at once
+            m.consume_counter(peer, counter)
+            if op is Op.JOIN_ROUND:
+                username = "" if access.username == PEER_ONLY_USERNAME else access.username
+                return {"round": m.join_round(peer, username, now)}
+            if op is Op.READY:
+                m.ready(peer, parse_round(args), now)
+                return {}
+            if op is Op.LEAVE:
+                m.leave(peer, parse_round(args), now)
+                return {}
+            if op is Op.CHECKPOINT:
+                record = parse_checkpoint(args, peer)
+                return {"checkpoint": m.submit_checkpoint(peer, record, now).to_payload()}
+            return m.report_ban(peer, parse_evidence(args), now).to_json()
+
+    def _admin(self, signer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
+        if signer not in self.admins:
+            raise RequestRefused(403, "not_admin", f"peer {signer} is not an admin of this run")
+        action, a = parse_admin(args)
+        now, m, s = time.time(), self.machine, self.store
+        by = f"admin:{signer}"
+        with s.tx():
+            m.consume_counter(signer, counter)
+            if action == "allowlist.add":
+                if s.allowlist_size() >= limits.MAX_ALLOWLIST:
+                    raise RequestRefused(
+                        409, "allowlist_full", "allowlist has MAX_ALLOWLIST entries"
+                    )
+                added = s.allow(a["kind"], a["value"], by, now)
+                s.append_log(now, by, "allowlist_add", {"kind": a["kind"], "value": a["value"]})
+                return {"changed": added}
+            if action == "allowlist.remove":
+                removed = s.disallow(a["kind"], a["value"])
+                s.append_log(now, by, "allowlist_remove", {"kind": a["kind"], "value": a["value"]})
+                return {"changed": removed}
+            if action == "allowlist.ls":
+                return {"allowlist": s.allowlist()}
+            if action == "ban":
+                m.ban(a["peer"], a["reason"], by, now)
+                return {}
+            if action == "unban":
+                m.unban(a["peer"], by, now)
+                return {}
+            return {"log": s.log_page(a["after"], a["limit"])}
+
+
+class _RateLimited(RequestRefused):
+    def __init__(self, wait: float) -> None:
+        super().__init__(
+            429, "rate_limited", f"too many requests from this peer; retry in {wait:.1f} s"
+        )
+        self.retry_after = wait
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every refusal becomes ``{"error": code, "message": text}`` with its status."""
+    try:
+        return await handler(request)
+    except RequestRefused as exc:
+        headers = {}
+        if isinstance(exc, _RateLimited):
+            headers["Retry-After"] = f"{max(1, round(exc.retry_after))}"
+        if exc.status >= 500:
+            log.warning("request_failed", code=exc.code, path=request.path)
+        return web.json_response(
+            {"error": exc.code, "message": exc.message}, status=exc.status, headers=headers
+        )
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = "too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+        return web.json_response(
+            {"error": code, "message": exc.text or exc.reason}, status=exc.status
+        )

@@ -1,0 +1,49 @@
+"""Named limits of the coordinator, shared by code, ``specs/coordinator.md`` and tests.
+
+Every size read from the network is bounded here; every rate is per peer id (the signer of the
+request envelope), because on a real network one IP may hide many peers and one peer many IPs.
+"""
+
+from __future__ import annotations
+
+# Bytes of one HTTP request body (a JSON object holding one base64 envelope). A join with an HF
+# binding and token is about 1 KiB; 64 KiB leaves room and still bounds what a peer makes us read.
+MAX_REQUEST_BYTES = 64 * 1024
+# Bytes of a decoded request envelope (the base64 inside the JSON decodes to at most this).
+MAX_ENVELOPE_BYTES = 48 * 1024
+# Characters of a free-text field a peer or admin sends (ban reason, HF repo, revision).
+MAX_TEXT_CHARS = 512
+# Characters of ban-evidence figures, serialized as JSON text.
+MAX_FIGURES_CHARS = 4096
+# Characters of an HF token forwarded to whoami; real ones are ~40.
+MAX_HF_TOKEN_CHARS = 256
+# Characters of a CID string (a CIDv1 sha2-256 in base32 is 59).
+MAX_CID_CHARS = 128
+
+# Joins per peer: a bucket of this many, refilled at JOIN_RATE_PER_S. A join may call the HF Hub,
+# so it is the expensive request and the first a flood would use.
+JOIN_BURST = 3
+JOIN_RATE_PER_S = 0.2
+# All other signed requests per peer: burst and sustained rate.
+REQUEST_BURST = 30
+REQUEST_RATE_PER_S = 10.0
+# Peers whose rate buckets are kept in memory; the oldest are forgotten past this.
+MAX_RATE_BUCKETS = 100_000
+
+# Longest a GET .../rounds/{n}?wait=S holds the connection; clients loop for longer waits.
+MAX_LONG_POLL_S = 10.0
+# Members of one round; joins beyond are refused with 409 round_full.
+MAX_ROUND_MEMBERS = 10_000
+# Entries of the allowlist (users + peers + orgs).
+MAX_ALLOWLIST = 100_000
+# Change-log entries returned by one admin.log request.
+MAX_LOG_PAGE = 1000
+
+# Seconds between two checks of round and phase deadlines in the server.
+TICK_S = 0.1
+# Seconds a join waits for the HF Hub whoami answer before it fails with 502.
+HF_WHOAMI_TIMEOUT_S = 15.0
+# Bounds on run-config values; a run outside them is a mistake, not an experiment.
+MIN_TOKEN_TTL_S = 30
+MAX_TOKEN_TTL_S = 7 * 24 * 3600
+MAX_ROUND_TIMEOUT_S = 24 * 3600
