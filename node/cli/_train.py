@@ -1,0 +1,92 @@
+"""``cnode train --run RUN``: join a run and train round after round.
+
+``--attack KIND`` is a TESTING AID ONLY: it makes this node misbehave (send what the attack
+harness makes of its honest update) so the swarm's defences can be watched at work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from cnode.node._config import default_home, load_config
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "train",
+        help="join a run and train round after round",
+        description=(
+            "Join run RUN through its coordinator, catch up from the current checkpoint "
+            "(fetched from peers, every block verified), then train: each round train locally, "
+            "publish the signed update, fetch the other members' updates, aggregate, apply."
+        ),
+    )
+    parser.add_argument("--run", required=True, help="the run id (must match the run config)")
+    parser.add_argument(
+        "--run-config",
+        required=True,
+        type=Path,
+        metavar="FILE",
+        help="the run config TOML the run's author gave out (pins the coordinator's key)",
+    )
+    parser.add_argument("--home", type=Path, default=None, help="node home (default $CNODE_HOME)")
+    parser.add_argument("--coordinator", metavar="URL", help="coordinator URL (default: config)")
+    parser.add_argument("--listen", metavar="MULTIADDR", help="libp2p listen address")
+    parser.add_argument(
+        "--bootstrap", action="append", default=[], metavar="MULTIADDR", help="peer to dial"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=0, help="stop after this round of the run (0 = never)"
+    )
+    parser.add_argument(
+        "--checkpointer", action="store_true", help="submit checkpoints to the coordinator"
+    )
+    parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
+    parser.add_argument(
+        "--attack",
+        metavar="KIND",
+        help="TESTING AID ONLY: misbehave with attack KIND from the attack harness "
+        "(sign_flip, gaussian, nan, ...) to exercise detection and bans",
+    )
+    parser.set_defaults(handler=_handle)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    import trio
+    from cnode.aggregation import ATTACKS
+    from cnode.node.train import TrainingConfigError
+    from cnode.node.train._loop import TrainSettings, run_node
+
+    home = args.home or default_home()
+    config = load_config(home)
+    if args.attack is not None:
+        if args.attack not in ATTACKS:
+            raise TrainingConfigError(
+                f"unknown attack {args.attack!r} (known: {', '.join(sorted(ATTACKS))})"
+            )
+        print(
+            f"cnode: WARNING: --attack {args.attack} is a testing aid: this node will send "
+            "poisoned updates and should be banned by the swarm",
+            file=sys.stderr,
+        )
+    if args.rounds < 0:
+        raise TrainingConfigError("--rounds must be >= 0")
+    settings = TrainSettings(
+        run=args.run,
+        home=home,
+        run_config=args.run_config,
+        coordinator_url=args.coordinator or config.coordinator_url,
+        listen=args.listen or config.listen,
+        bootstrap=tuple(args.bootstrap or config.bootstrap),
+        blocks_dir=config.blocks_dir(home),
+        stop_after_round=args.rounds,
+        checkpointer=args.checkpointer,
+        attack=args.attack,
+        report=args.report,
+        upload_rate_bytes_per_s=config.upload_rate_bytes_per_s,
+    )
+    return trio.run(run_node, settings)

@@ -1,0 +1,137 @@
+"""The demo's closing report: every figure read from the nodes' event files and the coordinator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ._report import read_report
+
+if TYPE_CHECKING:
+    from ._demo import DemoSettings, _Proc
+
+__all__ = ["final_report"]
+
+
+def _short(peer: str) -> str:
+    return peer[-8:]
+
+
+def final_report(
+    work: Path,
+    procs: list[_Proc],
+    coordinator_url: str,
+    run_config: Path,
+    settings: DemoSettings,
+    console: Console,
+) -> int:
+    """Print the report; return 0 when the run did what the demo claims, else 1."""
+    names = {p.peer: p.name for p in procs}
+    events = {p.name: read_report(p.report) for p in procs}
+    problems: list[str] = []
+
+    # 1. Loss per round, from the checkpointer (every honest node computes the same figure).
+    first = procs[0]
+    rounds = [e for e in events[first.name] if e["event"] == "round"]
+    table = Table(title="held-out loss per round (honest-1; same state on every honest node)")
+    for col in ("round", "members", "loss", "train s", "publish s", "fetch s", "aggregate s"):
+        table.add_column(col, justify="right")
+    for e in rounds:
+        table.add_row(
+            str(e["round"]),
+            str(len(e["members"])),
+            f"{e['loss']:.4f}",
+            f"{e['train_s']:.2f}",
+            f"{e['publish_s']:.2f}",
+            f"{e['fetch_s']:.2f}",
+            f"{e['aggregate_s']:.2f}",
+        )
+    console.print(table)
+    if len(rounds) >= 2 and not rounds[-1]["loss"] < rounds[0]["loss"]:
+        problems.append("the held-out loss did not go down")
+    if len(rounds) < settings.rounds:
+        problems.append(f"honest-1 finished {len(rounds)} of {settings.rounds} rounds")
+
+    # 2. The late joiner's catch-up.
+    late = next(p for p in procs if p.role == "late joiner")
+    caught = [e for e in events[late.name] if e["event"] == "caught_up"]
+    if caught:
+        for e in caught:
+            console.print(
+                f"late joiner {_short(late.peer)}: fetched checkpoint of round {e['round']} "
+                f"({e['manifest'][-12:]}) in {e['seconds']:.2f} s, {e['bytes']} bytes"
+            )
+            per = Table(title="bytes fetched per holder")
+            per.add_column("holder")
+            per.add_column("bytes", justify="right")
+            for holder, nbytes in sorted(e["bytes_per_holder"].items()):
+                per.add_row(f"{names.get(holder, '?')} ({_short(holder)})", str(nbytes))
+            console.print(per)
+    else:
+        problems.append("the late joiner never caught up from a checkpoint")
+
+    # 3. The ban, with its evidence (reports of the honest nodes + the coordinator's signed state).
+    attacker = next(p for p in procs if p.role == "attacker")
+    reported = [
+        (name, e) for name, evs in events.items() for e in evs if e["event"] == "ban_reported"
+    ]
+    against_attacker = [(n, e) for n, e in reported if e["accused"] == attacker.peer]
+    against_honest = [(n, e) for n, e in reported if e["accused"] != attacker.peer]
+    bans = _coordinator_bans(coordinator_url, run_config)
+    ban = next((b for b in bans if b["peer"] == attacker.peer), None)
+    if ban is not None:
+        console.print(
+            f"[bold]ban[/bold]: attacker {_short(attacker.peer)} banned by the coordinator "
+            f"({ban['by']}) for round {ban['round']}: {ban['reason']}"
+        )
+    else:
+        problems.append("the attacker was not banned by the coordinator")
+    for name, e in against_attacker[:1]:
+        console.print(f"evidence reported by {name}: {e['reason']}; figures {e['figures']}")
+    if against_honest:
+        problems.append(f"honest peers were reported: {[e['accused'] for _, e in against_honest]}")
+    if any(b["peer"] != attacker.peer for b in bans):
+        problems.append("an honest peer was banned")
+
+    # 4. The final state CID of every honest node.
+    final: dict[str, tuple[int, str]] = {}
+    for p in procs:
+        if p.role == "attacker":
+            continue
+        last = [e for e in events[p.name] if e["event"] == "round"]
+        if last:
+            final[p.name] = (last[-1]["round"], last[-1]["state_cid"])
+    agree = Table(title="final state CID of every honest node")
+    agree.add_column("node")
+    agree.add_column("round", justify="right")
+    agree.add_column("state CID")
+    for name, (r, cid) in final.items():
+        agree.add_row(name, str(r), cid)
+    console.print(agree)
+    finals = {v for v in final.values()}
+    if len(final) != sum(p.role != "attacker" for p in procs):
+        problems.append("not every honest node finished a round")
+    elif len(finals) != 1:
+        problems.append("honest nodes disagree on the final state")
+    else:
+        console.print(f"[green]all {len(final)} honest nodes agree[/green] on {finals.pop()[1]}")
+    for p in procs:
+        stopped = [e for e in events[p.name] if e["event"] == "stopped"]
+        if p.role != "attacker" and stopped and stopped[-1]["reason"] != "done":
+            problems.append(f"{p.name} stopped: {stopped[-1]['reason']}")
+    console.print(f"logs and event files: {work}")
+    for problem in problems:
+        console.print(f"[red]problem[/red]: {problem}")
+    return 1 if problems else 0
+
+
+def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
+    """The bans in the coordinator's signed run state (signature checked by the client)."""
+    import trio
+    from cnode.node.coordinator import read_run_state
+
+    state = trio.run(read_run_state, url, run_config)
+    return [b.to_payload() for b in state.bans]

@@ -1,0 +1,369 @@
+"""The network loop of ``cnode train``: join, catch up, and train round after round.
+
+One trio task tree per node process: the libp2p node (block exchange + gossipsub), a task that
+collects the signed update headers published on the run's topic, and the round loop. Torch work
+runs in a worker thread (``trio.to_thread.run_sync``) so the host keeps serving blocks meanwhile.
+The coordinator is reached over HTTP (httpx, under trio). See specs/training.md#interaction.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import structlog
+import trio
+from cnode.aggregation import BanRecommendation
+from cnode.auth import Identity, Opened, load_identity
+from cnode.node._config import IDENTITY_FILE
+from cnode.node._logging import bind_context
+from cnode.node.coordinator import (
+    CoordinatorClient,
+    CoordinatorRejected,
+    RunConfig,
+    load_run_config,
+)
+from cnode.node.p2p import (
+    EnvelopeValidator,
+    FetchError,
+    P2PError,
+    P2PNode,
+    P2PSettings,
+    RejectedMessage,
+    open_p2p_node,
+)
+from cnode.storage import CID, BlockStore
+
+from . import limits
+from ._config import TrainingConfig
+from ._exceptions import CatchUpError, PeerUpdateError, StateMismatchError, TrainingConfigError
+from ._report import Reporter
+from ._round import UPDATE_HEADER_TYPE, UpdateHeader, header_cid, open_update_header
+from ._trainer import NodeTrainer
+
+__all__ = ["TrainSettings", "run_node"]
+
+log = structlog.get_logger(__name__)
+
+
+def updates_topic(run: str) -> str:
+    """The gossipsub topic that carries a run's signed update headers."""
+    return f"cnode/{run}/updates/1"
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """What ``cnode train`` was asked to do."""
+
+    run: str
+    home: Path
+    run_config: Path
+    coordinator_url: str
+    listen: str
+    bootstrap: tuple[str, ...]
+    blocks_dir: Path
+    stop_after_round: int = 0  # 0 = train forever
+    checkpointer: bool = False
+    attack: str | None = None  # testing aid only
+    report: Path | None = None
+    upload_rate_bytes_per_s: int = 0
+
+
+async def run_node(settings: TrainSettings) -> int:
+    """Run one node until ``stop_after_round`` (or forever); return the exit status."""
+    identity = load_identity(settings.home / IDENTITY_FILE)
+    run_config = load_run_config(settings.run_config)
+    if run_config.run != settings.run:
+        raise TrainingConfigError(
+            f"--run {settings.run!r} but the run config is for run {run_config.run!r}"
+        )
+    training = TrainingConfig.from_dict(dict(run_config.training))
+    bind_context(peer=identity.peer_id_str, run=settings.run)
+    store = BlockStore(settings.blocks_dir)
+    reporter = Reporter(settings.report, peer=identity.peer_id_str)
+    reporter.event("started", attack=settings.attack, checkpointer=settings.checkpointer)
+    trainer = await trio.to_thread.run_sync(
+        partial(
+            NodeTrainer,
+            training,
+            run=settings.run,
+            identity=identity,
+            store=store,
+            attack=settings.attack,
+        )
+    )
+    every = run_config.rounds.checkpoint_every or training.checkpoint_every
+    session = _Session(settings, trainer, reporter, every)
+    finished = False
+    try:
+        async with CoordinatorClient.for_run(
+            run_config, identity, url=settings.coordinator_url
+        ) as client:
+            await session.run(client, run_config, identity, store)
+        finished = True
+    finally:
+        # Recorded for people and for the demo's report; the exception itself propagates.
+        error = sys.exc_info()[1]
+        why = "done" if finished else f"{type(error).__name__}: {error}"
+        reporter.event("stopped", reason=why)
+    return 0
+
+
+class _HeaderValidator(EnvelopeValidator):
+    """Accepts signed update headers of this run and keeps each envelope's bytes.
+
+    The pubsub layer hands subscribers the opened payload only; the checkpoint must name the
+    signed bytes by their CID, so the bytes are kept here, keyed by (round, signer).
+    """
+
+    def __init__(self, run: str, allow: Callable[[str], bool]) -> None:
+        super().__init__(UPDATE_HEADER_TYPE, allow=allow)
+        self.run = run
+        self.seen: dict[tuple[int, str], tuple[bytes, UpdateHeader]] = {}
+        self.arrived = trio.Event()
+
+    def validate(self, data: bytes, source: str) -> Opened:
+        opened = super().validate(data, source)
+        try:
+            header = open_update_header(data, run=self.run, signer=source)
+        except PeerUpdateError as exc:
+            raise RejectedMessage(exc.reason) from exc
+        self.seen.setdefault((header.round, header.peer), (data, header))
+        self.arrived.set()
+        return opened
+
+
+class _Session:
+    """The round loop of one node (see the module docstring)."""
+
+    def __init__(
+        self, settings: TrainSettings, trainer: NodeTrainer, reporter: Reporter, every: int
+    ) -> None:
+        self.settings = settings
+        self.trainer = trainer
+        self.reporter = reporter
+        self.every = every
+        self.run_id = settings.run
+        self.banned: set[str] = set()
+        self.headers = _HeaderValidator(settings.run, self.allow)
+
+    def allow(self, peer: str) -> bool:
+        return peer not in self.banned
+
+    async def run(
+        self,
+        client: CoordinatorClient,
+        run_config: RunConfig,
+        identity: Identity,
+        store: BlockStore,
+    ) -> None:
+        await client.join()
+        p2p = P2PSettings(
+            listen=(self.settings.listen,),
+            bootstrap=self.settings.bootstrap,
+            upload_rate_bytes_per_s=self.settings.upload_rate_bytes_per_s,
+            run_id=self.run_id,
+        )
+        async with open_p2p_node(identity, store, p2p, allow=self.allow) as node:
+            self.reporter.event("listening", addrs=node.listen_addrs)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._drain_headers, node)
+                await self._resume_from_store()
+                while True:
+                    if await self._one_round(client, node):
+                        break
+                nursery.cancel_scope.cancel()
+
+    async def _drain_headers(self, node: P2PNode) -> None:
+        async with node.subscribe(updates_topic(self.run_id), self.headers) as sub:
+            async for _ in sub:
+                pass  # the validator already recorded the header
+
+    async def _resume_from_store(self) -> None:
+        """A restarted node takes its own latest checkpoint, if it has one."""
+        pinned = self.trainer.store.pins().get(self.trainer.pin_name)
+        if pinned is not None:
+            await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, pinned)
+            self.reporter.event("resumed", round=self.trainer.round, manifest=str(pinned))
+
+    async def _catch_up(self, client: CoordinatorClient, node: P2PNode, round_: int) -> None:
+        """Make the state that of round ``round_ - 1``: fetch the coordinator's checkpoint."""
+        need = round_ - 1
+        began = time.monotonic()
+        with trio.fail_after(limits.CATCH_UP_FETCH_S):
+            while True:
+                record = (await client.run_state()).checkpoint
+                if record is not None and record.round >= need:
+                    break
+                await trio.sleep(limits.POLL_INTERVAL_S)
+        if record.round != need:
+            raise CatchUpError(
+                f"round {round_} needs the state of round {need}; "
+                f"the current checkpoint is of round {record.round}"
+            )
+        cid = CID.parse(record.manifest)
+        peers = node.connected_peers()
+        try:
+            with trio.fail_after(limits.CATCH_UP_FETCH_S):
+                report = await node.fetch(cid, holders=peers)
+        except (FetchError, trio.TooSlowError) as exc:
+            raise CatchUpError(f"cannot fetch checkpoint {cid} of round {need}: {exc}") from exc
+        await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, cid)
+        await node.announce_hold(cid)
+        self.reporter.event(
+            "caught_up",
+            round=need,
+            manifest=str(cid),
+            seconds=time.monotonic() - began,
+            fetch_seconds=report.seconds,
+            bytes=report.bytes,
+            bytes_per_holder=dict(report.per_holder_bytes),
+            dropped=dict(report.dropped),
+        )
+
+    async def _one_round(self, client: CoordinatorClient, node: P2PNode) -> bool:
+        """Play one round; True when the node is done."""
+        trainer = self.trainer
+        round_ = await client.join_round()
+        bind_context(round=round_)
+        if round_ != trainer.round + 1:
+            await self._catch_up(client, node, round_)
+        began = time.monotonic()
+        own = await trio.to_thread.run_sync(trainer.train, round_)
+        t_train = time.monotonic() - began
+        began = time.monotonic()
+        self.headers.seen[(round_, trainer.peer)] = (own.envelope, own.header)
+        await node.announce_update(own.header.update, round_)
+        await node.publish(updates_topic(self.run_id), own.envelope)
+        await client.ready(round_)
+        t_publish = time.monotonic() - began + own.seconds_store
+        with trio.fail_after(limits.MEMBERS_WAIT_S):
+            info = await client.wait_members(round_)
+        members = sorted(info.members)[: limits.MAX_ROUND_MEMBERS]
+        began = time.monotonic()
+        headers, dropped = await self._fetch_updates(node, round_, members)
+        t_fetch = time.monotonic() - began
+        began = time.monotonic()
+        outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)
+        t_aggregate = time.monotonic() - began
+        for ban in outcome.bans:
+            await self._report_ban(client, ban)
+        manifest = None
+        if round_ % self.every == 0:
+            manifest = await trio.to_thread.run_sync(trainer.store_checkpoint)
+            await node.announce_hold(manifest)
+            await self._agree(client, round_, info.epoch, manifest)
+        self.reporter.event(
+            "round",
+            round=round_,
+            loss=outcome.loss,
+            state_cid=str(trainer.state_cid),
+            manifest=None if manifest is None else str(manifest),
+            members=list(outcome.members),
+            dropped=outcome.dropped,
+            local_loss=[own.local.loss_first, own.local.loss_last],
+            train_s=t_train,
+            publish_s=t_publish,
+            fetch_s=t_fetch,
+            aggregate_s=t_aggregate,
+        )
+        await self._refresh_bans(client)
+        stop = self.settings.stop_after_round
+        return bool(stop) and round_ >= stop
+
+    async def _fetch_updates(
+        self, node: P2PNode, round_: int, members: list[str]
+    ) -> tuple[dict[str, tuple[CID, UpdateHeader]], dict[str, str]]:
+        """The signed headers and update blocks of the round's members (bounded in time)."""
+        headers: dict[str, tuple[CID, UpdateHeader]] = {}
+        dropped: dict[str, str] = {}
+        with trio.move_on_after(limits.ROUND_FETCH_S):
+            # Headers were published before their senders said ready, so they are normally
+            # here already; wait a little for stragglers of the gossip mesh.
+            while not all((round_, m) in self.headers.seen for m in members):
+                self.headers.arrived = trio.Event()
+                with trio.move_on_after(1.0):
+                    await self.headers.arrived.wait()
+        for member in members:
+            seen = self.headers.seen.get((round_, member))
+            if seen is None:
+                dropped[member] = "no signed update header arrived"
+                continue
+            envelope, header = seen
+            cid = header_cid(envelope)
+            if not self.trainer.store.has(cid):
+                self.trainer.store.put(cid, envelope)
+            headers[member] = (cid, header)
+
+        async def fetch_one(member: str, update: CID) -> None:
+            try:
+                with trio.fail_after(limits.ROUND_FETCH_S):
+                    await node.fetch(update, holders=[member])
+            except (FetchError, P2PError, trio.TooSlowError) as exc:
+                dropped[member] = f"update not fetched: {exc}"
+
+        async with trio.open_nursery() as nursery:
+            for member, (_cid, header) in headers.items():
+                if member != self.trainer.peer:
+                    nursery.start_soon(fetch_one, member, header.update)
+        for member in dropped:
+            headers.pop(member, None)
+        return headers, dropped
+
+    async def _agree(
+        self, client: CoordinatorClient, round_: int, epoch: int, manifest: CID
+    ) -> None:
+        """Check this node's checkpoint of ``round_`` against the one the coordinator holds.
+
+        Checkpoint manifests are deterministic, so every honest node stores the same bytes: a
+        different manifest for the same round means a different state, and that is fatal.
+        """
+        if self.settings.checkpointer:
+            try:
+                await client.submit_checkpoint(epoch=epoch, round=round_, manifest=str(manifest))
+            except CoordinatorRejected as exc:
+                if exc.code == "stale_round":
+                    raise StateMismatchError(
+                        f"round {round_}: this node's checkpoint {manifest} (state "
+                        f"{self.trainer.state_cid}) differs from the swarm's: {exc}"
+                    ) from exc
+                raise
+            return
+        with trio.move_on_after(limits.AGREE_WAIT_S):
+            while True:
+                record = (await client.run_state()).checkpoint
+                if record is not None and record.round >= round_:
+                    if record.round == round_ and record.manifest != str(manifest):
+                        raise StateMismatchError(
+                            f"round {round_}: this node's checkpoint {manifest} (state "
+                            f"{self.trainer.state_cid}) differs from the swarm's {record.manifest}"
+                        )
+                    return
+                await trio.sleep(limits.POLL_INTERVAL_S)
+        log.warning("checkpoint_not_confirmed", round=round_, manifest=str(manifest))
+
+    async def _report_ban(self, client: CoordinatorClient, ban: BanRecommendation) -> None:
+        payload = ban.to_payload()
+        try:
+            answer = await client.report_ban_evidence(payload)
+        except CoordinatorRejected as exc:
+            log.warning("ban_evidence_refused", accused=ban.peer[-8:], error=str(exc))
+            return
+        self.reporter.event(
+            "ban_reported",
+            accused=ban.peer,
+            round=ban.round,
+            reason=ban.reason,
+            figures=payload.get("figures"),
+            reports=answer.reports,
+            needed=answer.needed,
+            banned=answer.banned,
+        )
+
+    async def _refresh_bans(self, client: CoordinatorClient) -> None:
+        state = await client.run_state()
+        self.banned = {b.peer for b in state.bans}
