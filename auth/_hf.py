@@ -8,11 +8,11 @@ from status codes and our own words, never from the client's text.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 from huggingface_hub import HfApi
 from huggingface_hub.errors import HfHubHTTPError
 
@@ -22,6 +22,23 @@ from ._exceptions import BindingError, EncodeError, HFLoginError, HFLoginReason
 from ._identity import Identity
 
 DEFAULT_HF_ENDPOINT = "https://huggingface.co"
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """Connection-level errors of the HTTP library the installed huggingface_hub uses.
+
+    huggingface_hub 2.x uses httpx2, 1.x httpx, 0.x requests (whose errors are OSErrors).
+    """
+    found: list[type[Exception]] = [OSError]
+    for name in ("httpx2", "httpx"):
+        try:
+            found.append(importlib.import_module(name).HTTPError)
+        except (ImportError, AttributeError):
+            continue
+    return tuple(found)
+
+
+_TRANSPORT_ERRORS = _transport_errors()
 _BINDING_KEYS = frozenset({"at", "peer", "username"})
 
 
@@ -77,7 +94,7 @@ def hf_whoami(token: str, endpoint: str | None = None) -> HFAccount:
             HFLoginReason.BAD_RESPONSE,
             f"the Hugging Face Hub at {url} answered whoami with HTTP {status}",
         ) from None
-    except httpx.HTTPError as exc:
+    except _TRANSPORT_ERRORS as exc:
         # from None: the chained exception would carry the request, headers and all.
         raise HFLoginError(
             HFLoginReason.UNREACHABLE,
