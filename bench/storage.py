@@ -140,7 +140,8 @@ def main() -> None:
         startup = time.perf_counter() - start
         print(
             f"verify via `cnode checkpoint verify`: {cli_s:.2f} s wall "
-            f"({total / cli_s / 1e6:.0f} MB/s, ratio {base / cli_s:.2f}x, exit {cli.returncode}); of which CLI start-up "
+            f"({total / cli_s / 1e6:.0f} MB/s, ratio {base / cli_s:.2f}x, exit {cli.returncode}); "
+            f"of which CLI start-up "
             f"(`cnode --version`) {startup:.2f} s; without it {total / (cli_s - startup) / 1e6:.0f}"
             f" MB/s, ratio {base / (cli_s - startup):.2f}x"
         )
