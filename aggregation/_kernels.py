@@ -10,6 +10,7 @@ Every sum across elements is instead a pairwise tree with a shape fixed by the l
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ import torch
 from . import limits
 from ._types import TensorSpec
 
-__all__ = ["Chunk", "Stack", "tree_sum"]
+__all__ = ["Chunk", "Stack", "select_rows", "tree_sum"]
 
 _F64 = torch.float64
 
@@ -45,6 +46,56 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
         x = y
         length = half
     return x.select(dim, 0)
+
+
+@functools.cache
+def _network(n: int, wanted: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """Batcher's odd-even merge sorting network for n rows, pruned to the ``wanted`` ranks.
+
+    Built for the next power of two; a comparator touching a row >= n is dropped (as if those
+    rows held +inf, which a sorting network leaves in place). Comparators that cannot affect a
+    wanted output are pruned walking backwards. Returned as (low row, high row) pairs in order.
+    """
+    size = 1
+    while size < n:
+        size *= 2
+    layers: list[list[tuple[int, int]]] = []
+    p = 1
+    while p < size:
+        k = p
+        while k >= 1:
+            layer = []
+            for j in range(k % p, size - k, 2 * k):
+                for i in range(min(k, size - j - k)):
+                    a, b = i + j, i + j + k
+                    if a // (2 * p) == b // (2 * p) and b < n:
+                        layer.append((a, b))
+            layers.append(layer)
+            k //= 2
+        p *= 2
+    needed = set(wanted)
+    kept: list[list[tuple[int, int]]] = []
+    for layer in reversed(layers):
+        keep = [(a, b) for a, b in layer if a in needed or b in needed]
+        for a, b in keep:
+            needed.update((a, b))
+        kept.append(keep)
+    return tuple(pair for layer in reversed(kept) for pair in layer)
+
+
+def select_rows(x: torch.Tensor, ranks: tuple[int, ...]) -> list[torch.Tensor]:
+    """The rank-r values of every column of ``x`` (rows x columns), for each r in ``ranks``.
+
+    A comparator network of element-wise minimum/maximum, one row pair at a time: exact, and
+    about five times faster than torch.sort along the short axis (53 comparators for the median
+    of 16). ``x`` is overwritten. Zeros must be canonical (+0.0): minimum/maximum may return
+    either zero for a (-0.0, +0.0) pair.
+    """
+    for low, high in _network(x.shape[0], tuple(sorted(ranks))):
+        a = x[low].clone()
+        torch.minimum(a, x[high], out=x[low])
+        torch.maximum(a, x[high], out=x[high])
+    return [x[r] for r in ranks]
 
 
 @dataclass(frozen=True)
@@ -87,6 +138,7 @@ class Stack:
         out = self._buf[:, : chunk.size]
         for i, flat in enumerate(self.flat):
             out[i].copy_(flat[chunk.name][chunk.start : chunk.stop])
+        out.add_(0.0)  # -0.0 -> +0.0: min/max and sorting then cannot depend on the zero's sign
         return out
 
     def iter_chunks(self) -> Iterator[tuple[Chunk, torch.Tensor]]:
@@ -97,13 +149,31 @@ class Stack:
         """A float64 work vector shaped like one flattened update."""
         return {n: torch.empty(self.specs[n].numel, dtype=_F64) for n in self.names}
 
+    def new_accumulator(self) -> torch.Tensor:
+        """Per-position partial sums (peers x CHUNK_ELEMENTS), reduced once by reduce()."""
+        return torch.zeros((self.n, limits.CHUNK_ELEMENTS), dtype=_F64)
+
+    @staticmethod
+    def accumulate_sq(acc: torch.Tensor, diff: torch.Tensor) -> None:
+        """acc[:, :L] += diff**2, element-wise (diff is overwritten).
+
+        Position j of every chunk adds into acc[:, j], chunk after chunk in a fixed order, and
+        reduce() sums acc with tree_sum: a summation order fixed by the layer sizes alone, and
+        no reduction call per chunk.
+        """
+        diff.mul_(diff)
+        acc[:, : diff.shape[1]].add_(diff)
+
+    @staticmethod
+    def reduce(acc: torch.Tensor) -> torch.Tensor:
+        return tree_sum(acc, 1)
+
     def sq_distances(self, v: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """Squared L2 distance of every update to ``v`` (float64 vector), one pass."""
-        total = torch.zeros(self.n, dtype=_F64)
+        acc = self.new_accumulator()
         for chunk, x in self.iter_chunks():
-            d = x - v[chunk.name][chunk.start : chunk.stop]
-            total = total + tree_sum(d * d, 1)
-        return total
+            self.accumulate_sq(acc, x - v[chunk.name][chunk.start : chunk.stop])
+        return self.reduce(acc)
 
     def finish(self, v: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Cast the float64 work vector to the expected dtypes and shapes."""

@@ -17,7 +17,7 @@ import torch
 
 from . import limits
 from ._exceptions import NotEnoughUpdatesError
-from ._kernels import Stack, tree_sum
+from ._kernels import Stack, select_rows, tree_sum
 
 __all__ = ["RULES", "RuleOutput", "default_f"]
 
@@ -63,18 +63,19 @@ def _weighted_mean(
     return RuleOutput(v, [1.0] * stack.n)
 
 
-def _sorted_rows(x: torch.Tensor) -> torch.Tensor:
-    # Values only are used, so the sort's tie order cannot change the result (except the sign
-    # of zero, which stable=True fixes by input = peer order).
-    return torch.sort(x, dim=0, stable=True).values
-
-
-def _median_into(stack: Stack, v: dict[str, torch.Tensor]) -> None:
+def _median_into(stack: Stack, v: dict[str, torch.Tensor], acc: torch.Tensor | None = None) -> None:
+    """Coordinate-wise median into ``v``; with ``acc``, also the squared distances to it."""
     n = stack.n
     for chunk, x in stack.iter_chunks():
-        s = _sorted_rows(x)
-        lo, hi = s[(n - 1) // 2], s[n // 2]
-        v[chunk.name][chunk.start : chunk.stop] = lo if n % 2 else (lo + hi) * 0.5
+        lo, hi = select_rows(x.clone(), ((n - 1) // 2, n // 2))
+        vc = v[chunk.name][chunk.start : chunk.stop]
+        if n % 2:
+            vc.copy_(lo)
+        else:
+            torch.add(lo, hi, out=vc)
+            vc.mul_(0.5)
+        if acc is not None:
+            stack.accumulate_sq(acc, x - vc)
 
 
 def _median(
@@ -96,7 +97,7 @@ def _trimmed_mean(
         )
     v = stack.new_vector()
     for chunk, x in stack.iter_chunks():
-        kept = _sorted_rows(x)[f : n - f]
+        kept = torch.stack(select_rows(x.clone(), tuple(range(f, n - f))))
         v[chunk.name][chunk.start : chunk.stop] = tree_sum(kept, 0) / float(n - 2 * f)
     return RuleOutput(v, [None] * n, params={"f": f})
 
@@ -150,14 +151,16 @@ def _centered_clip(
     fixed_tau = params.get("tau")
 
     v = stack.new_vector()
+    acc = stack.new_accumulator()
     if start == "previous" and previous is not None:
         for name in stack.names:
             v[name].copy_(previous[name].detach().reshape(-1))
+        sq = stack.sq_distances(v)
         used_start = "previous"
     else:
-        _median_into(stack, v)
+        _median_into(stack, v, acc)  # one pass: the start and the distances to it
+        sq = stack.reduce(acc)
         used_start = "median"
-    sq = stack.sq_distances(v)
     dist = [math.sqrt(d) for d in sq.tolist()]
     start_median = statistics.median(dist)
     tau = float(fixed_tau) if fixed_tau is not None else tau_scale * start_median
@@ -166,25 +169,29 @@ def _centered_clip(
     share = [w / total for w in weights]
     iterations = 0
     step = 0.0
+    work = torch.empty((stack.n, limits.CHUNK_ELEMENTS), dtype=torch.float64)
+    step_acc = torch.empty((1, limits.CHUNK_ELEMENTS), dtype=torch.float64)
     if tau > 0.0:
         for _ in range(max_iter):
             clip = [1.0 if d <= tau else tau / d for d in dist]
-            coef = torch.tensor(
-                [s * c for s, c in zip(share, clip, strict=True)], dtype=torch.float64
-            )
-            col = coef.reshape(-1, 1)
-            sq = torch.zeros(stack.n, dtype=torch.float64)
-            step_sq = torch.zeros(1, dtype=torch.float64)
+            coef = [s * c for s, c in zip(share, clip, strict=True)]
+            col = torch.tensor(coef, dtype=torch.float64).reshape(-1, 1)
+            acc.zero_()
+            step_acc.zero_()
             for chunk, x in stack.iter_chunks():
                 vc = v[chunk.name][chunk.start : chunk.stop]
-                delta = tree_sum((x - vc) * col, 0)
-                vc += delta  # in place: v now holds the new point for this chunk
-                step_sq = step_sq + tree_sum((delta * delta).reshape(1, -1), 1)
-                d = x - vc
-                sq = sq + tree_sum(d * d, 1)
+                d = work[:, : chunk.size]
+                torch.sub(x, vc, out=d)
+                d.mul_(col)
+                delta = tree_sum(d, 0)
+                vc.add_(delta)  # in place: v now holds the new point for this chunk
+                stack.accumulate_sq(step_acc, delta.reshape(1, -1))
+                torch.sub(x, vc, out=d)
+                stack.accumulate_sq(acc, d)
+            sq = stack.reduce(acc)
             dist = [math.sqrt(d) for d in sq.tolist()]
             iterations += 1
-            step = math.sqrt(float(step_sq[0]))
+            step = math.sqrt(float(stack.reduce(step_acc)[0]))
             if step <= tolerance * tau:
                 break
     clip = [1.0 if d <= tau else tau / d for d in dist]
