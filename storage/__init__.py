@@ -24,6 +24,7 @@ from ._cid import DAG_CBOR as DAG_CBOR
 from ._cid import RAW as RAW
 from ._cid import compute_cid as compute_cid
 from ._cid import verify_block as verify_block
+from ._encode import ManifestLayout as ManifestLayout
 from ._exceptions import BlockMismatchError as BlockMismatchError
 from ._exceptions import BlockNotFoundError as BlockNotFoundError
 from ._exceptions import BlockTooLargeError as BlockTooLargeError
@@ -44,7 +45,6 @@ from ._manifest import CheckpointMeta as CheckpointMeta
 from ._manifest import FileRef as FileRef
 from ._manifest import Layer as Layer
 from ._manifest import Manifest as Manifest
-from ._manifest import ManifestLayout as ManifestLayout
 from ._verify import Fault as Fault
 from ._verify import VerifyReport as VerifyReport
 from ._verify import verify_checkpoint as verify_checkpoint

@@ -18,6 +18,7 @@ import torch
 from . import limits
 from ._blockstore import BlockReader, BlockStore
 from ._cid import CID, DAG_CBOR, RAW
+from ._encode import DEFAULT_LAYOUT, ManifestLayout, encode_manifest
 from ._exceptions import (
     BlockNotFoundError,
     CheckpointError,
@@ -25,18 +26,15 @@ from ._exceptions import (
     ManifestError,
 )
 from ._manifest import (
-    DEFAULT_LAYOUT,
     KINDS,
     CheckpointMeta,
     FileRef,
     Layer,
     Manifest,
-    ManifestLayout,
     PartialLayer,
     check_file_name,
     check_layer_name,
     chunk_length,
-    encode_manifest,
     parse_chunk_page,
     parse_layer_page,
     parse_root,
