@@ -206,10 +206,10 @@ def import_car(
         with f:
             root = read_header(f)
             for cid, data in iter_sections(f):
-                if hashlib.sha256(data).digest() != cid.digest:
-                    raise CARError(f"{path.name}: block {cid} does not match its CID")
                 if len(data) > limits.MAX_BLOCK_SIZE:
                     raise CARError(f"{path.name}: block {cid} exceeds MAX_BLOCK_SIZE")
+                if hashlib.sha256(data).digest() != cid.digest:
+                    raise CARError(f"{path.name}: block {cid} does not match its CID")
                 staged.add(cid, data)
                 if on_progress is not None:
                     on_progress(len(data))

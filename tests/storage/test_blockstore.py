@@ -171,3 +171,16 @@ def test_pins_and_gc(store: BlockStore) -> None:
 def test_bad_pin_names(store: BlockStore, name: str) -> None:
     with pytest.raises(StorageError, match="bad pin name"):
         store.pin(name, compute_cid(b"\xa0", DAG_CBOR))
+
+
+def test_oversize_block_refused(store: BlockStore) -> None:
+    from cnode.storage import BlockTooLargeError, limits
+
+    data = bytes(limits.MAX_BLOCK_SIZE + 1)
+    before = snapshot(store)
+    with pytest.raises(BlockTooLargeError, match="MAX_BLOCK_SIZE"):
+        store.put_new(data, RAW)
+    cid = compute_cid(data[:-1])
+    with pytest.raises(BlockTooLargeError):
+        store.put(cid, data)
+    assert snapshot(store) == before

@@ -112,6 +112,10 @@ def _bad_cars(path: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
         ),
         "garbage": (tmp / "g.car", "malformed CAR header"),
         "empty": (tmp / "e.car", "empty"),
+        "oversize section": (
+            _write(tmp / "o.car", header, [sections[0], (cid0, bytes((1 << 20) + 100))]),
+            "exceeds MAX_CAR_SECTION_SIZE",
+        ),
         "bad cid": (
             _write(tmp / "c.car", header, [(b"\x01\x70" + cid0[2:], data0), *sections]),
             "codec 0x70",
@@ -131,6 +135,7 @@ def _bad_cars(path: Path, tmp: Path) -> dict[str, tuple[Path, str]]:
         "garbage",
         "empty",
         "bad cid",
+        "oversize section",
     ],
 )
 def test_bad_car_leaves_store_unchanged(car, store: BlockStore, tmp_path: Path, case: str) -> None:  # type: ignore[no-untyped-def]

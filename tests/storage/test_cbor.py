@@ -54,3 +54,23 @@ def test_size_bounded() -> None:
         decode(b"\x5a" + (limits.MAX_BLOCK_SIZE).to_bytes(4, "big") + bytes(limits.MAX_BLOCK_SIZE))
     with pytest.raises(BlockTooLargeError):
         encode({"a": bytes(limits.MAX_BLOCK_SIZE)})
+
+
+def test_links_outside_the_allowlist_rejected() -> None:
+    import hashlib
+
+    import dag_cbor
+    from multiformats import CID as MFCID
+    from multiformats import multihash
+
+    digest = multihash.wrap(hashlib.sha256(b"x").digest(), "sha2-256")
+    for codec in ("dag-pb", "dag-json"):
+        data = dag_cbor.encode({"l": MFCID("base32", 1, codec, digest)})
+        with pytest.raises(CBORDecodeError, match="not allowed"):
+            decode(data)
+    md5ish = multihash.wrap(hashlib.sha512(b"x").digest(), "sha2-512")
+    with pytest.raises(CBORDecodeError, match="hash 0x13 is not allowed"):
+        decode(dag_cbor.encode([MFCID("base32", 1, "raw", md5ish)]))
+    v0 = MFCID("base58btc", 0, "dag-pb", digest)
+    with pytest.raises(CBORDecodeError, match="CIDv0"):
+        decode(dag_cbor.encode([v0]))

@@ -299,3 +299,11 @@ def test_oversize_manifest_block(store: BlockStore) -> None:
 def test_meta_defaults() -> None:
     m = CheckpointMeta(run_id="r")
     assert (m.kind, m.epoch, m.parent, m.aggregation) == ("checkpoint", 0, None, None)
+
+
+def test_oversize_manifest_page_list(store: BlockStore) -> None:
+    page = compute_cid(b"\xa0", DAG_CBOR)
+    too_many = [page] * (limits.MAX_MANIFEST_NODES + 1)
+    cid = _put(store, _root(store, layers=[], layer_pages=too_many))
+    with pytest.raises(ManifestError, match=f"at most {limits.MAX_MANIFEST_NODES}"):
+        read_manifest(store, cid)
