@@ -88,7 +88,7 @@ def hf_whoami(token: str, endpoint: str | None = None) -> HFAccount:
             raise HFLoginError(
                 HFLoginReason.BAD_TOKEN,
                 f"the Hugging Face Hub at {url} rejected the token (HTTP {status}): it is "
-                "invalid, expired or revoked; create a new one at <endpoint>/settings/tokens",
+                f"invalid, expired or revoked; create a new one at {url}/settings/tokens",
             ) from None
         raise HFLoginError(
             HFLoginReason.BAD_RESPONSE,

@@ -20,10 +20,10 @@ from types import ModuleType
 from cnode import CnodeError, __version__
 from cnode.node._logging import configure_logging
 
-from . import _admin, _checkpoint, _coordinator, _demo, _fetch, _serve, _train
+from . import _admin, _checkpoint, _coordinator, _demo, _fetch, _init, _serve, _train
 
 # Modules with a register(subparsers) for top-level commands, in the order --help lists them.
-_TOP_LEVEL: list[ModuleType] = [_coordinator, _admin, _train, _demo]
+_TOP_LEVEL: list[ModuleType] = [_init, _coordinator, _admin, _train, _demo]
 # Modules with a register(subparsers) for `cnode checkpoint ...` subcommands.
 _CHECKPOINT: list[ModuleType] = [_checkpoint, _fetch, _serve]
 
