@@ -8,7 +8,6 @@ from ._blockstore import BlockStore as BlockStore
 from ._car import export_car as export_car
 from ._car import import_car as import_car
 from ._car import verify_car as verify_car
-from ._checkpoint import TORCH_DTYPES as TORCH_DTYPES
 from ._checkpoint import CheckpointInfo as CheckpointInfo
 from ._checkpoint import list_checkpoints as list_checkpoints
 from ._checkpoint import load_checkpoint as load_checkpoint
@@ -75,7 +74,6 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "NonCanonicalCBORError",
     "RAW",
     "StorageError",
-    "TORCH_DTYPES",
     "VerifyReport",
     "compute_cid",
     "export_car",

@@ -10,10 +10,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 import structlog
-import torch
 
 from . import limits
 from ._blockstore import BlockReader, BlockStore
@@ -34,52 +33,16 @@ from ._manifest import (
     PartialLayer,
     check_file_name,
     check_layer_name,
-    chunk_length,
     parse_chunk_page,
     parse_layer_page,
     parse_root,
     resolve,
 )
 
+if TYPE_CHECKING:  # torch is imported only by the functions that need it (fast CLI start)
+    import torch
+
 log = structlog.get_logger(__name__)
-
-TORCH_DTYPES: dict[str, torch.dtype] = {
-    "float64": torch.float64,
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-_DTYPE_NAMES = {v: k for k, v in TORCH_DTYPES.items()}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    """The manifest name of a torch dtype; CheckpointError if it is not supported."""
-    try:
-        return _DTYPE_NAMES[dtype]
-    except KeyError:
-        raise CheckpointError(
-            f"dtype {dtype} is not supported (supported: {', '.join(TORCH_DTYPES)})"
-        ) from None
-
-
-def _tensor_bytes(name: str, tensor: object) -> tuple[str, memoryview]:
-    if not isinstance(tensor, torch.Tensor):
-        raise CheckpointError(f"layer {name!r} is a {type(tensor).__name__}, not a torch.Tensor")
-    if tensor.layout is not torch.strided or tensor.is_quantized:
-        raise CheckpointError(f"layer {name!r}: only dense (strided) tensors can be stored")
-    dtype = dtype_name(tensor.dtype)
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    return dtype, t.reshape(-1).view(torch.uint8).numpy().data
 
 
 def write_chunks(store: BlockStore, data: memoryview) -> tuple[CID, ...]:
@@ -176,6 +139,8 @@ def save_checkpoint(
     Layers keep the state dict's order. Raises CheckpointError (bad name, dtype or meta) before
     anything is written.
     """
+    from ._tensors import check_tensor, tensor_bytes
+
     if sys.byteorder != "little":
         raise CheckpointError("big-endian hosts are not supported (tensor bytes are little-endian)")
     _check_meta(meta)
@@ -187,21 +152,14 @@ def save_checkpoint(
             check_layer_name(name)
         except ManifestError as exc:
             raise CheckpointError(str(exc)) from exc
-        if not isinstance(tensor, torch.Tensor):
-            raise CheckpointError(f"layer {name!r} is a {type(tensor).__name__}, not a tensor")
-        dtype_name(tensor.dtype)
-        if tensor.dim() > limits.MAX_DIMS:
-            raise CheckpointError(f"layer {name!r} has more than MAX_DIMS {limits.MAX_DIMS} dims")
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes > limits.MAX_LAYER_BYTES:
-            raise CheckpointError(f"layer {name!r} exceeds MAX_LAYER_BYTES")
+        nbytes = check_tensor(name, tensor)
         total += nbytes
     if total > limits.MAX_TOTAL_BYTES:
         raise CheckpointError("checkpoint exceeds MAX_TOTAL_BYTES")
 
     def layers() -> Iterator[Layer]:
         for name, tensor in state_dict.items():
-            dtype, data = _tensor_bytes(name, tensor)
+            dtype, data = tensor_bytes(name, tensor)
             chunks = write_chunks(store, data)
             yield Layer(name, dtype, tuple(tensor.shape), len(data), chunks)
             del data
@@ -222,13 +180,9 @@ def read_manifest(store: BlockReader, manifest_cid: CID) -> Manifest:
 
 def load_layer(store: BlockStore, layer: Layer) -> torch.Tensor:
     """One tensor, allocated once and filled with verified chunk bytes."""
-    tensor = torch.empty(layer.shape, dtype=TORCH_DTYPES[layer.dtype])
-    if layer.nbytes:
-        view = tensor.reshape(-1).view(torch.uint8).numpy().data
-        for index, cid in enumerate(layer.chunks):
-            start = index * limits.CHUNK_SIZE
-            store.readinto(cid, view[start : start + chunk_length(layer.nbytes, index)])
-    return tensor
+    from ._tensors import load_layer as load
+
+    return load(store, layer)
 
 
 def load_checkpoint(
