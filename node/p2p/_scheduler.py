@@ -114,9 +114,15 @@ class Transfer:
         self._changed = trio.Event()
 
     def _take_batch(self, holder: _Holder) -> list[CID]:
+        # Share what is left evenly over every worker of every live holder, so no holder is
+        # idle while another has a queue of its own; BATCH_BLOCKS bounds it for big fetches.
+        workers = limits.MAX_IN_FLIGHT_PER_HOLDER * sum(
+            1 for h in self.holders.values() if h.dropped is None
+        )
+        size = max(1, min(limits.BATCH_BLOCKS, -(-len(self._pending) // max(workers, 1))))
         batch: list[CID] = []
         skipped: list[CID] = []
-        while self._pending and len(batch) < limits.BATCH_BLOCKS:
+        while self._pending and len(batch) < size:
             cid = self._pending.popleft()
             (skipped if cid in holder.lacks else batch).append(cid)
         self._pending.extendleft(reversed(skipped))

@@ -1,0 +1,114 @@
+"""Real hosts in separate processes on 127.0.0.1: holders (`cnode checkpoint serve`) and a
+joiner (`cnode checkpoint fetch`). Every process is stopped by the `running` fixture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from cnode.storage import BlockStore, load_checkpoint
+
+from tests.support.procs import Procs, wait_until
+
+from .conftest import Checkpoint, holder_home
+
+CORRUPT = {"CNODE_TESTING_CORRUPT_UPLOADS": "1"}
+
+
+def _peer(addr: str) -> str:
+    return addr.rsplit("/p2p/", 1)[1]
+
+
+def _assert_same(store: BlockStore, ckpt: Checkpoint) -> None:
+    tensors, _manifest = load_checkpoint(store, ckpt.root)
+    assert tensors.keys() == ckpt.tensors.keys()
+    for name, tensor in ckpt.tensors.items():
+        assert torch.equal(tensors[name], tensor), name
+
+
+def _wait_blocks(home: Path, n: int) -> None:
+    blocks = home / "blocks"
+
+    def enough() -> bool:
+        return blocks.exists() and sum(1 for _ in BlockStore(blocks).iter_cids()) >= n
+
+    wait_until(enough, f"{n} blocks in {blocks}")
+
+
+def _fetch(running: Procs, home: Path, ckpt: Checkpoint, addrs: list[str]):  # type: ignore[no-untyped-def]
+    args = ["checkpoint", "fetch", str(ckpt.root), "--home", str(home), "--quiet"]
+    for addr in addrs:
+        args += ["--peer", addr]
+    return running.start(*args)
+
+
+def test_three_holders_one_joiner(tmp_path: Path, checkpoint: Checkpoint, running: Procs) -> None:
+    homes = [holder_home(tmp_path, f"h{i}", checkpoint) for i in range(3)]
+    addrs = [addr for _p, addr in running.holders(homes, "--open", "--rate", "4000000")]
+    joiner = tmp_path / "joiner"
+    fetch = _fetch(running, joiner, checkpoint, addrs)
+    assert fetch.wait(60) == 0, fetch.describe()
+    summary = next(line for line in fetch.stdout if line.startswith("fetched "))
+    assert f"{checkpoint.blocks} blocks" in summary
+    assert "from 3 holders" in summary, summary
+    _assert_same(BlockStore(joiner / "blocks"), checkpoint)
+
+
+def test_holder_killed_mid_transfer(tmp_path: Path, checkpoint: Checkpoint, running: Procs) -> None:
+    homes = [holder_home(tmp_path, f"h{i}", checkpoint) for i in range(3)]
+    holders = running.holders(homes, "--open", "--rate", "1500000")
+    joiner = tmp_path / "joiner"
+    fetch = _fetch(running, joiner, checkpoint, [addr for _proc, addr in holders])
+    _wait_blocks(joiner, 6)
+    assert fetch.proc.poll() is None, "fetch finished before the kill: make the test slower"
+    holders[0][0].kill()
+    assert fetch.wait(60) == 0, fetch.describe()
+    _assert_same(BlockStore(joiner / "blocks"), checkpoint)
+    dropped = [e for e in fetch.log_events() if e.get("event") == "holder_dropped"]
+    assert [e["holder"] for e in dropped] == [_peer(holders[0][1])]
+
+
+def test_corrupting_holder_is_dropped_and_reported(
+    tmp_path: Path, checkpoint: Checkpoint, running: Procs
+) -> None:
+    bad_proc, bad = running.holder(holder_home(tmp_path, "bad", checkpoint), "--open", env=CORRUPT)
+    homes = [holder_home(tmp_path, f"g{i}", checkpoint) for i in range(2)]
+    good = [addr for _p, addr in running.holders(homes, "--open", "--rate", "3000000")]
+    joiner = tmp_path / "joiner"
+    fetch = _fetch(running, joiner, checkpoint, [bad, *good])
+    assert fetch.wait(60) == 0, fetch.describe()
+    store = BlockStore(joiner / "blocks")
+    assert all(store.check(cid)[0] == "ok" for cid in store.iter_cids())
+    assert not any((store.root / "quarantine").glob("*"))
+    _assert_same(store, checkpoint)
+    reports = [e for e in fetch.log_events() if e.get("event") == "holder_sent_bad_block"]
+    assert reports and all(e["holder"] == _peer(bad) for e in reports)
+    assert reports[0]["claimed"] != reports[0]["computed"]
+    assert f"dropped holder {_peer(bad)}: bad bytes" in "\n".join(fetch.stdout)
+    assert any(e.get("event") == "TESTING_AID_corrupting_uploads" for e in bad_proc.log_events())
+
+
+def test_all_holders_gone_keeps_progress_then_resumes(
+    tmp_path: Path, checkpoint: Checkpoint, running: Procs
+) -> None:
+    homes = [holder_home(tmp_path, f"h{i}", checkpoint) for i in range(2)]
+    holders = running.holders(homes, "--open", "--rate", "1000000")
+    joiner = tmp_path / "joiner"
+    fetch = _fetch(running, joiner, checkpoint, [addr for _proc, addr in holders])
+    _wait_blocks(joiner, 6)
+    for proc, _addr in holders:
+        proc.kill()
+    assert fetch.wait(60) == 1
+    error = fetch.log_path.read_text()
+    assert "could not be fetched from any holder" in error
+    store = BlockStore(joiner / "blocks")
+    kept = sum(1 for _ in store.iter_cids())
+    assert 0 < kept < checkpoint.blocks
+    assert all(store.check(cid)[0] == "ok" for cid in store.iter_cids())
+
+    _proc, addr = running.holder(homes[0], "--open")
+    again = _fetch(running, joiner, checkpoint, [addr])
+    assert again.wait(60) == 0, again.describe()
+    summary = next(line for line in again.stdout if line.startswith("fetched "))
+    assert f"{checkpoint.blocks - kept} blocks" in summary, summary
+    _assert_same(store, checkpoint)
