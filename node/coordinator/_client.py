@@ -231,6 +231,14 @@ class CoordinatorClient:
         self._core._join_args = {"hf_binding": hf_binding, "hf_token": hf_token}
         return result
 
+    def resume(self, joined: JoinResult) -> None:
+        """Use a token from an earlier join (e.g. saved across a node restart) without re-joining.
+
+        Automatic re-join near expiry needs :meth:`join`'s arguments, so it only happens after a
+        ``join()`` in this client.
+        """
+        self._core.joined = joined
+
     async def join_round(self) -> int:
         """Say this peer takes part; returns the round it landed in (current or next)."""
         body = await self._post(Op.JOIN_ROUND, {}, token=True)

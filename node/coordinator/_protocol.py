@@ -241,6 +241,7 @@ class RunState:
     waiting: str | None  # why the run is waiting, in words ("round 3 has 1 of 2 participants")
     checkpoint: CheckpointRecord | None  # the current (latest) checkpoint
     bans: list[BanRecord] = field(default_factory=list)
+    p2p_addrs: list[str] = field(default_factory=list)  # coordinator's libp2p addrs (state gossip)
 
     def to_payload(self) -> dict[str, Any]:
         return {
@@ -258,6 +259,7 @@ class RunState:
             "waiting": self.waiting,
             "checkpoint": None if self.checkpoint is None else self.checkpoint.to_payload(),
             "bans": [b.to_payload() for b in self.bans],
+            "p2p_addrs": list(self.p2p_addrs),
         }
 
     @classmethod
@@ -290,6 +292,7 @@ class RunState:
             waiting=_opt(p, "waiting", str),
             checkpoint=None if ckpt is None else CheckpointRecord.from_payload(ckpt),
             bans=[BanRecord.from_payload(b) for b in bans],
+            p2p_addrs=_strs(p, "p2p_addrs"),
         )
 
     def banned(self, peer: str) -> BanRecord | None:

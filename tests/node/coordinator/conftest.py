@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from cnode.auth import Identity
+from cnode.auth import Identity, seal
 from cnode.node.coordinator import (
+    REQUEST_TYPE,
     AccessConfig,
     CoordinatorServer,
     RoundsConfig,
@@ -20,6 +23,7 @@ from cnode.node.coordinator import (
     ServeSettings,
     SyncCoordinatorClient,
 )
+from cnode.node.coordinator._protocol import b64encode
 
 
 @dataclass
@@ -63,6 +67,51 @@ class Running:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+
+
+_counter = [time.time_ns() // 1000]
+
+
+def body(
+    identity: Identity,
+    op: str,
+    args: dict[str, Any] | None = None,
+    *,
+    run: str = "test-run",
+    token: bytes | None = None,
+    counter: int | None = None,
+) -> dict:
+    _counter[0] = max(_counter[0] + 1, time.time_ns() // 1000)
+    payload: dict[str, Any] = {
+        "run": run,
+        "op": op,
+        "counter": counter or _counter[0],
+        "args": args or {},
+    }
+    if token is not None:
+        payload["token"] = token
+    return {"envelope": b64encode(seal(identity, REQUEST_TYPE, payload))}
+
+
+def post(
+    running: Running,
+    op: str,
+    json_body: Any = None,
+    *,
+    content: bytes | None = None,
+    run: str = "test-run",
+) -> httpx.Response:
+    url = f"{running.url}/v1/runs/{run}/{op}"
+    if content is not None:
+        return httpx.post(url, content=content, headers={"content-type": "application/json"})
+    return httpx.post(url, json=json_body)
+
+
+def refused(response: httpx.Response, status: int, code: str, words: str) -> None:
+    assert response.status_code == status, response.text
+    j = response.json()
+    assert j["error"] == code, j
+    assert words in j["message"], j
 
 
 def start_server(settings: ServeSettings) -> Running:

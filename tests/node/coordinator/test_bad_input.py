@@ -12,7 +12,6 @@ import pytest
 from cnode.auth import Identity, issue_access_token, seal
 from cnode.node.coordinator import (
     PEER_ONLY_USERNAME,
-    REQUEST_TYPE,
     BadRunState,
     CoordinatorRejected,
     SyncCoordinatorClient,
@@ -21,51 +20,7 @@ from cnode.node.coordinator import (
 )
 from cnode.node.coordinator._protocol import b64encode
 
-from .conftest import Running, run_config
-
-_counter = [time.time_ns() // 1000]
-
-
-def body(
-    identity: Identity,
-    op: str,
-    args: dict[str, Any] | None = None,
-    *,
-    run: str = "test-run",
-    token: bytes | None = None,
-    counter: int | None = None,
-) -> dict:
-    _counter[0] = max(_counter[0] + 1, time.time_ns() // 1000)
-    payload: dict[str, Any] = {
-        "run": run,
-        "op": op,
-        "counter": counter or _counter[0],
-        "args": args or {},
-    }
-    if token is not None:
-        payload["token"] = token
-    return {"envelope": b64encode(seal(identity, REQUEST_TYPE, payload))}
-
-
-def post(
-    running: Running,
-    op: str,
-    json_body: Any = None,
-    *,
-    content: bytes | None = None,
-    run: str = "test-run",
-) -> httpx.Response:
-    url = f"{running.url}/v1/runs/{run}/{op}"
-    if content is not None:
-        return httpx.post(url, content=content, headers={"content-type": "application/json"})
-    return httpx.post(url, json=json_body)
-
-
-def refused(response: httpx.Response, status: int, code: str, words: str) -> None:
-    assert response.status_code == status, response.text
-    j = response.json()
-    assert j["error"] == code, j
-    assert words in j["message"], j
+from .conftest import Running, body, post, refused, run_config
 
 
 @pytest.fixture
