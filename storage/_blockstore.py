@@ -54,6 +54,12 @@ class BlockReader(Protocol):
     def get(self, cid: CID) -> bytes: ...
 
 
+class BlockChecker(BlockReader, Protocol):
+    """What verify needs: a BlockStore, or the blocks of a CAR file read once."""
+
+    def check(self, cid: CID) -> tuple[str, int]: ...
+
+
 _local = threading.local()
 
 

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import limits
-from ._blockstore import BlockStore
+from ._blockstore import BlockChecker
 from ._cid import CID
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
 from ._manifest import (
@@ -81,7 +81,7 @@ class VerifyReport:
         }
 
 
-def _node(store: BlockStore, cid: CID, what: str, report: VerifyReport) -> bytes | None:
+def _node(store: BlockChecker, cid: CID, what: str, report: VerifyReport) -> bytes | None:
     try:
         return store.get(cid)
     except BlockNotFoundError:
@@ -93,7 +93,7 @@ def _node(store: BlockStore, cid: CID, what: str, report: VerifyReport) -> bytes
 
 
 def verify_checkpoint(
-    store: BlockStore,
+    store: BlockChecker,
     manifest_cid: CID,
     *,
     on_total: Callable[[int], None] | None = None,
@@ -183,7 +183,7 @@ def verify_checkpoint(
 
 
 def _check_blocks(
-    store: BlockStore,
+    store: BlockChecker,
     jobs: dict[CID, tuple[int, str]],
     report: VerifyReport,
     on_progress: Callable[[int], None] | None,
@@ -215,7 +215,7 @@ def _check_blocks(
                 on_progress(expected)
 
 
-def _check_aggregation(store: BlockStore, meta: Manifest, report: VerifyReport) -> None:
+def _check_aggregation(store: BlockChecker, meta: Manifest, report: VerifyReport) -> None:
     if meta.aggregation is None:
         return
     absent = 0

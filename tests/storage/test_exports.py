@@ -14,3 +14,12 @@ def test_errors_hang_from_cnode_error() -> None:
         obj = getattr(storage, name)
         if isinstance(obj, type) and name.endswith("Error"):
             assert issubclass(obj, CnodeError), name
+
+
+def test_import_does_not_pull_in_torch() -> None:
+    # every `cnode` command imports cnode.storage; torch costs seconds of start-up
+    import subprocess
+    import sys
+
+    code = "import sys, cnode.storage; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
