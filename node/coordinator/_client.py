@@ -244,9 +244,16 @@ class CoordinatorClient:
         body = await self._post(Op.JOIN_ROUND, {}, token=True)
         return int(body["round"])
 
-    async def ready(self, round: int) -> None:
-        """Local training for ``round`` is done; the first ready closes the member list."""
-        await self._post(Op.READY, {"round": round}, token=True)
+    async def ready(self, round: int, *, header: str | None = None) -> None:
+        """Local training for ``round`` is done; the first ready closes the member list.
+
+        ``header``: the CID of this peer's signed update header; the published round lists it
+        (``RoundInfo.headers``) so members can fetch it as a block.
+        """
+        args: dict[str, Any] = {"round": round}
+        if header is not None:
+            args["header"] = str(header)
+        await self._post(Op.READY, args, token=True)
 
     async def leave(self, round: int) -> None:
         """Leave ``round``; before the list closes this never fails the round."""

@@ -112,13 +112,13 @@ class RunMachine:
                 409, "not_member", f"peer {peer} is not a member of round {n}{why}"
             )
 
-    def ready(self, peer: str, n: int, now: float) -> None:
+    def ready(self, peer: str, n: int, now: float, header: str | None = None) -> None:
         self._own_membership(peer, n)
         row = self.store.member(n, peer)
         if row is not None and row["status"] == "ready":
             return
-        self.store.set_member(n, peer, status="ready", ready_at=now)
-        self.store.append_log(now, peer, "ready", {"round": n})
+        self.store.set_member(n, peer, status="ready", ready_at=now, header=header)
+        self.store.append_log(now, peer, "ready", {"round": n, "header": header})
         self.advance(now)
 
     def leave(self, peer: str, n: int, now: float) -> None:
@@ -382,6 +382,7 @@ class RunMachine:
             )
         status = RoundStatus(row["status"])
         members = json.loads(row["members"]) if status is RoundStatus.PUBLISHED else []
+        headers = {k: v for k, v in s.headers(n).items() if k in members}
         return RoundInfo(
             self.config.run,
             n,
@@ -391,6 +392,7 @@ class RunMachine:
             joined,
             ready,
             ms(row["deadline"]) if status is RoundStatus.CLOSED else None,
+            headers,
         )
 
     def run_state(self, now: float) -> RunState:

@@ -109,6 +109,13 @@ def _strs(payload: Mapping[str, Any], key: str) -> list[str]:
     return list(value)
 
 
+def _headers(payload: Mapping[str, Any]) -> dict[str, str]:
+    value = _get(payload, "headers", dict)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise BadRunState("signed round headers must map peer ids to CIDs")
+    return dict(value)
+
+
 @dataclass(frozen=True)
 class CheckpointRecord:
     """A manifest CID recorded for the end of a round (round 0 = the run's initial checkpoint)."""
@@ -190,6 +197,7 @@ class RoundInfo:
     joined: int  # members who joined and have not left (any status)
     ready: int  # of them, how many said ready
     deadline_ms: int | None  # when not-ready members are dropped (closed rounds only)
+    headers: dict[str, str] = field(default_factory=dict)  # member -> update-header CID (if sent)
 
     def to_payload(self) -> dict[str, Any]:
         return {
@@ -202,6 +210,7 @@ class RoundInfo:
             "joined": self.joined,
             "ready": self.ready,
             "deadline_ms": self.deadline_ms,
+            "headers": dict(self.headers),
         }
 
     @classmethod
@@ -221,6 +230,7 @@ class RoundInfo:
             _get(p, "joined", int),
             _get(p, "ready", int),
             _opt(p, "deadline_ms", int),
+            _headers(p),
         )
 
 

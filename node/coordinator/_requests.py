@@ -16,7 +16,14 @@ from . import limits
 from ._exceptions import RequestRefused
 from ._protocol import CheckpointRecord
 
-__all__ = ["parse_admin", "parse_checkpoint", "parse_evidence", "parse_round", "require"]
+__all__ = [
+    "parse_admin",
+    "parse_checkpoint",
+    "parse_evidence",
+    "parse_header",
+    "parse_round",
+    "require",
+]
 
 _ADMIN_ACTIONS = ("allowlist.add", "allowlist.remove", "allowlist.ls", "ban", "unban", "log")
 _ALLOW_KINDS = ("user", "peer", "org")
@@ -55,6 +62,11 @@ def parse_round(args: Mapping[str, Any]) -> int:
     if n < 1:
         raise RequestRefused(400, "bad_request", "round must be >= 1")
     return n
+
+
+def parse_header(args: Mapping[str, Any]) -> str | None:
+    """The optional update-header CID a member sends with ``ready``."""
+    return None if args.get("header") is None else _cid(args, "header")
 
 
 def parse_checkpoint(args: Mapping[str, Any], peer: str) -> CheckpointRecord:

@@ -48,7 +48,14 @@ from ._protocol import (
     b64encode,
 )
 from ._ratelimit import RateLimiter
-from ._requests import parse_admin, parse_checkpoint, parse_evidence, parse_round, require
+from ._requests import (
+    parse_admin,
+    parse_checkpoint,
+    parse_evidence,
+    parse_header,
+    parse_round,
+    require,
+)
 from ._store import Store
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
@@ -339,7 +346,7 @@ class CoordinatorServer:
                 username = "" if access.username == PEER_ONLY_USERNAME else access.username
                 return {"round": m.join_round(peer, username, now)}
             if op is Op.READY:
-                m.ready(peer, parse_round(args), now)
+                m.ready(peer, parse_round(args), now, parse_header(args))
                 return {}
             if op is Op.LEAVE:
                 m.leave(peer, parse_round(args), now)

@@ -34,7 +34,7 @@ CREATE TABLE IF NOT EXISTS rounds (
     opened_at REAL, closed_at REAL, deadline REAL, published_at REAL, members TEXT);
 CREATE TABLE IF NOT EXISTS members (
     round INTEGER NOT NULL, peer TEXT NOT NULL, username TEXT NOT NULL, status TEXT NOT NULL,
-    joined_at REAL NOT NULL, ready_at REAL, PRIMARY KEY (round, peer));
+    joined_at REAL NOT NULL, ready_at REAL, header TEXT, PRIMARY KEY (round, peer));
 CREATE TABLE IF NOT EXISTS peers (
     peer TEXT PRIMARY KEY, username TEXT NOT NULL, joined_at REAL NOT NULL, token_expires REAL);
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -234,10 +234,19 @@ class Store:
 
     def put_member(self, n: int, peer: str, username: str, now: float) -> None:
         self.db.execute(
-            "INSERT INTO members VALUES (?, ?, ?, 'joined', ?, NULL) ON CONFLICT(round, peer) "
-            "DO UPDATE SET status = 'joined', joined_at = excluded.joined_at, ready_at = NULL",
+            "INSERT INTO members VALUES (?, ?, ?, 'joined', ?, NULL, NULL) "
+            "ON CONFLICT(round, peer) DO UPDATE SET status = 'joined', "
+            "joined_at = excluded.joined_at, ready_at = NULL, header = NULL",
             (n, peer, username, now),
         )
+
+    def headers(self, n: int) -> dict[str, str]:
+        rows = self.db.execute(
+            "SELECT peer, header FROM members WHERE round = ? AND status = 'ready' "
+            "AND header IS NOT NULL ORDER BY peer",
+            (n,),
+        ).fetchall()
+        return {str(r[0]): str(r[1]) for r in rows}
 
     def set_member(self, n: int, peer: str, **values: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in values)

@@ -33,6 +33,7 @@ def run_trio(fn: Any, *args: Any) -> Any:
 
 def test_round_closes_at_first_ready_and_late_joiner_goes_to_next(serve: Any, peers: Any) -> None:
     running = serve(run_config(peers, min_participants=2))
+    header = str(compute_cid(b"signed update header of b", 0x71))
 
     async def main() -> None:
         a, b, c, _ = clients(running, peers)
@@ -58,8 +59,9 @@ def test_round_closes_at_first_ready_and_late_joiner_goes_to_next(serve: Any, pe
 
             nursery.start_soon(wait, a, "a")
             await trio.sleep(0.2)
-            await b.ready(1)
+            await b.ready(1, header=header)
         members = results["a"].members
+        assert results["a"].headers == {peers[1].peer_id_str: header}
         assert members == sorted([peers[0].peer_id_str, peers[1].peer_id_str])
         state = await c.run_state()
         assert state.round.round == 2 and state.round.joined == 1
