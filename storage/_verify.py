@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import limits
-from ._blockstore import BlockChecker
+from ._blockstore import BlockChecker, BlockStore
 from ._cid import CID
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
 from ._manifest import (
@@ -87,7 +87,7 @@ def _node(store: BlockChecker, cid: CID, what: str, report: VerifyReport) -> byt
     except BlockNotFoundError:
         report.fault(f"{what}-missing", f"{what} block {cid} is not in the store", cid)
     except CorruptBlockError:
-        message = f"{what} block {cid} does not match its CID (quarantined)"
+        message = f"{what} block {cid} does not match its CID"
         report.fault(f"{what}-corrupt", message, cid)
     return None
 
@@ -176,6 +176,8 @@ def verify_checkpoint(
         on_total(sum(length for length, _ in jobs.values()))
     _check_blocks(store, jobs, report, on_progress)
     _check_aggregation(store, root.meta, report)
+    if any(f.kind.endswith("-corrupt") for f in report.faults) and isinstance(store, BlockStore):
+        report.notes.append(f"corrupt blocks were moved to {store.root / 'quarantine'}")
     parent = root.meta.parent
     if parent is not None and not store.has(parent):
         report.notes.append(f"parent manifest {parent} is not held (not checked)")
@@ -197,7 +199,7 @@ def _check_blocks(
             elif status == "corrupt":
                 report.fault(
                     "block-corrupt",
-                    f"block {cid} of {owner} does not match its CID (quarantined)",
+                    f"block {cid} of {owner} does not match its CID",
                     cid,
                     owner,
                 )
@@ -225,7 +227,7 @@ def _check_aggregation(store: BlockChecker, meta: Manifest, report: VerifyReport
             absent += 1
             continue
         if status == "corrupt":
-            message = f"update {cid} does not match its CID (quarantined)"
+            message = f"update {cid} does not match its CID"
             report.fault("update-corrupt", message, cid)
             continue
         try:
