@@ -30,6 +30,11 @@ def test_envelope_fixture_opens_and_is_reproduced(description: dict) -> None:
     # Ed25519 is deterministic: sealing again gives the very same bytes.
     assert seal(identity, description["payload_type"], description["payload"]) == data
     assert DOMAIN.hex() == description["domain_hex"]
+    signed = bytes.fromhex(description["signed_bytes_hex"])
+    assert signed.startswith(DOMAIN)
+    fields = dag_cbor.decode(data)
+    assert isinstance(fields, dict)
+    assert identity.sign(signed) == fields["sig"]
 
 
 def test_envelope_fixture_layout(description: dict) -> None:
