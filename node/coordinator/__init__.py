@@ -37,10 +37,7 @@ from ._protocol import RunState as RunState
 from ._server import CoordinatorServer as CoordinatorServer
 from ._server import ServeSettings as ServeSettings
 
-__all__ = [
-    "PEER_ONLY_USERNAME",
-    "REQUEST_TYPE",
-    "STATE_TYPE",
+__all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",
     "BadRunState",
     "BanRecord",
@@ -53,7 +50,9 @@ __all__ = [
     "CoordinatorServer",
     "CoordinatorUnavailable",
     "JoinResult",
+    "PEER_ONLY_USERNAME",
     "Phase",
+    "REQUEST_TYPE",
     "RateLimited",
     "RequestRefused",
     "RoundInfo",
@@ -61,6 +60,7 @@ __all__ = [
     "RoundsConfig",
     "RunConfig",
     "RunState",
+    "STATE_TYPE",
     "ServeSettings",
     "SyncCoordinatorClient",
     "load_run_config",
