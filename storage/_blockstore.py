@@ -21,6 +21,7 @@ import hashlib
 import os
 import re
 import secrets
+import shutil
 import threading
 import time
 from collections.abc import Iterator
@@ -88,7 +89,11 @@ class _BlockFiles:
         now = time.time()
         for entry in os.scandir(self.tmp):
             with contextlib.suppress(FileNotFoundError):
-                if entry.is_file() and now - entry.stat().st_mtime > _STALE_TMP_S:
+                if now - entry.stat().st_mtime <= _STALE_TMP_S:
+                    continue
+                if entry.is_dir():  # a CAR import's staging folder
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
                     os.unlink(entry.path)
 
     def path(self, cid: CID) -> Path:
@@ -101,18 +106,19 @@ class _BlockFiles:
         target.parent.mkdir(exist_ok=True)
         tmp = self.tmp / f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        complete = False
         try:
             view = memoryview(data).cast("B")
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
             os.fsync(fd)
-        except BaseException:
+            complete = True
+        finally:
             os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        os.close(fd)
+            if not complete:  # an error or a cancel mid-write: no half block anywhere
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
         os.replace(tmp, target)
 
     def move_in(self, cid: CID, source: Path) -> None:

@@ -184,3 +184,18 @@ def test_oversize_block_refused(store: BlockStore) -> None:
     with pytest.raises(BlockTooLargeError):
         store.put(cid, data)
     assert snapshot(store) == before
+
+
+def test_stale_temp_files_removed_on_open(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path / "s")
+    old_file = store.root / "tmp" / "x.123.abc"
+    old_dir = store.root / "tmp" / "car-import-dead"
+    fresh = store.root / "tmp" / "y.456.def"
+    old_file.write_bytes(b"half")
+    old_dir.mkdir()
+    (old_dir / "blk").write_bytes(b"b")
+    fresh.write_bytes(b"in progress elsewhere")
+    for path in (old_file, old_dir):
+        os.utime(path, (0, 0))
+    BlockStore(tmp_path / "s")
+    assert sorted(p.name for p in (store.root / "tmp").iterdir()) == [fresh.name]
