@@ -70,6 +70,9 @@ class Identity:
         """The 64-byte Ed25519 signature of ``data``."""
         return self.private_key.sign(data)
 
+    def __hash__(self) -> int:  # libp2p keys define __eq__ but no __hash__
+        return hash(self.peer_id.to_bytes())
+
 
 def _key_file_bytes(identity: Identity) -> bytes:
     seed = identity.private_key.to_bytes()

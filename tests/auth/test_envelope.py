@@ -1,4 +1,5 @@
 import math
+import random
 
 import dag_cbor
 import pytest
@@ -15,6 +16,7 @@ from cnode.auth import (
     seal,
 )
 from cnode.auth.limits import MAX_CBOR_DEPTH, MAX_ENVELOPE_SIZE
+from dag_cbor import random as dag_cbor_random
 
 ANNOUNCE = "cnode/announce/v1"
 
@@ -196,3 +198,17 @@ def test_bad_field_types(alice: Identity) -> None:
 def test_unencodable_payload_is_encode_error(alice: Identity, payload: object) -> None:
     with pytest.raises(EncodeError):
         seal(alice, ANNOUNCE, payload)  # type: ignore[arg-type]
+
+
+def test_header_walk_agrees_with_dag_cbor_on_random_values(alice: Identity) -> None:
+    # Random DAG-CBOR values (CIDs, floats, nesting) must seal and open unchanged, and every
+    # truncation of an envelope must be refused as malformed.
+    rng = random.Random(7)
+    with dag_cbor_random.options(seed=7, max_len=4, max_bytes=16, max_chars=16):
+        values = list(dag_cbor_random.rand_data(60, max_nesting=4))
+    for value in values:
+        data = seal(alice, ANNOUNCE, {"v": value})
+        assert open_envelope(data, expected_type=ANNOUNCE).payload == {"v": value}
+        cut = rng.randrange(len(data))
+        with pytest.raises(MalformedEnvelope):
+            open_envelope(data[:cut], expected_type=ANNOUNCE)

@@ -168,3 +168,12 @@ def test_public_key_from_peer_id_refuses_bad_ids() -> None:
     good = Identity.generate().peer_id_str
     with pytest.raises(PeerIdError, match="not an Ed25519 identity-multihash"):
         public_key_from_peer_id(good[:-2])
+
+
+def test_identity_equality_and_hash() -> None:
+    a = Identity.generate()
+    same = Identity(a.private_key)
+    assert a == same and hash(a) == hash(same) and len({a, same}) == 1
+    assert a != Identity.generate()
+    with pytest.raises(ValueError, match="32 bytes"):
+        Identity.from_seed(b"short")
