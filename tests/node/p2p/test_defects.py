@@ -1,0 +1,297 @@
+"""One test per py-libp2p 0.8.1 defect handled in node/p2p/_defects.py.
+
+Each defect has a canary (the library, left alone, still misbehaves: if a canary fails, the
+library was fixed and the workaround can go) and a test that our workaround fixes it. Real
+hosts on 127.0.0.1, in this process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import multiaddr
+import pytest
+import trio
+from cnode.auth import Identity, seal
+from cnode.node.p2p import (
+    ANNOUNCE_PAYLOAD_TYPE,
+    AnnouncementError,
+    DialError,
+    EnvelopeValidator,
+    P2PSettings,
+    limits,
+    open_p2p_node,
+)
+from cnode.node.p2p import _defects as defects
+from cnode.storage import BlockStore
+from libp2p import new_host
+from libp2p.abc import INetStream
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.exceptions import BaseLibp2pError
+from libp2p.network import swarm as swarm_module
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+from libp2p.stream_muxer.mplex.mplex import MPLEX_PROTOCOL_ID, Mplex
+from libp2p.tools.anyio_service import background_trio_service
+
+LOOPBACK = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
+ECHO = TProtocol("/cnode-test/echo/1")
+
+
+def _host(*, sec: dict[Any, Any] | None = None, mux: dict[Any, Any] | None = None) -> Any:
+    kp = create_new_key_pair()
+    return new_host(
+        key_pair=kp,
+        sec_opt=defects.secure_transports(kp) if sec is None else sec,
+        muxer_opt=defects.muxers() if mux is None else mux,
+    )
+
+
+async def _echo(stream: INetStream) -> None:
+    await stream.write(await stream.read(100))
+    await stream.close()
+
+
+async def _cycle(client: Any, addr: Any) -> None:
+    """Connect, one echo round trip, disconnect."""
+    info = info_from_p2p_addr(addr)
+    with trio.fail_after(10):
+        await client.connect(info)
+        stream = await client.new_stream(info.peer_id, [ECHO])
+        await stream.write(b"ping")
+        assert await stream.read(100) == b"ping"
+        await client.disconnect(info.peer_id)
+
+
+# -- 1. inbound slots never released ---------------------------------------------------------
+
+
+async def _cycles_until_refused(fix: bool, slots: int, cycles: int) -> int:
+    server, client = _host(), _host()
+    if fix:
+        defects.release_inbound_slots(server.get_network(), capacity=slots)
+    else:  # the library's own limiter, made small so the test is quick (it has 250 slots)
+        server.get_network()._inbound_limiter = trio.CapacityLimiter(slots)
+    server.set_stream_handler(ECHO, _echo)
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        for done in range(cycles):
+            try:
+                await _cycle(client, server.get_addrs()[0])
+            except (BaseLibp2pError, trio.TooSlowError):
+                return done
+    return cycles
+
+
+def test_inbound_slots_canary() -> None:
+    assert trio.run(_cycles_until_refused, False, 4, 8) == 4
+
+
+def test_inbound_slots_released() -> None:
+    assert trio.run(_cycles_until_refused, True, 4, 12) == 12
+
+
+# -- 2. fixed 250 ms per dial ----------------------------------------------------------------
+
+
+async def _connect_seconds() -> float:
+    server, client = _host(), _host()
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        start = time.monotonic()
+        with trio.fail_after(10):
+            await client.connect(info_from_p2p_addr(server.get_addrs()[0]))
+        return time.monotonic() - start
+
+
+def test_dial_delay_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(swarm_module, "_HAPPY_EYEBALLS_DELAY", 0.250)
+    assert trio.run(_connect_seconds) >= 0.25
+
+
+def test_dial_delay_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(swarm_module, "_HAPPY_EYEBALLS_DELAY", 0.250)
+    defects.remove_dial_delay()
+    assert trio.run(_connect_seconds) < 0.2
+
+
+# -- 3. a stream handler's exception kills the host ------------------------------------------
+
+
+async def _raise_eof(stream: INetStream) -> None:
+    await stream.read(100)
+    raise StreamEOF("handler gives up")
+
+
+async def _survives_bad_handler(guard: bool) -> bool:
+    server, client = _host(), _host()
+    bad = TProtocol("/cnode-test/bad/1")
+    server.set_stream_handler(bad, defects.guard_handler(bad, _raise_eof) if guard else _raise_eof)
+    server.set_stream_handler(ECHO, _echo)
+    try:
+        async with server.run(LOOPBACK), client.run(LOOPBACK):
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            with trio.fail_after(10):
+                await client.connect(info)
+                stream = await client.new_stream(info.peer_id, [bad])
+                await stream.write(b"x")
+                await trio.sleep(0.5)
+                await _cycle(client, server.get_addrs()[0])
+    except BaseExceptionGroup as group:
+        return not group.subgroup(StreamEOF)
+    return True
+
+
+def test_handler_exception_canary() -> None:
+    assert trio.run(_survives_bad_handler, False) is False
+
+
+def test_handler_exception_guarded() -> None:
+    assert trio.run(_survives_bad_handler, True) is True
+
+
+# -- 4. plaintext and mplex accepted by default ----------------------------------------------
+
+
+def _plaintext_only() -> Any:
+    kp = create_new_key_pair()
+    return _host(sec={TProtocol(PLAINTEXT_PROTOCOL_ID): InsecureTransport(kp)})
+
+
+def _mplex_only() -> Any:
+    return _host(mux={TProtocol(MPLEX_PROTOCOL_ID): Mplex})
+
+
+@pytest.mark.parametrize("dialer", [_plaintext_only, _mplex_only])
+def test_default_listener_accepts_weak_dialer_canary(dialer: Callable[[], Any]) -> None:
+    async def main() -> None:
+        server, client = new_host(key_pair=create_new_key_pair()), dialer()
+        async with server.run(LOOPBACK), client.run(LOOPBACK):
+            with trio.fail_after(10):
+                await client.connect(info_from_p2p_addr(server.get_addrs()[0]))
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize("dialer", [_plaintext_only, _mplex_only])
+def test_node_refuses_weak_dialer(tmp_path: Path, dialer: Callable[[], Any]) -> None:
+    async def main() -> None:
+        store = BlockStore(tmp_path / "blocks")
+        async with open_p2p_node(Identity.generate(), store, P2PSettings(), allow=bool) as node:
+            client = dialer()
+            async with client.run(LOOPBACK):
+                with pytest.raises((BaseLibp2pError, trio.TooSlowError)), trio.fail_after(10):
+                    await client.connect(
+                        info_from_p2p_addr(multiaddr.Multiaddr(node.listen_addrs[0]))
+                    )
+            # A proper dialer still gets in.
+            async with open_p2p_node(Identity.generate(), store, P2PSettings(), allow=bool) as ok:
+                with trio.fail_after(10):
+                    await ok.connect(node.listen_addrs[0])
+
+    trio.run(main)
+
+
+# -- 5. gossipsub: silent drops (size, rate, 32-message queues) --------------------------------
+
+
+@asynccontextmanager
+async def _raw_pubsub_pair() -> AsyncIterator[tuple[Pubsub, Pubsub]]:
+    """Two hosts with the library's default gossipsub settings, connected."""
+    a, b = _host(), _host()
+    ra, rb = (
+        GossipSub(protocols=[PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12)
+        for _ in range(2)
+    )
+    pa, pb = Pubsub(a, ra), Pubsub(b, rb)
+    async with AsyncExitStack() as stack:
+        for cm in (a.run(LOOPBACK), b.run(LOOPBACK)):
+            await stack.enter_async_context(cm)
+        for service in (pa, ra, pb, rb):
+            await stack.enter_async_context(background_trio_service(service))
+        await pa.wait_until_ready()
+        await pb.wait_until_ready()
+        await b.connect(info_from_p2p_addr(a.get_addrs()[0]))
+        yield pa, pb
+
+
+async def _count(get: Callable[[], Awaitable[Any]], window: float) -> int:
+    n = 0
+    with trio.move_on_after(window):
+        while True:
+            await get()
+            n += 1
+    return n
+
+
+def test_gossipsub_drops_canary() -> None:
+    async def main() -> tuple[int, int]:
+        async with _raw_pubsub_pair() as (pa, pb):
+            sub = await pb.subscribe("t")
+            await pa.subscribe("t")
+            await trio.sleep(1)
+            await pa.publish("t", b"x" * (limits.MAX_ANNOUNCEMENT_SIZE * 17))  # > 1 MiB
+            big = await _count(sub.get, 1.0)
+            for i in range(60):
+                await pa.publish("t", b"m%d" % i)
+            await trio.sleep(1.5)  # a slow reader: only the library's queue holds messages
+            burst = await _count(sub.get, 0.5)
+            return big, burst
+
+    big, burst = trio.run(main)
+    assert big == 0  # no error anywhere, the message just vanishes
+    assert burst < 60
+
+
+def test_node_pubsub_bounds_size_and_delivers_bursts(tmp_path: Path) -> None:
+    topic = "/cnode/test/burst"
+    validator = EnvelopeValidator(ANNOUNCE_PAYLOAD_TYPE, allow=lambda _peer: True)
+
+    async def main() -> int:
+        store = BlockStore(tmp_path / "blocks")
+        ida, idb = Identity.generate(), Identity.generate()
+        async with (
+            open_p2p_node(ida, store, P2PSettings(), allow=bool) as a,
+            open_p2p_node(idb, store, P2PSettings(), allow=bool) as b,
+        ):
+            await b.connect(a.listen_addrs[0])
+            async with b.subscribe(topic, validator) as sub:
+                async with a.subscribe(topic, validator):
+                    await trio.sleep(1)
+                    with pytest.raises(AnnouncementError, match="MAX_ANNOUNCEMENT_SIZE"):
+                        await a.publish(topic, b"x" * (limits.MAX_ANNOUNCEMENT_SIZE + 1))
+                    for i in range(60):
+                        await a.publish(topic, seal(ida, ANNOUNCE_PAYLOAD_TYPE, {"i": i}))
+                    await trio.sleep(1.5)  # the same slow reader as in the canary
+                    got = []
+                    with trio.move_on_after(2):
+                        async for opened in sub:
+                            got.append(opened.payload["i"])
+                            if len(got) == 60:
+                                break
+                    assert got == list(range(60))
+                    return len(got)
+
+    assert trio.run(main) == 60
+
+
+def test_gossipsub_router_settings() -> None:
+    router = defects.gossipsub_router()
+    assert router.heartbeat_interval == limits.GOSSIP_HEARTBEAT_S  # library default: 120 s
+    assert router.max_messages_per_topic_per_second >= 2 * limits.PUBLISH_MAX_PER_S
+
+
+def test_dial_error_names_address(tmp_path: Path) -> None:
+    async def main() -> None:
+        store = BlockStore(tmp_path / "blocks")
+        async with open_p2p_node(Identity.generate(), store, P2PSettings(), allow=bool) as node:
+            with pytest.raises(DialError, match="bad peer address"):
+                await node.connect("/ip4/127.0.0.1/tcp/1")
+
+    trio.run(main)
