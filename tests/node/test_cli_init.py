@@ -289,3 +289,21 @@ def test_unreachable_endpoint(
         "hf_SomeTokenThatMustNotLeak0123456",
         f"cannot reach the Hugging Face Hub at {dead_endpoint}",
     )
+
+
+def test_force_with_hf_login_binds_the_new_key(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    hf_hub: FakeHub,  # noqa: F811
+) -> None:
+    home = tmp_path / "home"
+    _init(capsys, home)
+    old = load_identity(home / "identity.key").peer_id_str
+    token = hf_hub.add_user("dave")
+    monkeypatch.setenv("HF_ENDPOINT", hf_hub.url)
+    rc, out, err = _init(capsys, home, "--force", "--hf-login", "--token", token)
+    assert rc == 0, err
+    _check_logged_in(home, token, "dave", out)  # binding verified against the new key
+    assert load_identity(home / "identity.key").peer_id_str != old
+    assert len(list(home.glob("identity.key.bak-*"))) == 1
