@@ -37,7 +37,6 @@ from rich.progress import (
     TimeRemainingColumn,
     TransferSpeedColumn,
 )
-from rich.table import Table
 
 # (set_total, advance) callbacks of a progress bar
 _Hooks = tuple[Callable[[int], None], Callable[[int], None]]
@@ -98,12 +97,9 @@ def _print_report(report: VerifyReport) -> None:
     if report.ok:
         console.print("[green]OK[/green]: every block present and matching its CID")
         return
-    table = Table(title=f"{len(report.faults)} fault(s)")
-    for column in ("kind", "layer", "cid", "message"):
-        table.add_column(column, overflow="fold")
-    for fault in report.faults:
-        table.add_row(fault.kind, fault.layer or "", fault.cid or "", fault.message)
-    console.print(table)
+    console.print(f"{len(report.faults)} fault(s):", highlight=False)
+    for fault in report.faults:  # one line each; the message names the CID and the layer
+        console.print(f"  {fault.kind}: {fault.message}", highlight=False, soft_wrap=True)
     console.print("[red]FAILED[/red]")
 
 
@@ -137,18 +133,15 @@ def _ls(args: argparse.Namespace) -> int:
     if not infos:
         print("no checkpoints in the store")
         return 0
-    table = Table()
-    for column in ("manifest", "kind", "run", "epoch", "round", "step", "layers", "MB", "state"):
-        table.add_column(column, overflow="fold")
+    # one line each: a CID must stay whole and copyable whatever the terminal width
     for i in infos:
-        state = "complete" if not i.missing else f"{i.missing} missing"
+        state = "complete" if not i.missing else f"{i.missing} blocks missing"
         if i.pins:
             state += ", pinned"
-        table.add_row(
-            str(i.cid), i.kind, i.run_id, str(i.epoch), str(i.round), str(i.step),
-            str(i.layers), f"{i.total_bytes / 1e6:.1f}", state,
-        )  # fmt: skip
-    Console().print(table)
+        print(
+            f"{i.cid}  {i.kind:<10}  run={i.run_id} epoch={i.epoch} round={i.round} "
+            f"step={i.step}  {i.layers} layers  {i.total_bytes / 1e6:.1f} MB  {state}"
+        )
     return 0
 
 
