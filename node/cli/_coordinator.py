@@ -22,8 +22,10 @@ from cnode.node.coordinator import (
     RunConfig,
     RunConfigError,
     ServeSettings,
+    StateGossip,
     load_run_config,
 )
+from cnode.node.p2p import P2PSettings
 
 log = structlog.get_logger(__name__)
 
@@ -51,10 +53,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="Hugging Face Hub URL for whoami (default: $HF_ENDPOINT or the Hub)",
     )
     serve.add_argument(
+        "--p2p-listen",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="also publish the signed run state on the run's gossipsub topic from a libp2p "
+        "node listening here (e.g. /ip4/0.0.0.0/tcp/4010)",
+    )
+    serve.add_argument(
+        "--p2p-bootstrap",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="peers the gossip node dials at start",
+    )
+    serve.add_argument(
         "--ready-file",
         type=Path,
         default=None,
-        help="write {url, peer_id, run, pid} as JSON here once listening",
+        help="write {url, peer_id, run, pid, p2p_addrs} as JSON here once listening",
     )
     serve.set_defaults(handler=_serve)
     new = sub.add_parser("new-run", help="write a run config pinning this coordinator's key")
@@ -100,19 +117,41 @@ def _serve(args: argparse.Namespace) -> int:
         port=port,
         hf_endpoint=args.hf_endpoint,
     )
-    asyncio.run(_serve_until_signal(settings, args.ready_file))
+    p2p = None
+    if args.p2p_listen:
+        p2p = P2PSettings(listen=tuple(args.p2p_listen), bootstrap=tuple(args.p2p_bootstrap))
+    asyncio.run(_serve_until_signal(settings, args.ready_file, p2p))
     return 0
 
 
-async def _serve_until_signal(settings: ServeSettings, ready_file: Path | None) -> None:
-    server = CoordinatorServer(settings)
+async def _serve_until_signal(
+    settings: ServeSettings, ready_file: Path | None, p2p: P2PSettings | None
+) -> None:
+    if p2p is None:
+        await _serve_http(settings, ready_file, None)
+        return
+    blocks = settings.db.with_name(settings.db.name + ".p2p-blocks")
+    async with StateGossip(settings.identity, settings.config.run, p2p, blocks) as gossip:
+        await _serve_http(settings, ready_file, gossip)
+
+
+async def _serve_http(
+    settings: ServeSettings, ready_file: Path | None, gossip: StateGossip | None
+) -> None:
+    server = CoordinatorServer(settings, gossip=gossip)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
         url = await server.start()
-        info = {"url": url, "peer_id": server.peer_id, "run": server.run, "pid": os.getpid()}
+        info = {
+            "url": url,
+            "peer_id": server.peer_id,
+            "run": server.run,
+            "pid": os.getpid(),
+            "p2p_addrs": gossip.addrs if gossip is not None else [],
+        }
         print(json.dumps(info), flush=True)
         if ready_file is not None:
             tmp = ready_file.with_suffix(".tmp")

@@ -22,6 +22,9 @@ from ._exceptions import CoordinatorUnavailable as CoordinatorUnavailable
 from ._exceptions import RateLimited as RateLimited
 from ._exceptions import RequestRefused as RequestRefused
 from ._exceptions import RunConfigError as RunConfigError
+from ._gossip import StateGossip as StateGossip
+from ._gossip import run_state_topic as run_state_topic
+from ._gossip import run_state_validator as run_state_validator
 from ._process import CoordinatorProcess as CoordinatorProcess
 from ._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
 from ._protocol import REQUEST_TYPE as REQUEST_TYPE
@@ -62,7 +65,10 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "RunState",
     "STATE_TYPE",
     "ServeSettings",
+    "StateGossip",
     "SyncCoordinatorClient",
     "load_run_config",
+    "run_state_topic",
+    "run_state_validator",
     "verify_state_envelope",
 ]

@@ -43,10 +43,13 @@ class CoordinatorProcess:
         listen: str = "127.0.0.1:0",
         hf_endpoint: str | None = None,
         log_path: Path | None = None,
+        p2p_listen: str | None = None,
     ) -> None:
         self.run_config, self.db, self.key = Path(run_config), Path(db), Path(key)
         self.listen = listen
         self.hf_endpoint = hf_endpoint
+        self.p2p_listen = p2p_listen
+        self.p2p_addrs: list[str] = []
         self.log_path = Path(log_path) if log_path else self.db.with_suffix(".log")
         self.ready_file = self.db.with_suffix(".ready.json")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -76,6 +79,8 @@ class CoordinatorProcess:
         ]
         if self.hf_endpoint:
             cmd += ["--hf-endpoint", self.hf_endpoint]
+        if self.p2p_listen:
+            cmd += ["--p2p-listen", self.p2p_listen]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap()
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
         give_up = time.monotonic() + SPAWN_READY_S
@@ -88,6 +93,7 @@ class CoordinatorProcess:
             time.sleep(0.05)
         info = json.loads(self.ready_file.read_text())
         self.url, self.peer_id = info["url"], info["peer_id"]
+        self.p2p_addrs = list(info.get("p2p_addrs", []))
         return self
 
     def log_tail(self, n: int = 4000) -> str:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
@@ -62,7 +63,13 @@ __all__ = ["CoordinatorServer", "ServeSettings"]
 
 log = structlog.get_logger(__name__)
 
-StatePublisher = Callable[[bytes], Awaitable[None]]
+
+class StateSink(Protocol):
+    """Where changed states go besides HTTP (``StateGossip``: the run's gossipsub topic)."""
+
+    addrs: list[str]  # put into the run state as p2p_addrs
+
+    async def publish(self, envelope: bytes) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -85,7 +92,7 @@ class CoordinatorServer:
     ``start()``; request errors never escape (they become 4xx answers).
     """
 
-    def __init__(self, settings: ServeSettings, *, publish: StatePublisher | None = None) -> None:
+    def __init__(self, settings: ServeSettings, *, gossip: StateSink | None = None) -> None:
         self.settings = settings
         self.identity = settings.identity
         self.peer_id = settings.identity.peer_id_str
@@ -100,7 +107,7 @@ class CoordinatorServer:
         self.run = config.run
         self.machine = RunMachine(self.store, config, self.peer_id)
         self.admins = {self.peer_id, *config.access.admins}
-        self._publish = publish
+        self._gossip = gossip
         self._join_limit = RateLimiter(
             limits.JOIN_BURST, limits.JOIN_RATE_PER_S, limits.MAX_RATE_BUCKETS
         )
@@ -136,6 +143,8 @@ class CoordinatorServer:
         host, port = server.sockets[0].getsockname()[:2]  # type: ignore[attr-defined]
         self.url = f"http://{host}:{port}"
         log.info("coordinator_listening", url=self.url, run=self.run, peer=self.peer_id)
+        if self._gossip is not None:
+            await self._gossip.publish(self._signed_state())
         return self.url
 
     async def stop(self) -> None:
@@ -168,8 +177,8 @@ class CoordinatorServer:
     async def _after_change(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
-        if self._publish is not None:
-            await self._publish(self._signed_state())
+        if self._gossip is not None:
+            await self._gossip.publish(self._signed_state())
 
     # -- reads ----------------------------------------------------------------------------------
 
@@ -187,6 +196,8 @@ class CoordinatorServer:
         key = (self.store.version(), self.store.run_row()["waiting"])
         if self._state_cache is None or self._state_cache[0] != key:
             state = self.machine.run_state(time.time())
+            if self._gossip is not None:
+                state = dataclasses.replace(state, p2p_addrs=list(self._gossip.addrs))
             self._state_cache = (key, seal(self.identity, STATE_TYPE, state.to_payload()))
         return self._state_cache[1]
 

@@ -39,6 +39,11 @@ MAX_ALLOWLIST = 100_000
 # Change-log entries returned by one admin.log request.
 MAX_LOG_PAGE = 1000
 
+# Seconds between two gossipsub publications of the run state (changes in between coalesce): stays
+# under py-libp2p's per-topic spam limit (10 msg/s) with room for everyone else.
+GOSSIP_MIN_INTERVAL_S = 0.5
+# Seconds after which the current state is published again, for subscribers that came late.
+GOSSIP_REPUBLISH_S = 30.0
 # Seconds between two checks of round and phase deadlines in the server.
 TICK_S = 0.1
 # Seconds a join waits for the HF Hub whoami answer before it fails with 502.
