@@ -45,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--checkpointer", action="store_true", help="submit checkpoints to the coordinator"
     )
+    parser.add_argument(
+        "--join-after-round",
+        type=int,
+        default=0,
+        metavar="N",
+        help="stay out of the run until round N is published, then join (a late joiner)",
+    )
     parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
     parser.add_argument(
         "--attack",
@@ -73,8 +80,8 @@ def _handle(args: argparse.Namespace) -> int:
             "poisoned updates and should be banned by the swarm",
             file=sys.stderr,
         )
-    if args.rounds < 0:
-        raise TrainingConfigError("--rounds must be >= 0")
+    if args.rounds < 0 or args.join_after_round < 0:
+        raise TrainingConfigError("--rounds and --join-after-round must be >= 0")
     settings = TrainSettings(
         run=args.run,
         home=home,
@@ -88,5 +95,6 @@ def _handle(args: argparse.Namespace) -> int:
         attack=args.attack,
         report=args.report,
         upload_rate_bytes_per_s=config.upload_rate_bytes_per_s,
+        join_after_round=args.join_after_round,
     )
     return trio.run(run_node, settings)

@@ -28,7 +28,6 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from ._exceptions import TrainingError
 from ._report import read_report
 
 __all__ = ["DemoSettings", "run_demo"]
@@ -61,6 +60,10 @@ class _Proc:
     @property
     def report(self) -> Path:
         return self.home / "report.jsonl"
+
+    @property
+    def node_log(self) -> Path:
+        return self.home / "node.log"
 
     def addr(self) -> str:
         return f"/ip4/127.0.0.1/tcp/{self.port}/p2p/{self.peer}"
@@ -124,6 +127,8 @@ def _status_table(procs: list[_Proc], rounds: int) -> Table:
             status = "not started"
         elif p.popen.poll() is None:
             status = events[-1]["event"] if events else "starting"
+            if status == "started" and p.role == "late joiner":
+                status = "waiting to join late"
         else:
             status = f"exited {p.popen.returncode}" + (f": {stopped['reason']}" if stopped else "")
         table.add_row(
@@ -139,47 +144,42 @@ def _status_table(procs: list[_Proc], rounds: int) -> Table:
 
 def run_demo(settings: DemoSettings, console: Console) -> int:
     """Run the swarm, show it live, print the report; 0 when every check held."""
+    from cnode.node.coordinator import CoordinatorProcess
+
     from ._demo_report import final_report
 
     with _workdir(settings.workdir) as work:
         procs = _prepare(work, settings)
-        coordinator, run_config, coord_url = _coordinator_files(work, procs, settings)
-        everything: list[subprocess.Popen[bytes]] = []
+        key_file, run_config = _coordinator_files(work, procs, settings)
+        console.print(f"[bold]cnode demo[/bold]: working in {work}")
+        coordinator = CoordinatorProcess(
+            run_config, work / "coordinator.db", key_file, log_path=work / "coordinator.log"
+        )
+        with console.status("starting the coordinator"):
+            coordinator.start()
+        started: list[subprocess.Popen[bytes]] = []
         try:
-            coord = _start(coordinator, work / "coordinator.log")
-            everything.append(coord)
-            _wait_http(coord_url, coord, deadline=time.monotonic() + 60)
-            first = procs[0]
-            late = next(p for p in procs if p.role == "late joiner")
+            url = coordinator.url
+            # Every process starts now (imports take a while on a loaded machine); the late
+            # joiner stays out of the run until round `late_after_round` is published.
             for p in procs:
-                if p is late:
-                    continue
-                p.popen = _start(
-                    _node_cmd(p, run_config, coord_url, first, settings), p.home / "node.log"
-                )
-                everything.append(p.popen)
+                p.popen = _start(_node_cmd(p, run_config, url, procs, settings), p.node_log)
+                started.append(p.popen)
             deadline = time.monotonic() + settings.timeout_s
-            with Live(
-                _status_table(procs, settings.rounds), console=console, refresh_per_second=2
-            ) as live:
+            table = _status_table(procs, settings.rounds)
+            with Live(table, console=console, refresh_per_second=2) as live:
                 while time.monotonic() < deadline:
                     time.sleep(0.5)
                     live.update(_status_table(procs, settings.rounds))
-                    done_round = _round_of(first)
-                    if late.popen is None and done_round >= settings.late_after_round:
-                        late.popen = _start(
-                            _node_cmd(late, run_config, coord_url, first, settings),
-                            late.home / "node.log",
-                        )
-                        everything.append(late.popen)
                     honest = [p for p in procs if p.role != "attacker"]
                     if all(p.popen is not None and p.popen.poll() is not None for p in honest):
                         break
                 live.update(_status_table(procs, settings.rounds))
-            return final_report(work, procs, coord_url, run_config, settings, console)
+            return final_report(work, procs, url, run_config, settings, console)
         finally:
-            for proc in reversed(everything):
+            for proc in reversed(started):
                 _stop(proc)
+            coordinator.stop()
 
 
 def _round_of(proc: _Proc) -> int:
@@ -205,87 +205,49 @@ def _prepare(work: Path, settings: DemoSettings) -> list[_Proc]:
     return procs
 
 
-def _coordinator_files(
-    work: Path, procs: list[_Proc], settings: DemoSettings
-) -> tuple[list[str], Path, str]:
+def _coordinator_files(work: Path, procs: list[_Proc], settings: DemoSettings) -> tuple[Path, Path]:
     key = Identity.generate()
     key_file = work / "coordinator.key"
     save_identity(key, key_file)
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
     config = {
         "run": RUN_ID,
         "coordinator": key.peer_id_str,
-        "url": url,
         "rounds": {
             "min_participants": settings.honest,
             "round_timeout_s": 60.0,
             "checkpoint_every": 1,
             "cooldown_s": 30.0,
         },
-        "access": {
-            "peers": [p.peer for p in procs],
-            "checkpointers": [procs[0].peer],
-        },
+        "access": {"peers": [p.peer for p in procs]},
         "training": settings.training,
     }
     run_config = work / "run.toml"
     run_config.write_text(tomli_w.dumps(config), encoding="utf-8")
-    cmd = [
-        *_cnode(),
-        "--log-json",
-        "coordinator",
-        "serve",
-        "--run-config",
-        str(run_config),
-        "--db",
-        str(work / "coordinator.db"),
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--key",
-        str(key_file),
-    ]
-    return cmd, run_config, url
+    return key_file, run_config
 
 
 def _node_cmd(
-    p: _Proc, run_config: Path, url: str, first: _Proc, settings: DemoSettings
+    p: _Proc, run_config: Path, url: str, procs: list[_Proc], settings: DemoSettings
 ) -> list[str]:
     cmd = [
-        *_cnode(),
-        "--log-json",
-        "train",
-        "--run",
-        RUN_ID,
-        "--run-config",
-        str(run_config),
-        "--home",
-        str(p.home),
-        "--coordinator",
-        url,
-        "--rounds",
-        str(settings.rounds),
-        "--report",
-        str(p.report),
-    ]
-    if p is first:
+        *_cnode(), "--log-json", "train",
+        "--run", RUN_ID,
+        "--run-config", str(run_config),
+        "--home", str(p.home),
+        "--coordinator", url,
+        "--listen", f"/ip4/127.0.0.1/tcp/{p.port}",
+        "--rounds", str(settings.rounds),
+        "--report", str(p.report),
+    ]  # fmt: skip
+    if p is procs[0]:
         cmd.append("--checkpointer")
-    else:
-        cmd += ["--bootstrap", first.addr()]
+    # Every node knows the others' addresses (they are all on this machine): the late joiner
+    # can then fetch from every holder at once.
+    for other in procs:
+        if other is not p and other.role != "late joiner":
+            cmd += ["--bootstrap", other.addr()]
     if p.role == "attacker":
         cmd += ["--attack", settings.attack]
+    if p.role == "late joiner":
+        cmd += ["--join-after-round", str(settings.late_after_round)]
     return cmd
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], *, deadline: float) -> None:
-    import httpx
-
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise TrainingError(f"the coordinator exited with status {proc.returncode}")
-        try:
-            httpx.get(url + "/", timeout=1.0)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    raise TrainingError("the coordinator did not answer within 60 s")

@@ -129,9 +129,14 @@ def final_report(
 
 
 def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
-    """The bans in the coordinator's signed run state (signature checked by the client)."""
-    import trio
-    from cnode.node.coordinator import read_run_state
+    """The bans in the coordinator's signed run state (its signature is checked by the client)."""
+    from cnode.auth import Identity
+    from cnode.node.coordinator import SyncCoordinatorClient, load_run_config
 
-    state = trio.run(read_run_state, url, run_config)
+    config = load_run_config(run_config)
+    reader = Identity.generate()  # reading the state needs no membership
+    with SyncCoordinatorClient(
+        url, run=config.run, coordinator=config.coordinator, identity=reader
+    ) as client:
+        state = client.run_state()
     return [b.to_payload() for b in state.bans]

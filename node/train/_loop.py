@@ -71,6 +71,7 @@ class TrainSettings:
     attack: str | None = None  # testing aid only
     report: Path | None = None
     upload_rate_bytes_per_s: int = 0
+    join_after_round: int = 0  # stay out of the run until this round is published (late join)
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -100,10 +101,24 @@ async def run_node(settings: TrainSettings) -> int:
     session = _Session(settings, trainer, reporter, every)
     finished = False
     try:
-        async with CoordinatorClient.for_run(
-            run_config, identity, url=settings.coordinator_url
-        ) as client:
-            await session.run(client, run_config, identity, store)
+        try:
+            async with CoordinatorClient.for_run(
+                run_config, identity, url=settings.coordinator_url
+            ) as client:
+                if settings.join_after_round:
+                    await _wait_for_round(client, settings.join_after_round)
+                    reporter.event("joining", after_round=settings.join_after_round)
+                await session.run(client, run_config, identity, store)
+        except BaseExceptionGroup as group:
+            # Nurseries wrap errors in groups; a single one is re-raised as itself so the CLI
+            # prints its one-line message.
+            leaf = _only_leaf(group)
+            if leaf is None:
+                raise
+            if session.done and _is_libp2p_teardown_race(leaf):
+                log.warning("p2p_teardown_error_ignored", error=str(leaf))
+            else:
+                raise leaf from None
         finished = True
     finally:
         # Recorded for people and for the demo's report; the exception itself propagates.
@@ -111,6 +126,30 @@ async def run_node(settings: TrainSettings) -> int:
         why = "done" if finished else f"{type(error).__name__}: {error}"
         reporter.event("stopped", reason=why)
     return 0
+
+
+async def _wait_for_round(client: CoordinatorClient, round_: int) -> None:
+    """Wait, reading the signed run state, until ``round_`` is published (bounded)."""
+    with trio.fail_after(limits.JOIN_WAIT_S):
+        while True:
+            last = (await client.run_state()).last_round
+            if last is not None and last.round >= round_:
+                return
+            await trio.sleep(limits.POLL_INTERVAL_S * 5)
+
+
+def _is_libp2p_teardown_race(exc: Exception) -> bool:
+    # py-libp2p 0.8.1: a gossip message that arrives while the host shuts down makes its pubsub
+    # schedule a task into a closed nursery. The rounds are done by then; only the exit is noisy.
+    return isinstance(exc, RuntimeError) and "closed to new arrivals" in str(exc)
+
+
+def _only_leaf(group: BaseExceptionGroup) -> Exception | None:
+    """The one ordinary exception inside nested single-member groups, else None."""
+    current: BaseException = group
+    while isinstance(current, BaseExceptionGroup) and len(current.exceptions) == 1:
+        current = current.exceptions[0]
+    return current if isinstance(current, Exception) and current is not group else None
 
 
 class _HeaderValidator(EnvelopeValidator):
@@ -150,6 +189,7 @@ class _Session:
         self.run_id = settings.run
         self.banned: set[str] = set()
         self.headers = _HeaderValidator(settings.run, self.allow)
+        self.done = False  # every asked-for round is finished (set before the host shuts down)
 
     def allow(self, peer: str) -> bool:
         return peer not in self.banned
@@ -173,9 +213,8 @@ class _Session:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_headers, node)
                 await self._resume_from_store()
-                while True:
-                    if await self._one_round(client, node):
-                        break
+                while not self.done:
+                    self.done = await self._one_round(client, node)
                 nursery.cancel_scope.cancel()
 
     async def _drain_headers(self, node: P2PNode) -> None:
@@ -230,6 +269,10 @@ class _Session:
         trainer = self.trainer
         round_ = await client.join_round()
         bind_context(round=round_)
+        stop = self.settings.stop_after_round
+        if stop and round_ > stop:
+            await client.leave(round_)  # joined too late for the rounds it was asked to train
+            return True
         if round_ != trainer.round + 1:
             await self._catch_up(client, node, round_)
         began = time.monotonic()
@@ -272,7 +315,6 @@ class _Session:
             aggregate_s=t_aggregate,
         )
         await self._refresh_bans(client)
-        stop = self.settings.stop_after_round
         return bool(stop) and round_ >= stop
 
     async def _fetch_updates(

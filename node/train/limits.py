@@ -23,5 +23,7 @@ ROUND_FETCH_S = 60.0
 CATCH_UP_FETCH_S = 120.0
 # Seconds a node waits for the coordinator to record the checkpoint it compares its own with.
 AGREE_WAIT_S = 30.0
+# Seconds a node started with --join-after-round waits for that round (late-join testing).
+JOIN_WAIT_S = 3600.0
 # Seconds between two polls of the coordinator while waiting (a poll is one small HTTP request).
 POLL_INTERVAL_S = 0.2
