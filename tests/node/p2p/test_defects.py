@@ -55,6 +55,10 @@ def _host(*, sec: dict[Any, Any] | None = None, mux: dict[Any, Any] | None = Non
     )
 
 
+def _info(address: str) -> Any:
+    return info_from_p2p_addr(multiaddr.Multiaddr(address))
+
+
 async def _echo(stream: INetStream) -> None:
     await stream.write(await stream.read(100))
     await stream.close()
@@ -261,22 +265,21 @@ def test_node_pubsub_bounds_size_and_delivers_bursts(tmp_path: Path) -> None:
             open_p2p_node(idb, store, P2PSettings(), allow=bool) as b,
         ):
             await b.connect(a.listen_addrs[0])
-            async with b.subscribe(topic, validator) as sub:
-                async with a.subscribe(topic, validator):
-                    await trio.sleep(1)
-                    with pytest.raises(AnnouncementError, match="MAX_ANNOUNCEMENT_SIZE"):
-                        await a.publish(topic, b"x" * (limits.MAX_ANNOUNCEMENT_SIZE + 1))
-                    for i in range(60):
-                        await a.publish(topic, seal(ida, ANNOUNCE_PAYLOAD_TYPE, {"i": i}))
-                    await trio.sleep(1.5)  # the same slow reader as in the canary
-                    got = []
-                    with trio.move_on_after(2):
-                        async for opened in sub:
-                            got.append(opened.payload["i"])
-                            if len(got) == 60:
-                                break
-                    assert got == list(range(60))
-                    return len(got)
+            async with b.subscribe(topic, validator) as sub, a.subscribe(topic, validator):
+                await trio.sleep(1)
+                with pytest.raises(AnnouncementError, match="MAX_ANNOUNCEMENT_SIZE"):
+                    await a.publish(topic, b"x" * (limits.MAX_ANNOUNCEMENT_SIZE + 1))
+                for i in range(60):
+                    await a.publish(topic, seal(ida, ANNOUNCE_PAYLOAD_TYPE, {"i": i}))
+                await trio.sleep(1.5)  # the same slow reader as in the canary
+                got = []
+                with trio.move_on_after(2):
+                    async for opened in sub:
+                        got.append(opened.payload["i"])
+                        if len(got) == 60:
+                            break
+                assert got == list(range(60))
+                return len(got)
 
     assert trio.run(main) == 60
 
