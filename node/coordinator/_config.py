@@ -56,6 +56,17 @@ class RunConfig:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def public_dict(self) -> dict[str, Any]:
+        """The config as the signed run state carries it: without the allowlist seeds.
+
+        They only seed the allowlist on first start (then it lives in the DB), and a run with
+        thousands of allowed peers would otherwise put all of them into every state.
+        """
+        d = self.to_dict()
+        for key in ("users", "peers", "orgs"):
+            d["access"].pop(key)
+        return d
+
     @classmethod
     def from_dict(cls, raw: Any) -> RunConfig:
         """Build and check; raise :class:`RunConfigError` naming the bad setting."""

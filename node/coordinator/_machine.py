@@ -411,7 +411,7 @@ class RunMachine:
             coordinator=self.coordinator,
             version=s.version(),
             at_ms=int(now * 1000),
-            config=self.config.to_dict(),
+            config=self.config.public_dict(),
             phase=Phase(run["phase"]),
             phase_until_ms=ms(run["phase_until"]),
             epoch=int(run["epoch"]),

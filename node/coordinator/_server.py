@@ -270,8 +270,8 @@ class CoordinatorServer:
                 400, "wrong_op", f"the signed request is for {p['op']!r}, not {str(op)!r}"
             )
         limiter = self._join_limit if op is Op.JOIN else self._request_limit
-        wait = limiter.take(signer, time.time())
-        if wait > 0:
+        wait = 0.0 if signer in self.admins else limiter.take(signer, time.time())
+        if wait > 0:  # admins are not rate limited: they hold the run's keys anyway
             raise _RateLimited(wait)
         before = self.store.version()
         if op is Op.JOIN:

@@ -69,7 +69,7 @@ def run_state() -> RunState:
         coordinator=COORDINATOR.peer_id_str,
         version=42,
         at_ms=1_795_300_001_000,
-        config=config.to_dict(),
+        config=config.public_dict(),
         phase=Phase.TRAINING,
         phase_until_ms=None,
         epoch=0,
