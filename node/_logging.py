@@ -40,6 +40,20 @@ def redact_secrets(
     return event
 
 
+class _CurrentStderr:
+    """A file that writes to whatever ``sys.stderr`` is at the time of writing.
+
+    structlog keeps the file it was configured with; binding ``sys.stderr`` itself would keep a
+    stream that a test harness (or a daemonizing caller) has since closed or replaced.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def configure_logging(*, json: bool = False, level: str = "info") -> None:
     """Set up structlog once per process; stderr is the sink, stdout stays for results."""
     renderer: Any
@@ -59,7 +73,7 @@ def configure_logging(*, json: bool = False, level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(
             logging.getLevelNamesMapping()[level.upper()]
         ),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=_CurrentStderr()),  # type: ignore[arg-type]
         cache_logger_on_first_use=False,
     )
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
+
+from cnode import CnodeError
 from cnode.auth import (
     HFAccount,
     Identity,
@@ -42,8 +44,6 @@ from cnode.node._config import (
     save_config,
 )
 from cnode.node._logging import bind_context
-
-from cnode import CnodeError
 
 log = structlog.get_logger(__name__)
 
