@@ -50,7 +50,8 @@ def report(name: str, latencies: list[float], elapsed: float) -> float:
     rate = len(latencies) / elapsed if elapsed > 0 else float("nan")
     print(
         f"  {name:<14} {len(latencies):>6} req  {rate:>8.0f} req/s  "
-        f"p50 {1000 * statistics.median(latencies):7.1f} ms  p99 {1000 * pct(latencies, 0.99):7.1f} ms"
+        f"p50 {1000 * statistics.median(latencies):7.1f} ms  "
+        f"p99 {1000 * pct(latencies, 0.99):7.1f} ms"
     )
     return rate
 
