@@ -40,12 +40,12 @@ from ._scheduler import FetchProgress as FetchProgress
 from ._scheduler import FetchReport as FetchReport
 from ._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_exports.py)
     "ANNOUNCE_PAYLOAD_TYPE",
-    "BLOCKS_PROTOCOL_ID",
     "AnnounceKind",
     "Announcement",
     "AnnouncementError",
+    "BLOCKS_PROTOCOL_ID",
     "BadBlockError",
     "DialError",
     "EnvelopeValidator",

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+
 from cnode.auth import EnvelopeError, Opened, ReplayError, ReplayGuard, open_envelope
 from cnode.storage import CID, InvalidCIDError
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 
 import trio
+
 from cnode.storage import CID, BlockTooLargeError, compute_cid
 
 from . import limits

@@ -17,8 +17,6 @@ from typing import Any, Protocol
 import multiaddr
 import structlog
 import trio
-from cnode.auth import Opened, seal
-from cnode.storage import CID, BlockStore, missing_blocks
 from libp2p import new_host
 from libp2p.crypto.keys import KeyPair
 from libp2p.custom_types import TProtocol
@@ -28,6 +26,9 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
+
+from cnode.auth import Opened, seal
+from cnode.storage import CID, BlockStore, missing_blocks
 
 from . import _defects, limits
 from ._announce import (

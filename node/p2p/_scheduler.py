@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import structlog
 import trio
+
 from cnode.storage import CID, BlockStore
 
 from . import limits

@@ -13,8 +13,9 @@ from collections.abc import Callable
 
 import structlog
 import trio
-from cnode.storage import BlockNotFoundError, BlockStore, CorruptBlockError
 from libp2p.abc import INetStream
+
+from cnode.storage import BlockNotFoundError, BlockStore, CorruptBlockError
 
 from . import limits
 from ._bucket import TokenBucket
