@@ -14,6 +14,7 @@ from pathlib import Path
 
 import structlog
 import tomli_w
+
 from cnode.auth import Identity, load_identity, save_identity
 from cnode.node.coordinator import (
     AccessConfig,

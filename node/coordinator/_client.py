@@ -17,6 +17,7 @@ from typing import Any
 
 import anyio
 import httpx
+
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 
 from . import limits

@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 
 import structlog
+
 from cnode.auth import Identity, Opened
 from cnode.node.p2p import (
     EnvelopeValidator,

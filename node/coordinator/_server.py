@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 import structlog
 from aiohttp import web
+
 from cnode.auth import (
     AuthError,
     BadSignature,
@@ -114,9 +115,11 @@ class CoordinatorServer:
         self._request_limit = RateLimiter(
             limits.REQUEST_BURST, limits.REQUEST_RATE_PER_S, limits.MAX_RATE_BUCKETS
         )
-        self._changed = asyncio.Event()
+        # Long polls of round n wait on _published[n], set once round n is published: a change
+        # wakes only the waiters whose round it finished (1,000 waiters x every ready would not do).
+        self._published: dict[int, asyncio.Event] = {}
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
-        self._round_cache: dict[int, bytes] = {}  # published rounds never change
+        self._round_cache: dict[int, str] = {}  # JSON answers of published rounds (immutable)
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.app = web.Application(
@@ -175,8 +178,9 @@ class CoordinatorServer:
                     await self._after_change()
 
     async def _after_change(self) -> None:
-        self._changed.set()
-        self._changed = asyncio.Event()
+        current = int(self.store.run_row()["round"])
+        for n in [n for n in self._published if n < current]:
+            self._published.pop(n).set()
         if self._gossip is not None:
             await self._gossip.publish(self._signed_state())
 
@@ -216,21 +220,20 @@ class CoordinatorServer:
             raise RequestRefused(
                 400, "bad_request", f"round must be >= 1 and wait in [0, {limits.MAX_LONG_POLL_S}]"
             )
-        deadline = time.monotonic() + wait
-        while True:
-            cached = self._round_cache.get(n)
-            if cached is not None:
-                return web.json_response({"envelope": b64encode(cached)})
-            info = self.machine.round_info(n)
-            body = seal(self.identity, STATE_TYPE, info.to_payload())
-            if info.status is RoundStatus.PUBLISHED:
-                self._round_cache[n] = body
-                continue
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return web.json_response({"envelope": b64encode(body)})
+        if n not in self._round_cache and wait > 0 and n >= int(self.store.run_row()["round"]):
+            event = self._published.setdefault(n, asyncio.Event())
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), remaining)
+                await asyncio.wait_for(event.wait(), wait)
+        cached = self._round_cache.get(n)
+        if cached is None:
+            info = self.machine.round_info(n)
+            envelope = seal(self.identity, STATE_TYPE, info.to_payload())
+            cached = json.dumps({"envelope": b64encode(envelope)})
+            if info.status is RoundStatus.PUBLISHED:
+                self._round_cache[n] = cached
+                while len(self._round_cache) > limits.ROUND_CACHE:
+                    del self._round_cache[min(self._round_cache)]
+        return web.Response(text=cached, content_type="application/json")
 
     # -- signed requests ------------------------------------------------------------------------
 

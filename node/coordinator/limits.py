@@ -32,6 +32,8 @@ MAX_RATE_BUCKETS = 100_000
 
 # Longest a GET .../rounds/{n}?wait=S holds the connection; clients loop for longer waits.
 MAX_LONG_POLL_S = 10.0
+# Published rounds whose signed answers are kept in memory (the newest; older ones are re-signed).
+ROUND_CACHE = 64
 # Members of one round; joins beyond are refused with 409 round_full.
 MAX_ROUND_MEMBERS = 10_000
 # Entries of the allowlist (users + peers + orgs).

@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from cnode.auth import Identity, seal
 from cnode.node.coordinator import (
     REQUEST_TYPE,

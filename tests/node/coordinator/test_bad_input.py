@@ -9,6 +9,7 @@ from typing import Any
 import dag_cbor
 import httpx
 import pytest
+
 from cnode.auth import Identity, issue_access_token, seal
 from cnode.node.coordinator import (
     PEER_ONLY_USERNAME,

@@ -10,6 +10,7 @@ import pytest
 import structlog
 import tomli_w
 import trio
+
 from cnode.auth import Identity, save_identity
 from cnode.node.cli import main
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import tomli_w
 import trio
+
 from cnode.auth import Identity, load_identity, save_identity
 from cnode.node.coordinator import (
     AccessConfig,

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import tomli_w
 import trio
+
 from cnode.auth import Identity, save_identity
 from cnode.node.coordinator import (
     AccessConfig,

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from cnode.auth import Identity, make_hf_binding
 from cnode.node.coordinator import AccessConfig, CoordinatorRejected, RunConfig
-
 from tests.support.hf_hub import FakeHub
 
 from .conftest import Running

@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 import trio
+
 from cnode.auth import Identity
 from cnode.node.coordinator import (
     CoordinatorClient,
