@@ -1,0 +1,238 @@
+"""Benchmark of /cnode/blocks/1.0.0 fetches (issue 5). Run once: ``python bench/fetch.py``.
+
+1. Uncapped loopback: a 400 MB checkpoint from 1 holder process to a joiner process
+   (``cnode checkpoint fetch``), MB/s against a raw libp2p stream (Noise + yamux, same host
+   settings) between two processes in the same run. Peak RSS of the joiner process.
+2. Capped: k = 1, 2, 4 holder processes, each capped at R bytes/s by its own token bucket
+   (``--rate``); fetch time against the ideal size / (k * R). R defaults to 5 MB/s so that
+   4R stays below what one (shared, loaded) core here verifies and stores.
+
+Fetch time is what the joiner reports for the transfer itself (after connecting). Figures go to
+stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from cnode.storage import BlockStore, CheckpointMeta, save_checkpoint
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _make_checkpoint(store_dir: Path, size_mb: int) -> str:
+    layer = 4 * 1024 * 1024  # 16 MiB layers of float32: realistic multi-chunk layers
+    n = max(1, size_mb * 1_000_000 // (layer * 4))
+    gen = torch.Generator().manual_seed(0)
+    tensors = {f"layer.{i}": torch.randn(layer, generator=gen) for i in range(n)}
+    return str(save_checkpoint(BlockStore(store_dir), tensors, CheckpointMeta(run_id="bench")))
+
+
+def _home(base: Path, name: str, store_dir: Path) -> Path:
+    home = base / name
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "config.toml").write_text(f'storage_path = "{store_dir}"\n')
+    return home
+
+
+def _cnode(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "cnode", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+
+
+def _start_holders(homes: list[Path], rate: int) -> list[tuple[subprocess.Popen[str], str]]:
+    procs = [
+        _cnode("checkpoint", "serve", "--home", str(h), "--open", "--rate", str(rate))
+        for h in homes
+    ]
+    out = []
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if not line.startswith("listening "):
+            raise SystemExit(f"holder did not start: {line!r}")
+        out.append((proc, line.split(" ", 1)[1]))
+    return out
+
+
+def _stop(procs: list[subprocess.Popen[str]]) -> None:
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _fetch(home: Path, root: str, addrs: list[str]) -> tuple[float, float, int]:
+    """Run a joiner process; return (transfer seconds, MB/s, peak RSS bytes)."""
+    args = [sys.executable, "-m", "cnode", "checkpoint", "fetch", root, "--home", str(home)]
+    for addr in addrs:
+        args += ["--peer", addr]
+    proc = subprocess.Popen(
+        [*args, "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    _pid, status, usage = os.wait4(proc.pid, 0)
+    assert proc.stdout is not None
+    out = proc.stdout.read()
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"fetch failed ({proc.returncode}): {out}")
+    line = next(x for x in out.splitlines() if x.startswith("fetched "))
+    seconds = float(line.split(" in ")[1].split(" s ")[0])
+    mb_per_s = float(line.split("(")[1].split(" MB/s")[0])
+    return seconds, mb_per_s, usage.ru_maxrss * 1024
+
+
+RAW_SERVER = """
+import sys, trio, multiaddr
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from cnode.node.p2p import _defects
+N = int(sys.argv[1])
+async def main():
+    kp = create_new_key_pair()
+    host = new_host(
+        key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
+    )
+    piece = b"\\x00" * 65536
+    async def send(stream):
+        for _ in range(N // len(piece)):
+            await stream.write(piece)
+        await stream.close()
+    host.set_stream_handler(TProtocol("/bench/raw/1"), _defects.guard_handler("raw", send))
+    async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        print(host.get_addrs()[0], flush=True)
+        await trio.sleep_forever()
+trio.run(main)
+"""
+
+RAW_CLIENT = """
+import sys, time, trio, multiaddr
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from cnode.node.p2p import _defects
+async def main():
+    _defects.remove_dial_delay()
+    kp = create_new_key_pair()
+    host = new_host(
+        key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
+    )
+    async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+        info = info_from_p2p_addr(multiaddr.Multiaddr(sys.argv[1]))
+        await host.connect(info)
+        start = time.monotonic()
+        stream = await host.new_stream(info.peer_id, [TProtocol("/bench/raw/1")])
+        total = 0
+        try:
+            while True:
+                data = await stream.read(1 << 20)
+                if not data:
+                    break
+                total += len(data)
+        except StreamEOF:
+            pass
+        print(total, time.monotonic() - start, flush=True)
+trio.run(main)
+"""
+
+
+def _raw_stream_mb_per_s(nbytes: int) -> float:
+    server = subprocess.Popen(
+        [sys.executable, "-c", RAW_SERVER, str(nbytes)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        addr = server.stdout.readline().strip()
+        out = subprocess.run(
+            [sys.executable, "-c", RAW_CLIENT, addr],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        ).stdout.split()
+        return int(out[0]) / 1e6 / float(out[1])
+    finally:
+        _stop([server])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--size-mb", type=int, default=400)
+    parser.add_argument("--capped-mb", type=int, default=100)
+    parser.add_argument("--rate", type=int, default=5_000_000, help="R, bytes/s per holder")
+    args = parser.parse_args()
+    base = Path(tempfile.mkdtemp(prefix="cnode-bench-fetch-"))
+    try:
+        print(f"== uncapped loopback, {args.size_mb} MB, 1 holder ==", flush=True)
+        big = base / "big-store"
+        t = time.monotonic()
+        root = _make_checkpoint(big, args.size_mb)
+        size = sum(p.stat().st_size for p in (big / "blocks").rglob("*") if p.is_file())
+        print(f"checkpoint {root}: {size / 1e6:.0f} MB, made in {time.monotonic() - t:.0f} s")
+        holders = _start_holders([_home(base, "h0", big)], 0)
+        try:
+            seconds, mbps, rss = _fetch(base / "joiner0", root, [holders[0][1]])
+        finally:
+            _stop([p for p, _ in holders])
+        raw = _raw_stream_mb_per_s(size)
+        print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
+        print(f"raw libp2p stream (noise+yamux, same run): {raw:.1f} MB/s")
+        print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
+        print(
+            f"joiner peak RSS: {rss / 1e6:.0f} MB "
+            f"(goal <= 256 MB above model size; model {size / 1e6:.0f} MB is streamed to disk)"
+        )
+        shutil.rmtree(base / "joiner0", ignore_errors=True)
+        shutil.rmtree(big, ignore_errors=True)
+
+        print(
+            f"\n== capped: k holders at R = {args.rate / 1e6:.1f} MB/s each, "
+            f"{args.capped_mb} MB ==",
+            flush=True,
+        )
+        small = base / "small-store"
+        root = _make_checkpoint(small, args.capped_mb)
+        size = sum(p.stat().st_size for p in (small / "blocks").rglob("*") if p.is_file())
+        homes = [_home(base, f"c{i}", small) for i in range(4)]
+        for k in (1, 2, 4):
+            holders = _start_holders(homes[:k], args.rate)
+            try:
+                seconds, mbps, _rss = _fetch(base / f"joiner-k{k}", root, [a for _, a in holders])
+            finally:
+                _stop([p for p, _ in holders])
+            ideal = size / (k * args.rate)
+            print(
+                f"k={k}: {seconds:.2f} s ({mbps:.1f} MB/s); ideal {ideal:.2f} s; "
+                f"ratio ideal/actual = {ideal / seconds:.2f} (goal >= 0.9)",
+                flush=True,
+            )
+            shutil.rmtree(base / f"joiner-k{k}", ignore_errors=True)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
