@@ -250,14 +250,18 @@ def test_non_canonical_and_truncated_manifest(store: BlockStore) -> None:
     truncated = good[:-3]
     cid = compute_cid(truncated, DAG_CBOR)
     store.put(cid, truncated)
+    before = snapshot(store)
     with pytest.raises(ManifestError, match="malformed DAG-CBOR"):
         read_manifest(store, cid)
+    assert snapshot(store) == before
     # same map, keys in the wrong order: decodes to the same value but is not canonical
     flipped = bytes.fromhex("a2616201616101")
     cid2 = compute_cid(flipped, DAG_CBOR)
     store.put(cid2, flipped)
+    before = snapshot(store)
     with pytest.raises(ManifestError, match="non-canonical"):
         read_manifest(store, cid2)
+    assert snapshot(store) == before
 
 
 def test_missing_chunk_and_missing_manifest(store: BlockStore) -> None:
@@ -265,8 +269,10 @@ def test_missing_chunk_and_missing_manifest(store: BlockStore) -> None:
     chunk = read_manifest(store, cid).layers[0].chunks[1]
     store.delete(chunk)
     assert missing_blocks(store, cid) == [chunk]
+    before = snapshot(store)
     with pytest.raises(BlockNotFoundError, match=str(chunk)):
         load_checkpoint(store, cid)
+    assert snapshot(store) == before
     absent = compute_cid(b"\xa0", DAG_CBOR)
     with pytest.raises(BlockNotFoundError, match=str(absent)):
         read_manifest(store, absent)
