@@ -132,6 +132,17 @@ def _krum(
     )
 
 
+def _clip_weights(dist: list[float], tau: float, reject: float) -> list[float]:
+    """min(1, tau/d); 0 for a peer farther than ``reject`` x the median distance (if reject > 0).
+
+    Clipping alone still lets each far-away peer pull the aggregate by tau; f coherent ones
+    move it by about f/(n-f) x tau. Dropping peers that are unambiguous outliers removes that
+    pull; peers inside the rejection radius keep the usual clipped weight.
+    """
+    limit = reject * statistics.median(dist) if reject > 0 else math.inf
+    return [0.0 if d > limit else (1.0 if d <= tau else tau / d) for d in dist]
+
+
 def _centered_clip(
     stack: Stack,
     weights: list[float],
@@ -148,6 +159,7 @@ def _centered_clip(
     max_iter = int(params.get("max_iterations", limits.CLIP_MAX_ITERATIONS))
     tolerance = float(params.get("tolerance", limits.CLIP_TOLERANCE))
     tau_scale = float(params.get("tau_scale", limits.CLIP_TAU_SCALE))
+    reject = float(params.get("reject_score", limits.CLIP_REJECT_SCORE))
     fixed_tau = params.get("tau")
 
     v = stack.new_vector()
@@ -173,7 +185,7 @@ def _centered_clip(
     step_acc = torch.empty((1, limits.CHUNK_ELEMENTS), dtype=torch.float64)
     if tau > 0.0:
         for _ in range(max_iter):
-            clip = [1.0 if d <= tau else tau / d for d in dist]
+            clip = _clip_weights(dist, tau, reject)
             coef = [s * c for s, c in zip(share, clip, strict=True)]
             col = torch.tensor(coef, dtype=torch.float64).reshape(-1, 1)
             acc.zero_()
@@ -194,7 +206,7 @@ def _centered_clip(
             step = math.sqrt(float(stack.reduce(step_acc)[0]))
             if step <= tolerance * tau:
                 break
-    clip = [1.0 if d <= tau else tau / d for d in dist]
+    clip = _clip_weights(dist, tau, reject)
     return RuleOutput(
         v,
         list(clip),
@@ -203,6 +215,7 @@ def _centered_clip(
             "tau": tau,
             "tau_rule": "fixed" if fixed_tau is not None else "scale_free",
             "tau_scale": tau_scale,
+            "reject_score": reject,
             "start": used_start,
             "start_median_distance": start_median,
             "iterations": iterations,

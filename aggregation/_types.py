@@ -37,6 +37,7 @@ AGGREGATORS: Mapping[str, Mapping[str, tuple[type, ...]]] = {
         "start": (str,),
         "max_iterations": (int,),
         "tolerance": (int, float),
+        "reject_score": (int, float),
     },
 }
 
@@ -120,6 +121,9 @@ def _check_ranges(name: str, params: Mapping[str, Any]) -> None:
     iters = params.get("max_iterations", 1)
     if not 1 <= iters <= 10 * limits.CLIP_MAX_ITERATIONS:
         raise bad("max_iterations", f"must be in 1..{10 * limits.CLIP_MAX_ITERATIONS}")
+    rej = params.get("reject_score", 0.0)
+    if not (math.isfinite(rej) and (rej == 0 or rej >= 1)):
+        raise bad("reject_score", "must be 0 (off) or a finite number >= 1")
     tol = params.get("tolerance", 0.0)
     if not (math.isfinite(tol) and tol >= 0):
         raise bad("tolerance", "must be a finite number >= 0")

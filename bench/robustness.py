@@ -147,7 +147,8 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
     spec = {k: TensorSpec.of(v) for k, v in glob.items()}
     ids = [f"peer{i:02d}" for i in range(N_PEERS)]
     weights = {ids[i]: float(len(shards[i])) for i in range(N_PEERS)}
-    attacks = {a: new_attack(s.attack) for a in attackers} if s.f else {}
+    absent = s.attack == "absent"  # the f peers simply do not take part: the honest-only ceiling
+    attacks = {a: new_attack(s.attack) for a in attackers} if s.f and not absent else {}
     g = torch.Generator().manual_seed(5000 + s.seed)
     rng = torch.Generator().manual_seed(6000 + s.seed)
     momenta: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
@@ -160,10 +161,11 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
         else:
             sent = list(deltas)
         honest = [sent[i] for i in range(N_PEERS) if i not in attackers]
-        for a in attackers:
+        for a in attackers if not absent else []:
             sent[a] = attacks[a](honest, sent[a], rng, N_PEERS, s.f)
+        present = [i for i in range(N_PEERS) if not (absent and i in attackers)]
         res = aggregate(
-            {ids[i]: sent[i] for i in range(N_PEERS)},
+            {ids[i]: sent[i] for i in present},
             expected=spec,
             config=config,
             weights=weights,
@@ -181,8 +183,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--momentum", type=float, default=0.0, help="worker momentum beta (0 = off)")
     ap.add_argument("--tau-scale", type=float, default=None, help="CenteredClip tau_scale")
+    ap.add_argument("--reject-score", type=float, default=None, help="CenteredClip reject_score")
     ap.add_argument("--aggregators", default=",".join(AGGREGATORS))
-    ap.add_argument("--attacks", default=",".join(sorted(ATTACKS)))
+    ap.add_argument("--attacks", default=",".join(["absent", *sorted(ATTACKS)]))
     ap.add_argument("--shards", default="iid,noniid")
     args = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
@@ -196,9 +199,12 @@ def main() -> int:
     shard_kinds = args.shards.split(",")
 
     def cfg(name: str) -> AggregatorConfig:
+        params: dict[str, float] = {}
         if name == "centered_clip" and args.tau_scale is not None:
-            return AggregatorConfig(name, {"tau_scale": args.tau_scale})
-        return AggregatorConfig(name)
+            params["tau_scale"] = args.tau_scale
+        if name == "centered_clip" and args.reject_score is not None:
+            params["reject_score"] = args.reject_score
+        return AggregatorConfig(name, params)
 
     t0 = time.perf_counter()
     table: dict[tuple[str, str, int, str], float] = {}
