@@ -24,6 +24,7 @@ import time
 
 import structlog
 import torch
+
 from cnode.aggregation import AggregatorConfig, TensorSpec, aggregate
 
 

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 import structlog
 import torch
+from sklearn.datasets import load_digits
+
 from cnode.aggregation import (
     ATTACKS,
     ATTACKS_DATA_LEVEL,
@@ -34,7 +36,6 @@ from cnode.aggregation import (
     new_attack,
     worker_momentum,
 )
-from sklearn.datasets import load_digits
 
 N_PEERS = 10
 HIDDEN = 32

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 import torch
+
 from cnode.aggregation import AggregationResult, TensorSpec
 
 SPEC = {

@@ -6,6 +6,8 @@ import math
 
 import pytest
 import torch
+from sklearn.datasets import load_digits
+
 from cnode.aggregation import (
     ATTACKS,
     AggregationInputError,
@@ -15,7 +17,6 @@ from cnode.aggregation import (
     aggregate,
     limits,
 )
-from sklearn.datasets import load_digits
 
 from .conftest import SPEC, make_updates
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from cnode.aggregation import AGGREGATORS, AggregatorConfig, TensorSpec, aggregate, limits, tree_sum
 
 from .conftest import digest, make_updates

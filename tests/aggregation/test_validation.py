@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from cnode.aggregation import AggregatorConfig, NotEnoughUpdatesError, aggregate, validate_update
 
 from .conftest import SPEC, digest, make_updates
