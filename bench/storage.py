@@ -37,6 +37,7 @@ def _state(total_mb: int, seed: int, changed_from: int | None = None) -> dict:  
 def _child(args: argparse.Namespace) -> None:
     """Runs in a subprocess: one save or one load, prints JSON with seconds and peak RSS."""
     import torch
+
     from cnode.storage import BlockStore, CheckpointMeta, load_checkpoint, save_checkpoint
 
     baseline = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # after imports

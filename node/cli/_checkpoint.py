@@ -12,6 +12,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    DownloadColumn,
+    Progress,
+    TextColumn,
+    TimeRemainingColumn,
+    TransferSpeedColumn,
+)
+
 from cnode.node._config import default_home, load_config
 from cnode.storage import (
     CID,
@@ -27,15 +37,6 @@ from cnode.storage import (
     read_manifest,
     verify_car,
     verify_checkpoint,
-)
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    Progress,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
 )
 
 # (set_total, advance) callbacks of a progress bar

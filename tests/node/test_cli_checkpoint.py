@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import structlog
 import torch
+
 from cnode.node._config import load_config
 from cnode.node.cli import main
 from cnode.storage import CID, BlockStore, CheckpointMeta, read_manifest, save_checkpoint

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from cnode.storage import BlockStore, CheckpointMeta
 
 

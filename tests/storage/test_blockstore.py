@@ -9,6 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from cnode.storage import (
     DAG_CBOR,
     RAW,

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from cnode.storage import (
     DAG_CBOR,
     BlockStore,

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from cnode.storage import (
     CID,
     DAG_CBOR,

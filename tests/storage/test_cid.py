@@ -3,6 +3,9 @@ from __future__ import annotations
 import hashlib
 
 import pytest
+from multiformats import CID as MFCID
+from multiformats import multihash
+
 from cnode.storage import (
     CID,
     DAG_CBOR,
@@ -14,8 +17,6 @@ from cnode.storage import (
     limits,
     verify_block,
 )
-from multiformats import CID as MFCID
-from multiformats import multihash
 
 # IPFS vectors: `ipfs add --raw-leaves --cid-version 1` of these bytes.
 HELLO = "bafkreifzjut3te2nhyekklss27nh3k72ysco7y32koao5eei66wof36n5e"  # b"hello world"

@@ -1,5 +1,4 @@
 import cnode.storage as storage
-
 from cnode import CnodeError
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from cnode.storage import (
     CID,
     AggregationRecord,

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from cnode.storage import (
     BlockStore,
     CheckpointMeta,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import torch
+
 from cnode.storage import (
     DAG_CBOR,
     AggregationRecord,
