@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cnode.storage import CID, BlockStore, CheckpointMeta, save_checkpoint
 
+from cnode.storage import CID, BlockStore, CheckpointMeta, save_checkpoint
 from tests.support.procs import Procs, procs
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import structlog
 import trio
+
 from cnode.auth import Identity, seal
 from cnode.node.p2p import (
     ANNOUNCE_PAYLOAD_TYPE,

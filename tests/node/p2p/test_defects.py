@@ -16,18 +16,6 @@ from typing import Any
 import multiaddr
 import pytest
 import trio
-from cnode.auth import Identity, seal
-from cnode.node.p2p import (
-    ANNOUNCE_PAYLOAD_TYPE,
-    AnnouncementError,
-    DialError,
-    EnvelopeValidator,
-    P2PSettings,
-    limits,
-    open_p2p_node,
-)
-from cnode.node.p2p import _defects as defects
-from cnode.storage import BlockStore
 from libp2p import new_host
 from libp2p.abc import INetStream
 from libp2p.crypto.ed25519 import create_new_key_pair
@@ -41,6 +29,19 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
 from libp2p.stream_muxer.mplex.mplex import MPLEX_PROTOCOL_ID, Mplex
 from libp2p.tools.anyio_service import background_trio_service
+
+from cnode.auth import Identity, seal
+from cnode.node.p2p import (
+    ANNOUNCE_PAYLOAD_TYPE,
+    AnnouncementError,
+    DialError,
+    EnvelopeValidator,
+    P2PSettings,
+    limits,
+    open_p2p_node,
+)
+from cnode.node.p2p import _defects as defects
+from cnode.storage import BlockStore
 
 LOOPBACK = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
 ECHO = TProtocol("/cnode-test/echo/1")

@@ -1,5 +1,4 @@
 import cnode.node.p2p as p2p
-
 from cnode import CnodeError
 
 

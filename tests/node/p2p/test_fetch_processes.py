@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
-from cnode.storage import BlockStore, load_checkpoint
 
+from cnode.storage import BlockStore, load_checkpoint
 from tests.support.procs import Procs, wait_until
 
 from .conftest import Checkpoint, holder_home
@@ -42,6 +43,7 @@ def _fetch(running: Procs, home: Path, ckpt: Checkpoint, addrs: list[str]):  # t
     return running.start(*args)
 
 
+@pytest.mark.slow
 def test_three_holders_one_joiner(tmp_path: Path, checkpoint: Checkpoint, running: Procs) -> None:
     homes = [holder_home(tmp_path, f"h{i}", checkpoint) for i in range(3)]
     addrs = [addr for _p, addr in running.holders(homes, "--open", "--rate", "4000000")]
@@ -54,6 +56,7 @@ def test_three_holders_one_joiner(tmp_path: Path, checkpoint: Checkpoint, runnin
     _assert_same(BlockStore(joiner / "blocks"), checkpoint)
 
 
+@pytest.mark.slow
 def test_holder_killed_mid_transfer(tmp_path: Path, checkpoint: Checkpoint, running: Procs) -> None:
     homes = [holder_home(tmp_path, f"h{i}", checkpoint) for i in range(3)]
     holders = running.holders(homes, "--open", "--rate", "1500000")
@@ -68,6 +71,7 @@ def test_holder_killed_mid_transfer(tmp_path: Path, checkpoint: Checkpoint, runn
     assert [e["holder"] for e in dropped] == [_peer(holders[0][1])]
 
 
+@pytest.mark.slow
 def test_corrupting_holder_is_dropped_and_reported(
     tmp_path: Path, checkpoint: Checkpoint, running: Procs
 ) -> None:
@@ -88,6 +92,7 @@ def test_corrupting_holder_is_dropped_and_reported(
     assert any(e.get("event") == "TESTING_AID_corrupting_uploads" for e in bad_proc.log_events())
 
 
+@pytest.mark.slow
 def test_all_holders_gone_keeps_progress_then_resumes(
     tmp_path: Path, checkpoint: Checkpoint, running: Procs
 ) -> None:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 
 import pytest
 import trio
+from libp2p.peer.id import ID
+
 from cnode.auth import Identity
 from cnode.node.p2p import (
     FetchError,
@@ -21,11 +23,19 @@ from cnode.node.p2p import (
 from cnode.node.p2p._exchange import request_blocks
 from cnode.node.p2p._wire import End, Error, FrameReader, Kind, Status
 from cnode.storage import BlockStore
-from libp2p.peer.id import ID
-
-from tests.support.procs import Procs
+from tests.support.procs import CnodeProc, Procs, procs
 
 from .conftest import Checkpoint, holder_home
+
+
+@pytest.fixture(scope="module")
+def shared_holder(
+    tmp_path_factory: pytest.TempPathFactory, checkpoint: Checkpoint
+) -> Iterator[tuple[CnodeProc, str]]:
+    """One holder process for all the bad-request cases (each must leave it serving)."""
+    base = tmp_path_factory.mktemp("shared-holder")
+    with procs(base) as running:
+        yield running.holder(holder_home(base, "h", checkpoint), "--open")
 
 
 def _peer(addr: str) -> str:
@@ -68,12 +78,13 @@ async def _raw_exchange(node: P2PNode, peer: str, data: bytes) -> object:
 def test_bad_request_gets_error_and_holder_keeps_serving(
     tmp_path: Path,
     checkpoint: Checkpoint,
-    running: Procs,
+    shared_holder: tuple[CnodeProc, str],
     data: bytes,
     status: Status,
     text: str,
 ) -> None:
-    proc, addr = running.holder(holder_home(tmp_path, "h", checkpoint), "--open")
+    proc, addr = shared_holder
+    before = len(proc.log_events())
 
     async def main() -> None:
         async with _client(tmp_path, "bad") as bad, _client(tmp_path, "good") as good:
@@ -90,7 +101,7 @@ def test_bad_request_gets_error_and_holder_keeps_serving(
 
     trio.run(main)
     assert proc.proc.poll() is None
-    refused = [e for e in proc.log_events() if e.get("event") == "serve_refused"]
+    refused = [e for e in proc.log_events()[before:] if e.get("event") == "serve_refused"]
     assert refused and refused[0]["status"] == status.name
 
 

@@ -7,6 +7,7 @@ import struct
 import pytest
 import trio
 import trio.testing
+
 from cnode.node.p2p import FrameTooLargeError, PeerProtocolError, limits
 from cnode.node.p2p._wire import (
     Block,
