@@ -28,6 +28,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from cnode.auth import Opened, seal
+from cnode.node._config import NodeConfig
 from cnode.storage import CID, BlockStore, missing_blocks
 
 from . import _defects, limits
@@ -71,6 +72,16 @@ class P2PSettings:
     upload_rate_bytes_per_s: int = 0  # 0 = no cap
     run_id: str | None = None  # join this run's announcement topic
     corrupt_uploads_for_tests: bool = False
+
+    @classmethod
+    def from_config(cls, config: NodeConfig, *, run_id: str | None = None) -> P2PSettings:
+        """Listen address, bootstrap peers and upload cap from the node's ``config.toml``."""
+        return cls(
+            listen=(config.listen,),
+            bootstrap=tuple(config.bootstrap),
+            upload_rate_bytes_per_s=config.upload_rate_bytes_per_s,
+            run_id=run_id,
+        )
 
 
 class Subscription:
@@ -328,7 +339,9 @@ class P2PNode:
         await self._announce(Kind.DEPARTURE)
 
     async def _follow_announcements(self, run: str, allow: Callable[[str], bool]) -> None:
-        validator = announcement_validator(run, allow)
+        # Our own announcements pass our own validator too (py-libp2p validates local
+        # publishes): a holder that serves only some peers must still be able to announce.
+        validator = announcement_validator(run, lambda peer: peer == self.peer_id or allow(peer))
         async with self.subscribe(announce_topic(run), validator) as sub:
             async for opened in sub:
                 self._table.apply(opened.signer, Announcement.from_payload(opened.payload))

@@ -122,7 +122,9 @@ def test_gossip_builds_holder_table_and_drops_strangers(tmp_path: Path) -> None:
     async def main() -> list[Any]:
         with structlog.testing.capture_logs() as logs:
             async with (
-                open_p2p_node(a_id, store, settings, allow=allowed.__contains__) as a,
+                # A serves only B, and must still be able to announce (its own message
+                # passes its own validator).
+                open_p2p_node(a_id, store, settings, allow={b_id.peer_id_str}.__contains__) as a,
                 open_p2p_node(b_id, store, settings, allow=allowed.__contains__) as b,
                 open_p2p_node(c_id, store, settings, allow=lambda _p: True) as c,
             ):
@@ -191,3 +193,13 @@ def test_bridge_reports_trio_side_failure(tmp_path: Path) -> None:
 
     with pytest.raises(Exception, match="bad listen address"):
         asyncio.run(main())
+
+
+def test_settings_from_config() -> None:
+    from cnode.node._config import NodeConfig
+
+    config = NodeConfig(listen="/ip4/127.0.0.1/tcp/4555", bootstrap=["/ip4/1.2.3.4/tcp/1/p2p/x"])
+    settings = P2PSettings.from_config(config.with_changes(upload_rate_bytes_per_s=5), run_id="r")
+    assert settings.listen == ("/ip4/127.0.0.1/tcp/4555",)
+    assert settings.bootstrap == ("/ip4/1.2.3.4/tcp/1/p2p/x",)
+    assert settings.upload_rate_bytes_per_s == 5 and settings.run_id == "r"
