@@ -149,7 +149,10 @@ def _centered_clip(
     params: Mapping[str, Any],
     previous: Mapping[str, torch.Tensor] | None,
 ) -> RuleOutput:
-    """CenteredClip: v <- v + sum_i w_i min(1, tau/|x_i - v|)(x_i - v) / sum_i w_i.
+    """CenteredClip: v <- v + sum_i w_i c_i (x_i - v) / sum_i w_i c_i, c_i = min(1, tau/d_i).
+
+    normalize="all" divides by sum_i w_i as in the paper; the default divides by the clipped
+    weights (the IRLS form): the same fixed points, reached in a few iterations instead of ~15.
 
     One pass over the data per iteration: each chunk is moved to the new v and, in the same
     pass, the squared distances to the new v (for the next iteration's clip weights) and the
@@ -160,6 +163,7 @@ def _centered_clip(
     tolerance = float(params.get("tolerance", limits.CLIP_TOLERANCE))
     tau_scale = float(params.get("tau_scale", limits.CLIP_TAU_SCALE))
     reject = float(params.get("reject_score", limits.CLIP_REJECT_SCORE))
+    normalize = params.get("normalize", "clipped")
     fixed_tau = params.get("tau")
 
     v = stack.new_vector()
@@ -187,6 +191,9 @@ def _centered_clip(
         for _ in range(max_iter):
             clip = _clip_weights(dist, tau, reject)
             coef = [s * c for s, c in zip(share, clip, strict=True)]
+            if normalize == "clipped":
+                kept = math.fsum(coef)
+                coef = [c / kept for c in coef] if kept > 0 else coef
             col = torch.tensor(coef, dtype=torch.float64).reshape(-1, 1)
             acc.zero_()
             step_acc.zero_()
@@ -216,6 +223,7 @@ def _centered_clip(
             "tau_rule": "fixed" if fixed_tau is not None else "scale_free",
             "tau_scale": tau_scale,
             "reject_score": reject,
+            "normalize": normalize,
             "start": used_start,
             "start_median_distance": start_median,
             "iterations": iterations,

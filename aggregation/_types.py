@@ -38,6 +38,7 @@ AGGREGATORS: Mapping[str, Mapping[str, tuple[type, ...]]] = {
         "max_iterations": (int,),
         "tolerance": (int, float),
         "reject_score": (int, float),
+        "normalize": (str,),
     },
 }
 
@@ -116,6 +117,8 @@ def _check_ranges(name: str, params: Mapping[str, Any]) -> None:
     scale = params.get("tau_scale", 1.0)
     if not (math.isfinite(scale) and scale > 0):
         raise bad("tau_scale", "must be a finite number > 0")
+    if params.get("normalize", "clipped") not in ("clipped", "all"):
+        raise bad("normalize", "must be 'clipped' or 'all'")
     if params.get("start", "median") not in _CLIP_STARTS:
         raise bad("start", f"must be one of {', '.join(_CLIP_STARTS)}")
     iters = params.get("max_iterations", 1)

@@ -30,6 +30,7 @@ from cnode.aggregation import (
     ATTACKS,
     ATTACKS_DATA_LEVEL,
     AggregatorConfig,
+    NotEnoughUpdatesError,
     TensorSpec,
     aggregate,
     flip_labels,
@@ -165,13 +166,16 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
         for a in attackers if not absent else []:
             sent[a] = attacks[a](honest, sent[a], rng, N_PEERS, s.f)
         present = [i for i in range(N_PEERS) if not (absent and i in attackers)]
-        res = aggregate(
-            {ids[i]: sent[i] for i in present},
-            expected=spec,
-            config=config,
-            weights=weights,
-            previous=prev,
-        )
+        try:
+            res = aggregate(
+                {ids[i]: sent[i] for i in present},
+                expected=spec,
+                config=config,
+                weights=weights,
+                previous=prev,
+            )
+        except NotEnoughUpdatesError:  # the model diverged: honest updates are NaN too
+            break
         prev = res.tensors
         glob = {k: glob[k] + res.tensors[k] for k in glob}
     return accuracy(glob, xte, yte)
