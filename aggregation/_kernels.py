@@ -19,7 +19,7 @@ import torch
 from . import limits
 from ._types import TensorSpec
 
-__all__ = ["Chunk", "Stack", "select_rows", "tree_sum"]
+__all__ = ["Chunk", "Stack", "chunk_width", "select_rows", "tree_sum"]
 
 _F64 = torch.float64
 
@@ -98,6 +98,14 @@ def select_rows(x: torch.Tensor, ranks: tuple[int, ...]) -> list[torch.Tensor]:
     return [x[r] for r in ranks]
 
 
+def chunk_width(n: int) -> int:
+    """W for n updates (limits.py): a power of two, fixed by n alone."""
+    w = limits.CHUNK_ELEMENTS
+    while w > limits.MIN_CHUNK_ELEMENTS and w * max(n, 1) > limits.WORK_ELEMENTS:
+        w //= 2
+    return w
+
+
 @dataclass(frozen=True)
 class Chunk:
     """A slice [start, stop) of the flattened layer ``name``."""
@@ -125,13 +133,14 @@ class Stack:
         self.specs = {n: expected[n] for n in self.names}
         self.n = len(updates)
         # reshape(-1) is a view for contiguous tensors; non-contiguous ones are copied once here.
+        self.width = chunk_width(self.n)
         self.flat = [{n: u[n].detach().reshape(-1) for n in self.names} for u in updates]
         self.chunks = [
-            Chunk(n, s, min(s + limits.CHUNK_ELEMENTS, self.specs[n].numel))
+            Chunk(n, s, min(s + self.width, self.specs[n].numel))
             for n in self.names
-            for s in range(0, self.specs[n].numel, limits.CHUNK_ELEMENTS)
+            for s in range(0, self.specs[n].numel, self.width)
         ]
-        self._buf = torch.empty((self.n, limits.CHUNK_ELEMENTS), dtype=_F64)
+        self._buf = torch.empty((self.n, self.width), dtype=_F64)
 
     def load(self, chunk: Chunk) -> torch.Tensor:
         """Rows = peers, float64. The returned tensor is reused by the next load()."""
@@ -150,8 +159,8 @@ class Stack:
         return {n: torch.empty(self.specs[n].numel, dtype=_F64) for n in self.names}
 
     def new_accumulator(self) -> torch.Tensor:
-        """Per-position partial sums (peers x CHUNK_ELEMENTS), reduced once by reduce()."""
-        return torch.zeros((self.n, limits.CHUNK_ELEMENTS), dtype=_F64)
+        """Per-position partial sums (peers x width), reduced once by reduce()."""
+        return torch.zeros((self.n, self.width), dtype=_F64)
 
     @staticmethod
     def accumulate_sq(acc: torch.Tensor, diff: torch.Tensor) -> None:

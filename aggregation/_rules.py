@@ -110,11 +110,11 @@ def _krum(
     neighbours = n - f - 2
     if neighbours < 1 and n > 1:
         raise NotEnoughUpdatesError(f"Krum with f={f} needs at least {f + 3} updates, got {n}")
-    pair = torch.zeros((n, n), dtype=torch.float64)
+    accs = [stack.new_accumulator() for _ in range(n)]  # n x (n x W): Krum is for small n
     for _chunk, x in stack.iter_chunks():
         for i in range(n):
-            d = x - x[i]
-            pair[i] = pair[i] + tree_sum(d * d, 1)
+            stack.accumulate_sq(accs[i], x - x[i])
+    pair = torch.stack([stack.reduce(a) for a in accs])
     rows = pair.tolist()
     scores = []
     for i in range(n):
@@ -185,8 +185,8 @@ def _centered_clip(
     share = [w / total for w in weights]
     iterations = 0
     step = 0.0
-    work = torch.empty((stack.n, limits.CHUNK_ELEMENTS), dtype=torch.float64)
-    step_acc = torch.empty((1, limits.CHUNK_ELEMENTS), dtype=torch.float64)
+    work = torch.empty((stack.n, stack.width), dtype=torch.float64)
+    step_acc = torch.empty((1, stack.width), dtype=torch.float64)
     if tau > 0.0:
         for _ in range(max_iter):
             clip = _clip_weights(dist, tau, reject)

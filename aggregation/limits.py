@@ -4,12 +4,17 @@ Changing any value marked *part of the result* changes aggregate bytes: every ho
 must use the same value, so treat such a change as a protocol change.
 """
 
-# Elements per chunk when a layer is cut for processing. Part of the result: sums of squares are
-# reduced chunk by chunk with a fixed pairwise tree, then chunk totals are added in order.
-# 2**16 float64 values x 16 peers = 8 MiB of working set: fits the L3 cache, few Python calls.
-CHUNK_ELEMENTS = 1 << 16
+# Chunk width W: each layer is cut into chunks of W elements; sums of squares are accumulated
+# per position across chunks and reduced with a fixed tree. Part of the result, and a function
+# of the number n of accepted updates only: W = the largest power of two <= WORK_ELEMENTS / n,
+# clamped to [MIN_CHUNK_ELEMENTS, CHUNK_ELEMENTS]. Every node aggregating the same set has the same
+# n, hence the same W, while one working block (n x W float64) stays at 8 MiB for any n.
+CHUNK_ELEMENTS = 1 << 16  # W for n <= 16
+MIN_CHUNK_ELEMENTS = 1 << 10  # W for n >= 1024
+WORK_ELEMENTS = 1 << 20
 
 # Most updates one aggregate() call accepts (the run's member list is bounded far below this).
+# Working memory is about 6 blocks of max(n x W, ...) float64: 48 MiB up to n = 1024.
 MAX_UPDATES = 4096
 
 # Longest peer id string accepted as a key (base58 libp2p ids are ~52 characters).

@@ -99,3 +99,12 @@ def test_golden_fixture() -> None:
         )
         assert digest(res) == case["sha256"], name
         assert res.rejected == data["rejected"]
+
+
+def test_chunk_width_depends_on_n_only() -> None:
+    from cnode.aggregation._kernels import chunk_width
+
+    assert chunk_width(1) == chunk_width(16) == limits.CHUNK_ELEMENTS
+    assert chunk_width(17) == limits.CHUNK_ELEMENTS // 2
+    assert chunk_width(4096) == limits.MIN_CHUNK_ELEMENTS
+    assert all(chunk_width(n) * n <= limits.WORK_ELEMENTS for n in range(1, 1025))
