@@ -19,8 +19,9 @@ MAX_REQUEST_FRAME = 2 + MAX_REQUEST_CIDS * (1 + MAX_CID_BYTES)
 MAX_FRAME_BODY = 1 + MAX_CID_BYTES + MAX_BLOCK_SIZE
 # Longest human-readable text in an ERROR frame.
 MAX_ERROR_TEXT = 512
-# Requests one fetcher keeps in flight per holder (each on its own stream).
-MAX_IN_FLIGHT_PER_HOLDER = 3
+# Requests one fetcher keeps in flight per holder (each on its own stream). 2 hides the gap
+# between requests; more streams only contend in yamux (measured: 1: 55, 2: 60, 3: 45 MB/s).
+MAX_IN_FLIGHT_PER_HOLDER = 2
 # Requests one holder serves at once for one peer; more are refused with BUSY.
 MAX_SERVED_STREAMS_PER_PEER = 8
 # Blocks asked for in one request by the scheduler (small: bounds the tail on a slow holder).
