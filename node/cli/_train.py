@@ -64,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _handle(args: argparse.Namespace) -> int:
     import trio
+
     from cnode.aggregation import ATTACKS
     from cnode.node.train import TrainingConfigError
     from cnode.node.train._loop import TrainSettings, run_node

@@ -16,6 +16,7 @@ from ._data import TextData as TextData
 from ._exceptions import CatchUpError as CatchUpError
 from ._exceptions import PeerUpdateError as PeerUpdateError
 from ._exceptions import ReplayMismatchError as ReplayMismatchError
+from ._exceptions import RoundStalledError as RoundStalledError
 from ._exceptions import StateMismatchError as StateMismatchError
 from ._exceptions import TrainingConfigError as TrainingConfigError
 from ._exceptions import TrainingError as TrainingError
@@ -43,6 +44,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "PeerUpdateError",
     "ReplayMismatchError",
     "ReplayReport",
+    "RoundStalledError",
     "StateMismatchError",
     "TextData",
     "TrainingConfig",

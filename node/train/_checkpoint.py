@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
+
 from cnode.storage import (
     CID,
     AggregationRecord,

@@ -58,7 +58,7 @@ def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE tokenizer on ``text``; the same text gives the same tokenizer."""
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(
-        [text],
+        iter([text]),
         vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),

@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from cnode.auth import Identity, save_identity
-from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+
+from cnode.auth import Identity, save_identity
+from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
 
 from ._report import read_report
 
@@ -217,6 +218,9 @@ def _coordinator_files(work: Path, procs: list[_Proc], settings: DemoSettings) -
             "round_timeout_s": 60.0,
             "checkpoint_every": 1,
             "cooldown_s": 30.0,
+            # After each checkpoint, time for every member to join the next round before the
+            # first ready member closes its list (DISCO: late comers go to the round after).
+            "warmup_s": 1.5,
         },
         "access": {"peers": [p.peer for p in procs]},
         "training": settings.training,

@@ -8,6 +8,7 @@ The tree::
           ├── PeerUpdateError          a peer's update or signed header is invalid (its fault)
           ├── StateMismatchError       this node's state differs from the one the swarm agreed on
           ├── ReplayMismatchError      recomputing a checkpoint gives other layers than its manifest
+          ├── RoundStalledError        the coordinator published no member list in time
           └── CatchUpError             the state needed to join could not be fetched or rebuilt
 """
 
@@ -19,6 +20,7 @@ __all__ = [
     "CatchUpError",
     "PeerUpdateError",
     "ReplayMismatchError",
+    "RoundStalledError",
     "StateMismatchError",
     "TrainingConfigError",
     "TrainingError",
@@ -62,6 +64,13 @@ class ReplayMismatchError(TrainingError):
     def __init__(self, message: str, layer: str | None = None) -> None:
         super().__init__(message)
         self.layer = layer
+
+
+class RoundStalledError(TrainingError):
+    """Raised when a round's member list does not come within MEMBERS_WAIT_S.
+
+    The message carries the coordinator's own reason (e.g. too few participants).
+    """
 
 
 class CatchUpError(TrainingError):

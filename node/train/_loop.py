@@ -8,6 +8,7 @@ The coordinator is reached over HTTP (httpx, under trio). See specs/training.md#
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import structlog
 import trio
+
 from cnode.aggregation import BanRecommendation
 from cnode.auth import Identity, Opened, load_identity
 from cnode.node._config import IDENTITY_FILE
@@ -24,6 +26,7 @@ from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     CoordinatorClient,
     CoordinatorRejected,
+    RoundInfo,
     RunConfig,
     load_run_config,
 )
@@ -40,7 +43,13 @@ from cnode.storage import CID, BlockStore
 
 from . import limits
 from ._config import TrainingConfig
-from ._exceptions import CatchUpError, PeerUpdateError, StateMismatchError, TrainingConfigError
+from ._exceptions import (
+    CatchUpError,
+    PeerUpdateError,
+    RoundStalledError,
+    StateMismatchError,
+    TrainingConfigError,
+)
 from ._report import Reporter
 from ._round import UPDATE_HEADER_TYPE, UpdateHeader, header_cid, open_update_header
 from ._trainer import NodeTrainer
@@ -123,7 +132,9 @@ async def run_node(settings: TrainSettings) -> int:
     finally:
         # Recorded for people and for the demo's report; the exception itself propagates.
         error = sys.exc_info()[1]
-        why = "done" if finished else f"{type(error).__name__}: {error}"
+        why = f"{type(error).__name__}: {error}" if not finished else "done"
+        if finished and session.left:
+            why = "left"
         reporter.event("stopped", reason=why)
     return 0
 
@@ -190,6 +201,30 @@ class _Session:
         self.banned: set[str] = set()
         self.headers = _HeaderValidator(settings.run, self.allow)
         self.done = False  # every asked-for round is finished (set before the host shuts down)
+        self.left = False  # SIGTERM/SIGINT: leave the current round and stop
+        self.current_round: int | None = None  # joined and not yet aggregated
+        self.own_header: tuple[bytes, float] | None = None  # envelope, republish until (monotonic)
+
+    async def _leave_on_signal(self, rounds: trio.CancelScope) -> None:
+        """On SIGTERM or SIGINT, stop the rounds; the node then leaves its current round."""
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for signum in signals:
+                log.info("leaving", signal=signal.Signals(signum).name, round=self.current_round)
+                self.left = True
+                rounds.cancel()
+                return
+
+    async def _leave(self, client: CoordinatorClient) -> None:
+        """Tell the coordinator this node leaves its current round (before its list closes,
+        the round goes on without it; after, the coordinator drops it at the deadline)."""
+        round_ = self.current_round
+        if round_ is not None:
+            with trio.move_on_after(5):
+                try:
+                    await client.leave(round_)
+                except CoordinatorRejected as exc:
+                    log.info("leave_refused", round=round_, error=str(exc))
+        self.reporter.event("left", round=round_)
 
     def allow(self, peer: str) -> bool:
         return peer not in self.banned
@@ -212,10 +247,30 @@ class _Session:
             self.reporter.event("listening", addrs=node.listen_addrs)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_headers, node)
-                await self._resume_from_store()
-                while not self.done:
-                    self.done = await self._one_round(client, node)
+                nursery.start_soon(self._republish_headers, node)
+                with trio.CancelScope() as rounds:
+                    nursery.start_soon(self._leave_on_signal, rounds)
+                    await self._resume_from_store()
+                    while not self.done:
+                        self.done = await self._one_round(client, node)
                 nursery.cancel_scope.cancel()
+            if self.left:
+                await self._leave(client)
+
+    async def _republish_headers(self, node: P2PNode) -> None:
+        """Publish the latest own header again every HEADER_REPUBLISH_S for a while.
+
+        Gossipsub delivers only to peers already in the topic's mesh; a member that (re)joined
+        moments before would miss the single publish. Repeats are cheap (one small message)
+        and receivers keep the first copy.
+        """
+        while True:
+            await trio.sleep(limits.HEADER_REPUBLISH_S)
+            if self.own_header is not None and time.monotonic() < self.own_header[1]:
+                try:
+                    await node.publish(updates_topic(self.run_id), self.own_header[0])
+                except P2PError as exc:
+                    log.info("header_republish_failed", error=str(exc))
 
     async def _drain_headers(self, node: P2PNode) -> None:
         async with node.subscribe(updates_topic(self.run_id), self.headers) as sub:
@@ -267,7 +322,9 @@ class _Session:
     async def _one_round(self, client: CoordinatorClient, node: P2PNode) -> bool:
         """Play one round; True when the node is done."""
         trainer = self.trainer
-        round_ = await client.join_round()
+        # Normally joined at the end of the previous round already (see below).
+        round_ = self.current_round or await client.join_round()
+        self.current_round = round_
         bind_context(round=round_)
         stop = self.settings.stop_after_round
         if stop and round_ > stop:
@@ -276,16 +333,24 @@ class _Session:
         if round_ != trainer.round + 1:
             await self._catch_up(client, node, round_)
         began = time.monotonic()
+        info: RoundInfo | None = None
         own = await trio.to_thread.run_sync(trainer.train, round_)
         t_train = time.monotonic() - began
         began = time.monotonic()
         self.headers.seen[(round_, trainer.peer)] = (own.envelope, own.header)
         await node.announce_update(own.header.update, round_)
         await node.publish(updates_topic(self.run_id), own.envelope)
+        self.own_header = (own.envelope, time.monotonic() + limits.HEADER_REPUBLISH_FOR_S)
         await client.ready(round_)
         t_publish = time.monotonic() - began + own.seconds_store
-        with trio.fail_after(limits.MEMBERS_WAIT_S):
+        with trio.move_on_after(limits.MEMBERS_WAIT_S):
             info = await client.wait_members(round_)
+        if info is None:
+            waiting = (await client.run_state()).waiting
+            raise RoundStalledError(
+                f"round {round_}: no member list after {limits.MEMBERS_WAIT_S:g} s "
+                f"(coordinator: {waiting or 'no reason given'})"
+            )
         members = sorted(info.members)[: limits.MAX_ROUND_MEMBERS]
         began = time.monotonic()
         headers, dropped = await self._fetch_updates(node, round_, members)
@@ -293,17 +358,24 @@ class _Session:
         began = time.monotonic()
         outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)
         t_aggregate = time.monotonic() - began
-        for ban in outcome.bans:
-            await self._report_ban(client, ban)
+        self.current_round = None
+        last = bool(stop) and round_ >= stop
+        if not last:
+            # Join the next round now: its list closes when its first member is ready, and a
+            # node that joins after that waits a whole round (DISCO's rule for late comers).
+            self.current_round = await client.join_round()
         manifest = None
         if round_ % self.every == 0:
             manifest = await trio.to_thread.run_sync(trainer.store_checkpoint)
             await node.announce_hold(manifest)
             await self._agree(client, round_, info.epoch, manifest)
+        for ban in outcome.bans:
+            await self._report_ban(client, ban)
+        loss = await trio.to_thread.run_sync(trainer.evaluate)
         self.reporter.event(
             "round",
             round=round_,
-            loss=outcome.loss,
+            loss=loss,
             state_cid=str(trainer.state_cid),
             manifest=None if manifest is None else str(manifest),
             members=list(outcome.members),
@@ -315,7 +387,7 @@ class _Session:
             aggregate_s=t_aggregate,
         )
         await self._refresh_bans(client)
-        return bool(stop) and round_ >= stop
+        return last
 
     async def _fetch_updates(
         self, node: P2PNode, round_: int, members: list[str]
@@ -323,7 +395,7 @@ class _Session:
         """The signed headers and update blocks of the round's members (bounded in time)."""
         headers: dict[str, tuple[CID, UpdateHeader]] = {}
         dropped: dict[str, str] = {}
-        with trio.move_on_after(limits.ROUND_FETCH_S):
+        with trio.move_on_after(limits.HEADER_WAIT_S):
             # Headers were published before their senders said ready, so they are normally
             # here already; wait a little for stragglers of the gossip mesh.
             while not all((round_, m) in self.headers.seen for m in members):

@@ -22,6 +22,7 @@ State = dict[str, torch.Tensor]
 def build_model(config: TrainingConfig) -> PreTrainedModel:
     """The run's initial model; the same seed gives the same weights on every node."""
     model_config: ModelConfig = config.model
+    model: PreTrainedModel
     if model_config.pretrained:
         from transformers import AutoModelForCausalLM
 

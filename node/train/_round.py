@@ -13,6 +13,7 @@ from typing import Any
 
 import structlog
 import torch
+
 from cnode.aggregation import AggregationResult, AggregatorConfig, TensorSpec, aggregate
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (

@@ -14,9 +14,11 @@ CIDs of any manifest without fetching a single tensor byte.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import dag_cbor
 import torch
+
 from cnode.storage import CID, compute_cid
 from cnode.storage.limits import CHUNK_SIZE
 
@@ -44,7 +46,7 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def state_cid_from_layers(layers: Sequence[tuple[str, str, Sequence[int], Sequence[CID]]]) -> CID:
     """The state CID of layers given as (name, dtype, shape, chunk CIDs), e.g. from a manifest."""
-    rows = [
+    rows: list[Any] = [
         [name, dtype, [int(d) for d in shape], [str(c) for c in chunks]]
         for name, dtype, shape, chunks in sorted(layers, key=lambda row: row[0])
     ]

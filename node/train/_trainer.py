@@ -15,6 +15,7 @@ from typing import Any
 
 import structlog
 import torch
+
 from cnode.aggregation import ATTACKS, BanPolicy, BanRecommendation
 from cnode.auth import Identity
 from cnode.storage import CID, BlockStore, load_checkpoint
@@ -61,7 +62,6 @@ class RoundOutcome:
     result: RoundResult
     members: tuple[str, ...]  # peers whose update was aggregated
     dropped: dict[str, str]  # peer -> why its update was not used (missing, bad header, ...)
-    loss: float  # held-out loss of the new state
     bans: list[BanRecommendation]
     seconds: float
 
@@ -186,12 +186,10 @@ class NodeTrainer:
                 _finite(result.aggregation.params),
             )
         )
-        loss = evaluate(self.model, self.state, self.data)
         log.info(
             "round_aggregated",
             round=round_,
             state=str(result.state_cid),
-            loss=round(loss, 4),
             members=len(updates),
             dropped=len(dropped),
         )
@@ -200,10 +198,13 @@ class NodeTrainer:
             result,
             tuple(sorted(updates)),
             dropped,
-            loss,
             bans,
             time.perf_counter() - began,
         )
+
+    def evaluate(self) -> float:
+        """Held-out loss of the current state (the same figure on every node that holds it)."""
+        return evaluate(self.model, self.state, self.data)
 
     def store_checkpoint(self) -> CID:
         """Store the current state as a checkpoint; every honest node gets the same manifest CID."""

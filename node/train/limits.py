@@ -17,6 +17,13 @@ MAX_CORPUS_BYTES = 512 * 1024 * 1024
 
 # Seconds a node waits for the coordinator to publish a round's member list after it is ready.
 MEMBERS_WAIT_S = 120.0
+# Seconds a node waits for the signed headers of a round's members (gossip) before leaving out
+# those still missing; they were published before their senders said ready.
+HEADER_WAIT_S = 15.0
+# A node publishes its latest header again every HEADER_REPUBLISH_S, for HEADER_REPUBLISH_FOR_S
+# after the first publish: a member that (re)joined the gossip mesh moments before would miss it.
+HEADER_REPUBLISH_S = 1.0
+HEADER_REPUBLISH_FOR_S = 20.0
 # Seconds a node spends fetching the updates of one round's members before dropping the missing.
 ROUND_FETCH_S = 60.0
 # Seconds a joining node spends fetching the current checkpoint from its holders.

@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 import torch
+
 from cnode.node.train import DataConfig, ModelConfig, TrainingConfig, TrainingConfigError
 from cnode.node.train._data import (
     TOKENIZER_FILE,

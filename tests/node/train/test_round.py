@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from cnode.auth import Identity, seal
 from cnode.node.train import (
     PeerUpdateError,

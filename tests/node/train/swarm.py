@@ -1,0 +1,202 @@
+"""A real swarm for tests: a coordinator process and ``cnode train`` processes on 127.0.0.1.
+
+Every process is stopped by :meth:`Swarm.close` (SIGTERM, then SIGKILL), which the fixture calls
+in ``finally``. Waits are bounded and fail with the tails of the logs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tomli_w
+
+from cnode.auth import Identity, save_identity
+from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
+from cnode.node.coordinator import CoordinatorProcess, SyncCoordinatorClient, load_run_config
+from cnode.node.train._report import read_report
+
+RUN = "t"
+# Small enough that a round takes about a second on two loaded cores.
+TINY_TRAINING: dict[str, Any] = {
+    "model": {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32},
+    "data": {"seq_len": 32, "eval_sequences": 16},
+    "local_steps": 3,
+    "batch_size": 4,
+}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    name: str
+    home: Path
+    peer: str
+    port: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def report(self) -> Path:
+        return self.home / "report.jsonl"
+
+    @property
+    def log(self) -> Path:
+        return self.home / "node.log"
+
+    def addr(self) -> str:
+        return f"/ip4/127.0.0.1/tcp/{self.port}/p2p/{self.peer}"
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        events = read_report(self.report)
+        return [e for e in events if kind is None or e["event"] == kind]
+
+    def last_round(self) -> int:
+        rounds = self.events("round")
+        return int(rounds[-1]["round"]) if rounds else 0
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        return self.procs[-1]
+
+
+class Swarm:
+    def __init__(
+        self, tmp: Path, names: list[str], *, min_participants: int, round_timeout_s: float = 20.0
+    ) -> None:
+        self.tmp = tmp
+        self.nodes: dict[str, Node] = {}
+        for name in names:
+            home = tmp / name
+            home.mkdir(parents=True)
+            identity = Identity.generate()
+            save_identity(identity, home / IDENTITY_FILE)
+            port = _free_port()
+            save_config(home, NodeConfig(listen=f"/ip4/127.0.0.1/tcp/{port}"))
+            self.nodes[name] = Node(name, home, identity.peer_id_str, port)
+        key = Identity.generate()
+        save_identity(key, tmp / "coordinator.key")
+        config = {
+            "run": RUN,
+            "coordinator": key.peer_id_str,
+            "rounds": {
+                "min_participants": min_participants,
+                "round_timeout_s": round_timeout_s,
+                "checkpoint_every": 1,
+                "cooldown_s": 20.0,
+                # Time for every member to join the next round before its list can close.
+                "warmup_s": 1.0,
+            },
+            "access": {"peers": [n.peer for n in self.nodes.values()]},
+            "training": TINY_TRAINING,
+        }
+        self.run_config = tmp / "run.toml"
+        self.run_config.write_text(tomli_w.dumps(config), encoding="utf-8")
+        self.coordinator = CoordinatorProcess(
+            self.run_config, tmp / "coordinator.db", tmp / "coordinator.key"
+        )
+        self.coordinator.start()
+
+    def start(self, name: str, *extra: str, rounds: int, checkpointer: bool = False) -> Node:
+        node = self.nodes[name]
+        cmd = [
+            sys.executable, "-m", "cnode", "--log-json", "train",
+            "--run", RUN,
+            "--run-config", str(self.run_config),
+            "--home", str(node.home),
+            "--coordinator", self.coordinator.url,
+            "--rounds", str(rounds),
+            "--report", str(node.report),
+            *extra,
+        ]  # fmt: skip
+        if checkpointer:
+            cmd.append("--checkpointer")
+        for other in self.nodes.values():
+            if other is not node:
+                cmd += ["--bootstrap", other.addr()]
+        env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        with node.log.open("ab") as log:
+            node.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+        return node
+
+    def wait(self, what: str, check: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if check():
+                return
+            time.sleep(0.3)
+        raise AssertionError(f"timed out waiting for {what}\n{self.describe()}")
+
+    def wait_exit(self, node: Node, timeout: float) -> int:
+        try:
+            return node.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"{node.name} did not exit\n{self.describe()}") from None
+
+    def describe(self) -> str:
+        out = []
+        for node in self.nodes.values():
+            tail = (
+                node.log.read_bytes()[-1500:].decode("utf-8", "replace")
+                if node.log.exists()
+                else ""
+            )
+            out.append(
+                f"--- {node.name}: events {[e['event'] for e in node.events()][-8:]}\n{tail}"
+            )
+        out.append(f"--- coordinator\n{self.coordinator.log_tail(1500)}")
+        return "\n".join(out)
+
+    def run_state(self) -> Any:
+        config = load_run_config(self.run_config)
+        with SyncCoordinatorClient(
+            self.coordinator.url,
+            run=RUN,
+            coordinator=config.coordinator,
+            identity=Identity.generate(),
+        ) as client:
+            return client.run_state()
+
+    def signal(self, node: Node, sig: signal.Signals) -> None:
+        if node.proc.poll() is None:
+            node.proc.send_signal(sig)
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            for proc in node.procs:
+                if proc.poll() is None:
+                    proc.terminate()
+        for node in self.nodes.values():
+            for proc in node.procs:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=10)
+        self.coordinator.stop()
+
+
+def final_states(nodes: list[Node]) -> dict[str, tuple[int, str]]:
+    out = {}
+    for node in nodes:
+        rounds = node.events("round")
+        if rounds:
+            out[node.name] = (rounds[-1]["round"], rounds[-1]["state_cid"])
+    return out
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=1, default=str)[:3000]

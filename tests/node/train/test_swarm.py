@@ -1,0 +1,116 @@
+"""End to end: real coordinator and node processes on 127.0.0.1 train together.
+
+Two scenarios keep the total short: (1) honest nodes + an attacker + a late joiner: the model
+improves, the attacker is banned through the coordinator, the late joiner fetches the checkpoint
+from several holders and ends bit-identical, and the final checkpoint replays; (2) a node that
+leaves (SIGTERM) and a node killed (SIGKILL) and restarted from its own store.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cnode.node._config import load_config
+from cnode.node.train import replay_checkpoint
+from cnode.storage import CID, BlockStore
+
+from .swarm import Swarm, final_states
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def swarm_factory(tmp_path: Path) -> Iterator[list[Swarm]]:
+    made: list[Swarm] = []
+    try:
+        yield made
+    finally:
+        for swarm in made:
+            swarm.close()
+
+
+def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
+    tmp_path: Path, swarm_factory: list[Swarm]
+) -> None:
+    rounds = 5
+    swarm = Swarm(tmp_path, ["a", "b", "c", "evil", "late"], min_participants=3)
+    swarm_factory.append(swarm)
+    a = swarm.start("a", rounds=rounds, checkpointer=True)
+    b = swarm.start("b", rounds=rounds)
+    c = swarm.start("c", rounds=rounds)
+    evil = swarm.start("evil", "--attack", "gaussian", rounds=rounds)
+    late = swarm.start("late", "--join-after-round", "2", rounds=rounds)
+    honest = [a, b, c, late]
+    for node in honest:
+        assert swarm.wait_exit(node, timeout=240) == 0, swarm.describe()
+
+    # Every honest node, the late joiner included, ends with the same state.
+    finals = final_states(honest)
+    assert {r for r, _ in finals.values()} == {rounds}, finals
+    assert len({cid for _, cid in finals.values()}) == 1, finals
+
+    # The model improved (held-out loss, measured identically on every node).
+    losses = [e["loss"] for e in a.events("round")]
+    assert losses[-1] < losses[0]
+
+    # The attacker was banned through the coordinator on the honest majority's evidence ...
+    bans = swarm.run_state().bans
+    assert [b.peer for b in bans] == [evil.peer]
+    assert bans[0].by.startswith("majority")
+    assert evil.proc.wait(timeout=30) == 1
+    assert "banned" in evil.events("stopped")[-1]["reason"]
+    # ... and no honest peer was ever reported.
+    reported = {e["accused"] for n in honest for e in n.events("ban_reported")}
+    assert reported == {evil.peer}
+
+    # The late joiner caught up from a checkpoint, fetched from more than one holder.
+    (caught,) = late.events("caught_up")
+    assert caught["round"] >= 2
+    assert len([h for h, n in caught["bytes_per_holder"].items() if n > 0]) >= 2
+    assert late.events("round")[0]["round"] == caught["round"] + 1
+
+    # The final checkpoint recomputes from its parent and the signed updates.
+    home = a.home
+    store = BlockStore(load_config(home).blocks_dir(home))
+    final = CID.parse(a.events("round")[-1]["manifest"])
+    report = replay_checkpoint(store, final)
+    assert report.rounds == (rounds,)
+    assert str(report.state_cid) == finals["a"][1]
+
+
+def test_a_node_leaves_and_a_killed_node_restarts_and_rejoins(
+    tmp_path: Path, swarm_factory: list[Swarm]
+) -> None:
+    rounds = 5
+    swarm = Swarm(tmp_path, ["a", "b", "c"], min_participants=2, round_timeout_s=8.0)
+    swarm_factory.append(swarm)
+    a = swarm.start("a", rounds=rounds, checkpointer=True)
+    b = swarm.start("b", rounds=rounds)
+    c = swarm.start("c", rounds=rounds)
+
+    # c leaves after round 1 (SIGTERM: it tells the coordinator and stops, exit status 0).
+    swarm.wait("round 1 everywhere", lambda: min(n.last_round() for n in (a, b, c)) >= 1, 120)
+    swarm.signal(c, signal.SIGTERM)
+    assert swarm.wait_exit(c, timeout=30) == 0
+    assert c.events("stopped")[-1]["reason"] == "left"
+
+    # b is killed after round 2 and started again from the same home.
+    swarm.wait("round 2 on b", lambda: b.last_round() >= 2, 120)
+    swarm.signal(b, signal.SIGKILL)
+    b.proc.wait(timeout=10)
+    swarm.start("b", rounds=rounds)
+
+    assert swarm.wait_exit(a, timeout=180) == 0, swarm.describe()
+    assert swarm.wait_exit(b, timeout=60) == 0, swarm.describe()
+    assert b.events("resumed"), "the restarted node did not resume from its own store"
+    finals = final_states([a, b])
+    assert finals["a"] == finals["b"], finals
+    assert finals["a"][0] == rounds
+    # No round failed: a aggregated every round 1..5, with c's update only in round 1.
+    a_rounds = a.events("round")
+    assert [e["round"] for e in a_rounds] == list(range(1, rounds + 1))
+    assert all(c.peer not in e["members"] for e in a_rounds[1:])
