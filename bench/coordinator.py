@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -26,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import httpx
+import psutil
 import tomli_w
 
 from cnode.auth import Identity, load_identity, save_identity
@@ -152,11 +154,17 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
                 f"{args.connections} connections"
             )
             print("baseline (same run):")
-            base = await baseline(http, proc.url, 5 * args.peers, args.connections)
+            base = await baseline(http, proc.url, 5 * args.peers, min(args.connections, 200))
+            server = psutil.Process(proc.proc.pid if proc.proc else 0)
+            cpu0, mine0 = sum(server.cpu_times()[:2]), sum(psutil.Process().cpu_times()[:2])
             lat, elapsed, acked = await swarm(proc, peers, args.rounds, http)
+            cpu = sum(server.cpu_times()[:2]) - cpu0
+            mine = sum(psutil.Process().cpu_times()[:2]) - mine0
         total = sum(len(v) for v in lat.values())
         signed = sum(len(lat[k]) for k in ("join", "join_round", "ready"))
         print(f"swarm: {elapsed:.1f} s, {total} requests ({total / elapsed:.0f} req/s overall)")
+        print(f"  CPU: coordinator {cpu:.1f} s ({1000 * cpu / total:.2f} ms/request), "
+              f"peers (this process) {mine:.1f} s; machine load {os.getloadavg()[0]:.1f}")
         for kind in ("join", "join_round", "ready", "wait_members"):
             report(kind, lat[kind], elapsed)
         signed_rate = signed / elapsed
@@ -187,8 +195,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--peers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--connections", type=int, default=200)
+    parser.add_argument(
+        "--connections", type=int, default=0, help="HTTP pool size (default: peers + 50)"
+    )
     args = parser.parse_args()
+    # Every peer may hold one long poll open while others send requests: a smaller pool would
+    # queue the readies that finish a round behind the polls waiting for it.
+    args.connections = args.connections or args.peers + 50
     with tempfile.TemporaryDirectory(prefix="cnode-bench-coord-") as tmp:
         asyncio.run(run(args, Path(tmp)))
 
