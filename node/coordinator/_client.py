@@ -98,6 +98,14 @@ class _Core:
             payload["token"] = self.joined.token
         return {"envelope": b64encode(seal(self.identity, REQUEST_TYPE, payload))}
 
+    def retry_replayed(self, exc: CoordinatorRejected, attempt: int) -> bool:
+        """Whether to resend once with a fresh counter: another client with this key (the CLI
+        beside a running node) used a higher counter. A refused request changed nothing."""
+        if exc.code != "replayed" or attempt > 0:
+            return False
+        self._counter = max(self._counter, time.time_ns() // 1000) + 1_000_000
+        return True
+
     def needs_rejoin(self) -> bool:
         if self.joined is None:
             return False
@@ -210,13 +218,19 @@ class CoordinatorClient:
     async def _post(self, op: Op, args: Mapping[str, Any], *, token: bool) -> dict[str, Any]:
         if token and op is not Op.JOIN and self._core.needs_rejoin():
             await self.join(**self._core._join_args)
-        async with self._lock:
-            body = self._core.request_body(op, args, with_token=token)
+        for attempt in range(2):
+            async with self._lock:
+                body = self._core.request_body(op, args, with_token=token)
+                try:
+                    response = await self._http.post(self._core.path(str(op)), json=body)
+                except httpx.HTTPError as exc:
+                    raise _map_transport(exc, self._core.url) from exc
             try:
-                response = await self._http.post(self._core.path(str(op)), json=body)
-            except httpx.HTTPError as exc:
-                raise _map_transport(exc, self._core.url) from exc
-        return self._core.answer(response)
+                return self._core.answer(response)
+            except CoordinatorRejected as exc:
+                if not self._core.retry_replayed(exc, attempt):
+                    raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     # -- membership ---------------------------------------------------------------------------
 
@@ -348,13 +362,21 @@ class SyncCoordinatorClient:
         args: dict[str, Any] = {}
         if hf_binding is not None or hf_token is not None:
             args = {"hf_binding": hf_binding, "hf_token": hf_token}
-        body = self._core.request_body(Op.JOIN, args, with_token=False)
-        self._core.joined = JoinResult.from_json(self._send("POST", "join", json=body))
+        self._core.joined = JoinResult.from_json(self._signed("join", Op.JOIN, args))
         return self._core.joined
 
     def admin(self, action: str, **args: Any) -> dict[str, Any]:
-        body = self._core.request_body(Op.ADMIN, {"action": action, **args}, with_token=False)
-        return self._send("POST", "admin", json=body)
+        return self._signed("admin", Op.ADMIN, {"action": action, **args})
+
+    def _signed(self, tail: str, op: Op, args: dict[str, Any]) -> dict[str, Any]:
+        for attempt in range(2):
+            body = self._core.request_body(op, args, with_token=False)
+            try:
+                return self._send("POST", tail, json=body)
+            except CoordinatorRejected as exc:
+                if not self._core.retry_replayed(exc, attempt):
+                    raise
+        raise AssertionError("unreachable: the second attempt returns or raises")
 
     def allowlist_add(self, value: str, *, kind: str = "user") -> bool:
         return bool(self.admin("allowlist.add", kind=kind, value=value)["changed"])

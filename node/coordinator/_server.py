@@ -354,10 +354,10 @@ class CoordinatorServer:
             raise RequestRefused(401, "bad_token", "the access token was issued to another peer")
         m = self.machine
         with self.store.tx():
-            m.check_not_banned(peer)  # revocation: a ban beats any token, at once
+            username = "" if access.username == PEER_ONLY_USERNAME else access.username
+            m.check_not_banned(peer, username)  # revocation: a ban beats any token, at once
             m.consume_counter(peer, counter)
             if op is Op.JOIN_ROUND:
-                username = "" if access.username == PEER_ONLY_USERNAME else access.username
                 return {"round": m.join_round(peer, username, now)}
             if op is Op.READY:
                 m.ready(peer, parse_round(args), now, parse_header(args))
@@ -368,7 +368,7 @@ class CoordinatorServer:
             if op is Op.CHECKPOINT:
                 record = parse_checkpoint(args, peer)
                 return {"checkpoint": m.submit_checkpoint(peer, record, now).to_payload()}
-            return m.report_ban(peer, parse_evidence(args), now).to_json()
+            return m.bans.report(peer, parse_evidence(args), now).to_json()
 
     def _admin(self, signer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
         if signer not in self.admins:
@@ -393,10 +393,10 @@ class CoordinatorServer:
             if action == "allowlist.ls":
                 return {"allowlist": s.allowlist()}
             if action == "ban":
-                m.ban(a["peer"], a["reason"], by, now)
+                m.bans.ban(a["peer"], a["reason"], by, now)
                 return {}
             if action == "unban":
-                m.unban(a["peer"], by, now)
+                m.bans.unban(a["peer"], by, now)
                 return {}
             return {"log": s.log_page(a["after"], a["limit"])}
 

@@ -121,3 +121,13 @@ def test_new_run_writes_a_config_pinning_the_key(tmp_path: Path, cli_logging: No
     assert config.coordinator == load_identity(key).peer_id_str
     assert config.rounds.min_participants == 3 and len(config.access.peers) == 1
     assert key.stat().st_mode & 0o777 == 0o600
+
+
+def test_two_clients_with_one_key_recover_from_counter_order(serve: Any, peers: Any) -> None:
+    """The CLI beside a running node (same key): a counter below the other's is resent once."""
+    running = serve(run_config(peers))
+    with running.admin() as first, running.admin() as second:
+        first._core._counter = time.time_ns() // 1000 + 500_000  # its clock runs 0.5 s ahead
+        assert first.allowlist_add("alice")
+        assert second.allowlist_add("bob")  # refused as replayed once, then resent: accepted
+        assert {e["value"] for e in second.allowlist()} >= {"alice", "bob"}

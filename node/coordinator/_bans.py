@@ -1,0 +1,116 @@
+"""Bans: by an admin, or by a strict majority of a round's other members reporting the same
+evidence (specs/coordinator.md#bans). Runs inside the caller's transaction like RunMachine."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from ._exceptions import RequestRefused
+from ._protocol import BanReport
+from ._store import Store
+
+__all__ = ["BanBook"]
+
+log = structlog.get_logger(__name__)
+
+_ACTIVE = ("joined", "ready")
+
+
+class BanBook:
+    """Bans of one run; ``advance`` is the run machine's (a ban may finish or reopen a round)."""
+
+    def __init__(self, store: Store, advance: Callable[[float], None]) -> None:
+        self.store = store
+        self.advance = advance
+
+    def ban(
+        self,
+        peer: str,
+        reason: str,
+        by: str,
+        now: float,
+        *,
+        round_: int | None = None,
+        evidence: dict[str, Any] | None = None,
+    ) -> None:
+        s = self.store
+        s.db.execute(
+            "INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (peer, s.peer_username(peer), reason, round_, json.dumps(evidence), by, now),
+        )
+        current = int(s.run_row()["round"])
+        for n in (current, current + 1):
+            row = s.member(n, peer)
+            if row is not None and row["status"] in _ACTIVE:
+                s.set_member(n, peer, status="banned")
+        s.append_log(now, by, "ban", {"peer": peer, "reason": reason, "round": round_})
+        log.info("ban", peer=peer, reason=reason, by=by)
+        self.advance(now)
+
+    def unban(self, peer: str, by: str, now: float) -> None:
+        if self.store.db.execute("DELETE FROM bans WHERE peer = ?", (peer,)).rowcount == 0:
+            raise RequestRefused(404, "not_banned", f"peer {peer} is not banned")
+        self.store.append_log(now, by, "unban", {"peer": peer})
+
+    def report(self, reporter: str, evidence: dict[str, Any], now: float) -> BanReport:
+        """Count same-evidence reports of the round's members; ban on a strict majority."""
+        s = self.store
+        n, accused = evidence["round"], evidence["peer"]
+        row = s.round_row(n)
+        published = json.loads(row["members"] or "[]") if row is not None else []
+        if reporter not in published:
+            raise RequestRefused(
+                403, "not_member", f"peer {reporter} was not a member of round {n}"
+            )
+        if accused not in published or accused == reporter:
+            raise RequestRefused(
+                409, "bad_accused", f"peer {accused} is not another member of round {n}"
+            )
+        needed = (len(published) - 1) // 2 + 1
+        if s.ban_row(accused) is not None:
+            return BanReport(accused, n, 0, needed, True)
+        s.db.execute(
+            "INSERT OR REPLACE INTO ban_reports VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                n,
+                accused,
+                reporter,
+                evidence["reason"],
+                evidence["update_cid"],
+                evidence["figures"],
+                now,
+            ),
+        )
+        s.append_log(
+            now,
+            reporter,
+            "ban_evidence",
+            {"round": n, "peer": accused, "reason": evidence["reason"]},
+        )
+        reporters = [
+            str(r[0])
+            for r in s.db.execute(
+                "SELECT reporter FROM ban_reports WHERE round = ? AND accused = ? AND reason = ? "
+                "AND update_cid IS ? ORDER BY reporter",
+                (n, accused, evidence["reason"], evidence["update_cid"]),
+            ).fetchall()
+        ]
+        banned = len(reporters) >= needed
+        if banned:
+            self.ban(
+                accused,
+                evidence["reason"],
+                f"majority:{len(reporters)} of {len(published) - 1}",
+                now,
+                round_=n,
+                evidence={
+                    "update_cid": evidence["update_cid"],
+                    "reporters": reporters,
+                    "figures": evidence["figures"],
+                },
+            )
+        return BanReport(accused, n, len(reporters), needed, banned)
