@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -22,14 +22,12 @@ from aiohttp import web
 
 from cnode.auth import (
     AuthError,
-    BadSignature,
     EnvelopeError,
     HFLoginError,
     Identity,
     TokenError,
     hf_whoami,
     issue_access_token,
-    open_envelope,
     seal,
     verify_access_token,
     verify_hf_binding,
@@ -38,15 +36,14 @@ from cnode.auth import (
 from . import limits
 from ._config import RunConfig
 from ._exceptions import RequestRefused, RunConfigError
+from ._http import RateLimitedRefusal, json_errors, read_signed_request
 from ._machine import RunMachine
 from ._protocol import (
     PEER_ONLY_USERNAME,
-    REQUEST_TYPE,
     STATE_TYPE,
     JoinResult,
     Op,
     RoundStatus,
-    b64decode,
     b64encode,
 )
 from ._ratelimit import RateLimiter
@@ -56,7 +53,6 @@ from ._requests import (
     parse_evidence,
     parse_header,
     parse_round,
-    require,
 )
 from ._store import Store
 
@@ -123,7 +119,7 @@ class CoordinatorServer:
         self._runner: web.AppRunner | None = None
         self.url = ""
         self.app = web.Application(
-            client_max_size=limits.MAX_REQUEST_BYTES, middlewares=[_json_errors]
+            client_max_size=limits.MAX_REQUEST_BYTES, middlewares=[json_errors]
         )
         self.app.cleanup_ctx.append(self._ticker)
         base = "/v1/runs/{run}"
@@ -239,50 +235,19 @@ class CoordinatorServer:
 
     async def _post(self, request: web.Request) -> web.Response:
         self._check_run(request)
-        op = Op(request.path.rsplit("/", 1)[1])
-        if (request.content_length or 0) > limits.MAX_REQUEST_BYTES:
-            raise RequestRefused(
-                413, "too_large", f"body over MAX_REQUEST_BYTES ({limits.MAX_REQUEST_BYTES})"
-            )
-        body = await request.read()
-        try:
-            outer = json.loads(body)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise RequestRefused(400, "malformed_json", f"body is not JSON: {exc}") from exc
-        if not isinstance(outer, dict) or not isinstance(outer.get("envelope"), str):
-            raise RequestRefused(400, "bad_request", 'body must be {"envelope": "<base64>"}')
-        try:
-            data = b64decode(outer["envelope"])
-        except ValueError as exc:
-            raise RequestRefused(400, "bad_request", f"envelope: {exc}") from exc
-        if len(data) > limits.MAX_ENVELOPE_BYTES:
-            raise RequestRefused(413, "too_large", "envelope over MAX_ENVELOPE_BYTES")
-        try:
-            opened = open_envelope(data, expected_type=REQUEST_TYPE)
-        except BadSignature as exc:
-            raise RequestRefused(401, "bad_signature", f"request signature: {exc}") from exc
-        except EnvelopeError as exc:
-            raise RequestRefused(400, "bad_envelope", f"request envelope: {exc}") from exc
-        signer, p = opened.signer, opened.payload
-        counter = require(p, "counter", int)
-        args = require(p, "args", dict)
-        if require(p, "run", str) != self.run:
-            raise RequestRefused(400, "run_mismatch", "the signed request names another run")
-        if require(p, "op", str) != op:
-            raise RequestRefused(
-                400, "wrong_op", f"the signed request is for {p['op']!r}, not {str(op)!r}"
-            )
+        req = await read_signed_request(request, self.run)
+        op, signer, counter, args = req.op, req.signer, req.counter, req.args
         limiter = self._join_limit if op is Op.JOIN else self._request_limit
         wait = 0.0 if signer in self.admins else limiter.take(signer, time.time())
         if wait > 0:  # admins are not rate limited: they hold the run's keys anyway
-            raise _RateLimited(wait)
+            raise RateLimitedRefusal(wait)
         before = self.store.version()
         if op is Op.JOIN:
             result = await self._join(signer, counter, args)
         elif op is Op.ADMIN:
             result = self._admin(signer, counter, args)
         else:
-            result = self._peer_op(op, signer, counter, args, p.get("token"))
+            result = self._peer_op(op, signer, counter, args, req.token)
         if self.store.version() != before:
             await self._after_change()
         return web.json_response({"ok": True, **result})
@@ -399,36 +364,3 @@ class CoordinatorServer:
                 m.bans.unban(a["peer"], by, now)
                 return {}
             return {"log": s.log_page(a["after"], a["limit"])}
-
-
-class _RateLimited(RequestRefused):
-    def __init__(self, wait: float) -> None:
-        super().__init__(
-            429, "rate_limited", f"too many requests from this peer; retry in {wait:.1f} s"
-        )
-        self.retry_after = wait
-
-
-@web.middleware
-async def _json_errors(
-    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-) -> web.StreamResponse:
-    """Every refusal becomes ``{"error": code, "message": text}`` with its status."""
-    try:
-        return await handler(request)
-    except RequestRefused as exc:
-        headers = {}
-        if isinstance(exc, _RateLimited):
-            headers["Retry-After"] = f"{max(1, round(exc.retry_after))}"
-        if exc.status >= 500:
-            log.warning("request_failed", code=exc.code, path=request.path)
-        return web.json_response(
-            {"error": exc.code, "message": exc.message}, status=exc.status, headers=headers
-        )
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        code = "too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
-        return web.json_response(
-            {"error": code, "message": exc.text or exc.reason}, status=exc.status
-        )
