@@ -1,0 +1,274 @@
+"""Seconds per training round, split train / publish / fetch / aggregate, vs a plain all-reduce.
+
+Four peers, each its own process, on loopback; a GPT-2-style model of ~10.2M parameters (so each
+update is ~41 MB of float32). Per round, each cnode peer:
+
+* train      one local AdamW step (batch 4 x 64 tokens) and the parameter delta;
+* publish    store the delta as blocks (kind "update" manifest), sign the update header, put it
+             on gossipsub;
+* wait       until the other three headers have arrived (the slowest peer's training; reported
+             apart, it is not communication);
+* fetch      the other three updates over the block exchange (/cnode/blocks/1.0.0), every
+             block verified against its CID;
+* aggregate  load the four updates, CenteredClip (default config), apply, state CID.
+
+The baseline runs in the same invocation, the same way: four processes with torch.distributed
+(gloo, loopback), the same model and step, then ``all_reduce(delta) / 4`` and apply.
+Printed: the median over rounds (and peers) of each phase, and fetch+aggregate vs the
+all-reduce. No coordinator is involved (it adds two small HTTP requests per round).
+
+    .venv/bin/python bench/round.py              # 3 rounds
+    .venv/bin/python bench/round.py --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PEERS = 4
+# n_layer=6, n_embd=368 (4 heads), vocab 1024, 64 positions: 10,152,000 parameters (+ LayerNorms).
+TRAINING = {
+    "model": {"n_layer": 6, "n_embd": 368, "n_head": 4, "n_positions": 64},
+    "local_steps": 1,
+    "batch_size": 4,
+    "data": {"eval_sequences": 8},
+}
+
+
+def _quiet() -> None:
+    import structlog
+
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# -- cnode peers -------------------------------------------------------------------------------
+
+
+def _cnode_peer(index: int, work: str, rounds: int, out: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    _quiet()
+    import trio
+
+    trio.run(_cnode_peer_async, index, Path(work), rounds, Path(out))
+
+
+async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> None:
+    import trio
+
+    from cnode.auth import Identity
+    from cnode.node.p2p import P2PSettings, open_p2p_node
+    from cnode.node.train import TrainingConfig
+    from cnode.node.train._loop import _HeaderValidator, updates_topic
+    from cnode.node.train._round import header_cid
+    from cnode.node.train._trainer import NodeTrainer
+    from cnode.storage import BlockStore
+
+    identity = Identity.generate()
+    store = BlockStore(work / f"peer{index}")
+    config = TrainingConfig.from_dict(TRAINING)
+    trainer = await trio.to_thread.run_sync(
+        lambda: NodeTrainer(config, run="bench", identity=identity, store=store)
+    )
+    headers = _HeaderValidator("bench", lambda _peer: True)
+    settings = P2PSettings(listen=("/ip4/127.0.0.1/tcp/0",), run_id="bench")
+    timings: list[dict[str, Any]] = []
+    async with open_p2p_node(identity, store, settings, allow=lambda _p: True) as node:
+        (work / f"addr{index}").write_text(node.listen_addrs[0])
+        addrs = await _wait_files(work, "addr", PEERS)
+        for i, addr in enumerate(addrs):
+            if i != index:
+                await node.connect(addr)
+
+        async with trio.open_nursery() as nursery:
+
+            async def drain() -> None:
+                async with node.subscribe(updates_topic("bench"), headers) as sub:
+                    async for _ in sub:
+                        pass
+
+            nursery.start_soon(drain)
+            await trio.sleep(3)  # let the gossip mesh form (heartbeat 1 s)
+            for round_ in range(1, rounds + 1):
+                t0 = time.perf_counter()
+                own = await trio.to_thread.run_sync(trainer.train, round_)
+                t_train = own.local.seconds
+                t1 = time.perf_counter()
+                headers.seen[(round_, trainer.peer)] = (own.envelope, own.header)
+                await node.publish(updates_topic("bench"), own.envelope)
+                t_publish = time.perf_counter() - t1 + own.seconds_store
+                t2 = time.perf_counter()
+                while sum(1 for (r, _p) in headers.seen if r == round_) < PEERS:
+                    await trio.sleep(0.005)
+                t_wait = time.perf_counter() - t2
+                t3 = time.perf_counter()
+                mine = {}
+                for (r, peer), (envelope, header) in list(headers.seen.items()):
+                    if r == round_:
+                        cid = header_cid(envelope)
+                        if not store.has(cid):
+                            store.put(cid, envelope)
+                        mine[peer] = (cid, header)
+                async with trio.open_nursery() as fetches:
+                    for peer, (_cid, header) in mine.items():
+                        if peer != trainer.peer:
+                            fetches.start_soon(
+                                lambda u=header.update, p=peer: node.fetch(u, holders=[p])
+                            )
+                t_fetch = time.perf_counter() - t3
+                t4 = time.perf_counter()
+                await trio.to_thread.run_sync(trainer.aggregate, round_, mine, {})
+                t_aggregate = time.perf_counter() - t4
+                timings.append(
+                    {
+                        "train": t_train,
+                        "publish": t_publish,
+                        "wait": t_wait,
+                        "fetch": t_fetch,
+                        "aggregate": t_aggregate,
+                        "round": time.perf_counter() - t0,
+                        "state": str(trainer.state_cid),
+                    }
+                )
+                (work / f"done{index}.{round_}").write_text("")
+                await _wait_files(work, "done", PEERS, suffix=f".{round_}")
+            nursery.cancel_scope.cancel()
+    out.write_text(json.dumps(timings))
+
+
+async def _wait_files(work: Path, prefix: str, n: int, suffix: str = "") -> list[str]:
+    import trio
+
+    with trio.fail_after(120):
+        while True:
+            paths = [work / f"{prefix}{i}{suffix}" for i in range(n)]
+            if all(p.exists() for p in paths):
+                return [p.read_text() for p in paths]
+            await trio.sleep(0.05)
+
+
+# -- all-reduce baseline -----------------------------------------------------------------------
+
+
+def _allreduce_peer(index: int, init: str, rounds: int, out: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    _quiet()
+    from cnode.node.train import TextData, TrainingConfig, build_model, model_state, train_local
+
+    dist.init_process_group("gloo", init_method=init, rank=index, world_size=PEERS)
+    config = TrainingConfig.from_dict(TRAINING)
+    data = TextData.build(config.data, config.model)
+    model = build_model(config)
+    state = model_state(model)
+    timings = []
+    for round_ in range(1, rounds + 1):
+        dist.barrier()
+        t0 = time.perf_counter()
+        local = train_local(model, state, data, config, peer_id=f"peer{index}", round_=round_)
+        t1 = time.perf_counter()
+        dist.barrier()  # the same "wait for the slowest trainer" as the cnode peers
+        t_wait = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        flat = torch.cat([local.delta[k].reshape(-1) for k in state])
+        dist.all_reduce(flat)
+        flat /= PEERS
+        offset = 0
+        for k in state:
+            n = state[k].numel()
+            state[k] = state[k] + flat[offset : offset + n].view_as(state[k])
+            offset += n
+        t_allreduce = time.perf_counter() - t2
+        timings.append({"train": t1 - t0, "wait": t_wait, "allreduce": t_allreduce, "round": 0.0})
+        timings[-1]["round"] = time.perf_counter() - t0
+    dist.destroy_process_group()
+    Path(out).write_text(json.dumps(timings))
+
+
+# -- driver ------------------------------------------------------------------------------------
+
+
+def _run(target: Any, args_of: Any) -> list[list[dict[str, Any]]]:
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="cnode-bench-round-") as tmp:
+        outs = [str(Path(tmp) / f"out{i}.json") for i in range(PEERS)]
+        procs = [ctx.Process(target=target, args=args_of(i, tmp, outs[i])) for i in range(PEERS)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=900)
+            if p.exitcode != 0:
+                for q in procs:
+                    q.kill()
+                raise SystemExit(f"a peer process failed (exit {p.exitcode})")
+        return [json.loads(Path(o).read_text()) for o in outs]
+
+
+def _median(results: list[list[dict[str, Any]]], key: str, skip_first: bool) -> float:
+    values = [r[key] for peer in results for r in peer[1 if skip_first else 0 :]]
+    return statistics.median(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    from cnode.node.train import TrainingConfig, build_model, model_state
+
+    params = sum(
+        t.numel() for t in model_state(build_model(TrainingConfig.from_dict(TRAINING))).values()
+    )
+    print(
+        f"bench/round.py: {PEERS} peers on loopback, {params:,} parameters "
+        f"({params * 4 / 1e6:.1f} MB per update), {args.rounds} rounds, {os.cpu_count()} CPUs"
+    )
+
+    cnode = _run(_cnode_peer, lambda i, tmp, out: (i, tmp, args.rounds, out))
+    states = {r["state"] for peer in cnode for r in peer[-1:]}
+    base = _run(
+        _allreduce_peer,
+        lambda i, tmp, out: (i, f"file://{tmp}/rendezvous", args.rounds, out),
+    )
+    skip = args.rounds > 1  # the first round includes warm-up (allocations, first connections)
+    rows = [
+        (k, _median(cnode, k, skip))
+        for k in ("train", "publish", "wait", "fetch", "aggregate", "round")
+    ]
+    print(
+        "\ncnode round (median over peers and rounds"
+        f"{', first round left out' if skip else ''}), seconds:"
+    )
+    for key, value in rows:
+        print(f"  {key:<10} {value:8.3f}")
+    b_rows = [(k, _median(base, k, skip)) for k in ("train", "wait", "allreduce", "round")]
+    print("\nall-reduce baseline (gloo, same model and step), seconds:")
+    for key, value in b_rows:
+        print(f"  {key:<10} {value:8.3f}")
+    exchange = dict(rows)["fetch"] + dict(rows)["aggregate"]
+    allreduce = dict(b_rows)["allreduce"]
+    print(
+        f"\nfetch+aggregate {exchange:.3f} s vs all-reduce {allreduce:.3f} s: "
+        f"ratio {exchange / allreduce:.2f}x"
+    )
+    comm = dict(rows)["publish"] + exchange
+    print(f"publish+fetch+aggregate {comm:.3f} s: ratio {comm / allreduce:.2f}x to the all-reduce")
+    print(f"honest peers agree on the final state: {len(states) == 1} ({len(states)} distinct)")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
