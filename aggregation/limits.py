@@ -28,10 +28,10 @@ CLIP_MAX_ITERATIONS = 30  # iteration cap; converged runs stop much earlier
 CLIP_TOLERANCE = 1e-4  # stop when the step length is below CLIP_TOLERANCE * tau
 # Scale-free tau: tau = CLIP_TAU_SCALE * median distance of the updates to the robust start,
 # recomputed each round. See specs/aggregation.md "Choosing tau" for the reasoning.
-CLIP_TAU_SCALE = 0.6
+CLIP_TAU_SCALE = 1.0
 # A peer farther from the current centre than CLIP_REJECT_SCORE x the median distance gets clip
 # weight 0 (0 turns this off). Part of the result. Same scale as OUTLIER_SCORE on purpose.
-CLIP_REJECT_SCORE = 2.0
+CLIP_REJECT_SCORE = 1.5
 
 # Ban evidence: a peer is an outlier in a round when its distance to the aggregate exceeds
 # OUTLIER_SCORE times the median distance of the accepted peers. Honest non-iid peers measured at

@@ -192,13 +192,14 @@ def main() -> int:
     ap.add_argument("--aggregators", default=",".join(AGGREGATORS))
     ap.add_argument("--attacks", default=",".join(["absent", *sorted(ATTACKS)]))
     ap.add_argument("--shards", default="iid,noniid")
+    ap.add_argument("--f", default="2,4", help="attacker counts (comma-separated)")
     args = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(1)
 
     seeds = list(range(1 if args.quick else args.seeds))
     rounds = 20 if args.quick else args.rounds
-    fs = [4] if args.quick else [2, 4]
+    fs = [4] if args.quick else [int(x) for x in args.f.split(",")]
     aggs = args.aggregators.split(",")
     attacks = args.attacks.split(",")
     shard_kinds = args.shards.split(",")
