@@ -14,7 +14,6 @@ stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-m
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -55,7 +54,12 @@ def _cnode(*args: str) -> subprocess.Popen[str]:
 
 def _start_holders(homes: list[Path], rate: int) -> list[tuple[subprocess.Popen[str], str]]:
     procs = [
-        _cnode("checkpoint", "serve", "--home", str(h), "--open", "--rate", str(rate))
+        _cnode(
+            "checkpoint",
+            "serve",
+            *("--home", str(h), "--listen", "/ip4/127.0.0.1/tcp/0"),
+            *("--open", "--rate", str(rate)),
+        )
         for h in homes
     ]
     out = []
@@ -87,16 +91,26 @@ def _fetch(home: Path, root: str, addrs: list[str]) -> tuple[float, float, int]:
     proc = subprocess.Popen(
         [*args, "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
-    _pid, status, usage = os.wait4(proc.pid, 0)
+    # The joiner's own high-water mark (VmHWM), read until it exits. (ru_maxrss from wait4
+    # is useless here: a vfork'ed child inherits this process's peak from before exec.)
+    peak = 0
+    while proc.poll() is None:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except OSError:
+            break
+        for line in status.splitlines():
+            if line.startswith("VmHWM:"):
+                peak = max(peak, int(line.split()[1]) * 1024)
+        time.sleep(0.05)
     assert proc.stdout is not None
     out = proc.stdout.read()
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
+    if proc.wait() != 0:
         raise SystemExit(f"fetch failed ({proc.returncode}): {out}")
     line = next(x for x in out.splitlines() if x.startswith("fetched "))
     seconds = float(line.split(" in ")[1].split(" s ")[0])
     mb_per_s = float(line.split("(")[1].split(" MB/s")[0])
-    return seconds, mb_per_s, usage.ru_maxrss * 1024
+    return seconds, mb_per_s, peak
 
 
 RAW_SERVER = """
