@@ -27,6 +27,7 @@ from ._exceptions import BadBlockError as BadBlockError
 from ._exceptions import DialError as DialError
 from ._exceptions import FetchError as FetchError
 from ._exceptions import FrameTooLargeError as FrameTooLargeError
+from ._exceptions import ListenError as ListenError
 from ._exceptions import P2PError as P2PError
 from ._exceptions import PeerProtocolError as PeerProtocolError
 from ._exceptions import RejectedMessage as RejectedMessage
@@ -54,6 +55,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "FetchReport",
     "FrameTooLargeError",
     "HolderTable",
+    "ListenError",
     "P2PError",
     "P2PNode",
     "P2PSettings",

@@ -18,13 +18,20 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
    10 msg/s per-topic spam limit that also throttles our own publishes, and a 120 s heartbeat.
    :func:`gossipsub_router` sets the heartbeat and rate; the node bounds message size
    (MAX_ANNOUNCEMENT_SIZE, an error, not a silent drop) and paces publishes (PUBLISH_MAX_PER_S).
+6. Listeners bind with SO_REUSEPORT, so a second node on the same fixed port starts "fine" and
+   the kernel splits inbound connections between the two processes (half the dials then fail
+   the Noise handshake). :func:`refuse_shared_port` probes each fixed port first.
+7. The TCP listener stays open after ``host.run`` ends (``Swarm.close`` is never called), so
+   the port stays taken until the process exits. :func:`close_listeners` closes them.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import math
+import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -45,6 +52,7 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
 from . import limits
+from ._exceptions import ListenError
 
 log = structlog.get_logger(__name__)
 
@@ -126,6 +134,47 @@ def release_inbound_slots(swarm: Any, capacity: int = limits.MAX_INBOUND_CONNECT
 
     swarm._do_handle_inbound_connection = handle
     swarm.upgrade_inbound_raw_conn = upgrade
+
+
+# -- 6. SO_REUSEPORT listeners share a port silently ------------------------------------------
+
+
+def refuse_shared_port(listen: list[Any]) -> None:
+    """ListenError if a fixed TCP port in ``listen`` (multiaddrs) is already being listened on.
+
+    The probe socket has SO_REUSEADDR (a port in TIME_WAIT is fine) but not SO_REUSEPORT, so
+    its bind fails exactly when another socket listens there.
+    """
+    for addr in listen:
+        protocols = {p.name for p in addr.protocols()}
+        if "tcp" not in protocols:
+            continue
+        port = int(addr.value_for_protocol("tcp"))
+        if port == 0:
+            continue
+        family = socket.AF_INET6 if "ip6" in protocols else socket.AF_INET
+        host = addr.value_for_protocol("ip6" if "ip6" in protocols else "ip4")
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ListenError(f"listen address {addr} is already in use") from exc
+                raise ListenError(f"cannot listen on {addr}: {exc}") from exc
+
+
+# -- 7. listeners left open after the host stops ----------------------------------------------
+
+
+async def close_listeners(swarm: Any) -> None:
+    """Close every transport listener of ``swarm`` (call after ``host.run`` has exited)."""
+    for listener in list(swarm.listeners.values()):
+        try:
+            await listener.close()
+        except (BaseLibp2pError, OSError) as exc:
+            log.info("listener_close_failed", error=repr(exc))
+    swarm.listeners.clear()
 
 
 # -- 3. a stream handler's exception kills the host ----------------------------------------------

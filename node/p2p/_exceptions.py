@@ -4,6 +4,7 @@
 
     CnodeError
     └── P2PError                       anything in the libp2p layer of cnode
+        ├── ListenError                a listen address is malformed or already in use
         ├── DialError                  a peer could not be reached or refused our handshake
         ├── StreamBroken               the remote side or the network broke a stream mid-way
         ├── PeerProtocolError          a remote peer sent bytes that break specs/blocks.md
@@ -24,6 +25,10 @@ from cnode import CnodeError
 
 class P2PError(CnodeError):
     """Raised by cnode.node.p2p when a network operation cannot be done."""
+
+
+class ListenError(P2PError):
+    """Raised by open_p2p_node when a listen address is malformed, unusable or already in use."""
 
 
 class DialError(P2PError):

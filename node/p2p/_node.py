@@ -42,7 +42,7 @@ from ._announce import (
     announcement_validator,
 )
 from ._bucket import TokenBucket
-from ._exceptions import AnnouncementError, DialError, P2PError, RejectedMessage
+from ._exceptions import AnnouncementError, DialError, ListenError, P2PError, RejectedMessage
 from ._scheduler import FetchReport, ProgressFn, Transfer
 from ._server import BlockServer
 from ._stream import Libp2pStream
@@ -366,8 +366,8 @@ async def open_p2p_node(
 
     Resource handling: the host, pubsub, and every background task live in a nursery that
     closes with the block; a departure is announced (best effort, 1 s) on the way out.
-    Error handling: DialError for a listen address that cannot be bound; bootstrap peers that
-    cannot be reached are logged and skipped.
+    Error handling: ListenError for a listen address that is malformed or already in use;
+    bootstrap peers that cannot be reached are logged and skipped.
     """
     _defects.remove_dial_delay()
     key_pair = identity.key_pair()
@@ -391,31 +391,37 @@ async def open_p2p_node(
     try:
         addrs = [multiaddr.Multiaddr(a) for a in settings.listen]
     except (ValueError, multiaddr.exceptions.Error) as exc:
-        raise DialError(f"bad listen address in {settings.listen}: {exc}") from exc
-    async with (
-        host.run(addrs),
-        background_trio_service(pubsub),
-        background_trio_service(router),
-        trio.open_nursery() as nursery,
-    ):
-        await pubsub.wait_until_ready()
-        node = P2PNode(identity, store, settings, host, pubsub, server, nursery)
-        log.info("p2p_node_started", peer=node.peer_id[-8:], listen=node.listen_addrs)
-        for address in settings.bootstrap:
-            try:
-                with trio.fail_after(10):
-                    await node.connect(address)
-            except (DialError, trio.TooSlowError) as exc:
-                log.warning("bootstrap_peer_unreachable", address=address, error=str(exc))
-        if settings.run_id is not None:
-            nursery.start_soon(node._follow_announcements, settings.run_id, allow)
-        try:
-            yield node
-        finally:
+        raise ListenError(f"bad listen address in {settings.listen}: {exc}") from exc
+    _defects.refuse_shared_port(addrs)
+    try:
+        async with (
+            host.run(addrs),
+            background_trio_service(pubsub),
+            background_trio_service(router),
+            trio.open_nursery() as nursery,
+        ):
+            await pubsub.wait_until_ready()
+            node = P2PNode(identity, store, settings, host, pubsub, server, nursery)
+            log.info("p2p_node_started", peer=node.peer_id[-8:], listen=node.listen_addrs)
+            for address in settings.bootstrap:
+                try:
+                    with trio.fail_after(10):
+                        await node.connect(address)
+                except (DialError, trio.TooSlowError) as exc:
+                    log.warning("bootstrap_peer_unreachable", address=address, error=str(exc))
             if settings.run_id is not None:
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    try:
-                        await node.announce_departure()
-                    except P2PError as exc:
-                        log.info("departure_not_announced", error=str(exc))
-            nursery.cancel_scope.cancel()
+                nursery.start_soon(node._follow_announcements, settings.run_id, allow)
+            try:
+                yield node
+            finally:
+                if settings.run_id is not None:
+                    with trio.CancelScope(shield=True), trio.move_on_after(1):
+                        try:
+                            await node.announce_departure()
+                        except P2PError as exc:
+                            log.info("departure_not_announced", error=str(exc))
+                nursery.cancel_scope.cancel()
+    finally:
+        # py-libp2p leaves its TCP listeners open when host.run ends (defect 7).
+        with trio.CancelScope(shield=True), trio.move_on_after(2):
+            await _defects.close_listeners(host.get_network())

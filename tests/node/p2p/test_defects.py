@@ -36,6 +36,7 @@ from cnode.node.p2p import (
     AnnouncementError,
     DialError,
     EnvelopeValidator,
+    ListenError,
     P2PSettings,
     limits,
     open_p2p_node,
@@ -299,3 +300,74 @@ def test_dial_error_names_address(tmp_path: Path) -> None:
                 await node.connect("/ip4/127.0.0.1/tcp/1")
 
     trio.run(main)
+
+
+# -- 6. SO_REUSEPORT: two listeners share one fixed port silently ------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_shared_port_canary() -> None:
+    port = _free_port()
+    fixed = [multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")]
+
+    async def main() -> None:
+        first, second = _host(), _host()
+        async with first.run(fixed), second.run(fixed):  # no error: both "listen"
+            assert str(first.get_addrs()[0]).startswith(str(fixed[0]))
+            assert str(second.get_addrs()[0]).startswith(str(fixed[0]))
+
+    trio.run(main)
+
+
+def test_node_refuses_port_in_use(tmp_path: Path) -> None:
+    port = _free_port()
+    settings = P2PSettings(listen=(f"/ip4/127.0.0.1/tcp/{port}",))
+    store = BlockStore(tmp_path / "blocks")
+
+    async def main() -> None:
+        async with open_p2p_node(Identity.generate(), store, settings, allow=bool):
+            with pytest.raises(ListenError, match="already in use"):
+                async with open_p2p_node(Identity.generate(), store, settings, allow=bool):
+                    pass
+        # Free again once the first node is gone.
+        async with open_p2p_node(Identity.generate(), store, settings, allow=bool):
+            pass
+
+    trio.run(main)
+
+
+# -- 7. listeners left open after host.run ends -------------------------------------------------
+
+
+def _port_taken(port: int) -> bool:
+    import socket
+
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("fix", [False, True])
+def test_listener_closed_after_run(fix: bool) -> None:
+    port = _free_port()
+
+    async def main() -> bool:
+        host = _host()
+        async with host.run([multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")]):
+            pass
+        if fix:
+            await defects.close_listeners(host.get_network())
+        return _port_taken(port)
+
+    assert trio.run(main) is (not fix)  # canary: still taken without the fix
