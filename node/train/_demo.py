@@ -34,6 +34,7 @@ from ._report import read_report
 __all__ = ["DemoSettings", "run_demo"]
 
 RUN_ID = "demo"
+_READER = Identity.generate()  # reads the coordinator's signed state; needs no membership
 
 
 @dataclass(frozen=True)
@@ -116,8 +117,31 @@ def _last(events: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e["event"] == kind), None)
 
 
-def _status_table(procs: list[_Proc], rounds: int) -> Table:
-    table = Table(title=f"cnode demo · run {RUN_ID!r} · {rounds} rounds")
+_STATUS = {
+    "started": "starting",
+    "listening": "joined",
+    "joining": "joining late",
+    "caught_up": "caught up",
+    "round": "training",
+    "ban_reported": "reported a ban",
+    "resumed": "resumed",
+}
+
+
+def _short_reason(reason: str) -> str:
+    if "banned" in reason:
+        return "banned by the coordinator"
+    return reason if len(reason) <= 60 else reason[:57] + "..."
+
+
+def _status_table(
+    procs: list[_Proc], settings: DemoSettings, coordinator: str, started: float
+) -> Table:
+    rounds, late_after = settings.rounds, settings.late_after_round
+    table = Table(
+        title=f"cnode demo · run {RUN_ID!r} · {rounds} rounds · {time.monotonic() - started:.0f} s",
+        caption=coordinator,
+    )
     for col in ("node", "role", "round", "held-out loss", "state CID", "status"):
         table.add_column(col)
     for p in procs:
@@ -127,20 +151,47 @@ def _status_table(procs: list[_Proc], rounds: int) -> Table:
         if p.popen is None:
             status = "not started"
         elif p.popen.poll() is None:
-            status = events[-1]["event"] if events else "starting"
-            if status == "started" and p.role == "late joiner":
-                status = "waiting to join late"
+            status = _STATUS.get(events[-1]["event"], events[-1]["event"]) if events else "starting"
+            if status == "starting" and p.role == "late joiner" and events:
+                status = f"waiting for round {late_after} before joining"
         else:
-            status = f"exited {p.popen.returncode}" + (f": {stopped['reason']}" if stopped else "")
+            why = _short_reason(stopped["reason"]) if stopped else "no report"
+            status = f"exited {p.popen.returncode}: {why}"
         table.add_row(
             p.name,
             p.role,
             str(last_round["round"]) if last_round else "-",
             f"{last_round['loss']:.4f}" if last_round else "-",
-            last_round["state_cid"][-12:] if last_round else "-",
+            "…" + last_round["state_cid"][-10:] if last_round else "-",
             status,
         )
     return table
+
+
+def _coordinator_line(url: str, run_config: Path) -> str:
+    """One line about the coordinator's signed state (read, signature checked)."""
+    from cnode.node.coordinator import (
+        CoordinatorError,
+        SyncCoordinatorClient,
+        load_run_config,
+    )
+
+    config = load_run_config(run_config)
+    try:
+        with SyncCoordinatorClient(
+            url, run=config.run, coordinator=config.coordinator, identity=_READER
+        ) as client:
+            state = client.run_state()
+    except CoordinatorError as exc:
+        return f"coordinator: {exc}"
+    line = f"coordinator: round {state.round.round}, phase {state.phase}"
+    if state.checkpoint is not None:
+        line += f", checkpoint of round {state.checkpoint.round}"
+    if state.bans:
+        line += f", {len(state.bans)} banned"
+    if state.waiting:
+        line += f" · {state.waiting}"
+    return line
 
 
 def run_demo(settings: DemoSettings, console: Console) -> int:
@@ -166,16 +217,22 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
             for p in procs:
                 p.popen = _start(_node_cmd(p, run_config, url, procs, settings), p.node_log)
                 started.append(p.popen)
-            deadline = time.monotonic() + settings.timeout_s
-            table = _status_table(procs, settings.rounds)
-            with Live(table, console=console, refresh_per_second=2) as live:
+            began = time.monotonic()
+            deadline = began + settings.timeout_s
+
+            def table() -> Table:
+                line = _coordinator_line(url, run_config)
+                return _status_table(procs, settings, line, began)
+
+            with Live(table(), console=console, refresh_per_second=2) as live:
                 while time.monotonic() < deadline:
                     time.sleep(0.5)
-                    live.update(_status_table(procs, settings.rounds))
+                    live.update(table())
                     honest = [p for p in procs if p.role != "attacker"]
                     if all(p.popen is not None and p.popen.poll() is not None for p in honest):
                         break
-                live.update(_status_table(procs, settings.rounds))
+                live.update(table())
+            console.print(f"the swarm ran for {time.monotonic() - began:.0f} s\n")
             return final_report(work, procs, url, run_config, settings, console)
         finally:
             for proc in reversed(started):

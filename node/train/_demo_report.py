@@ -57,19 +57,31 @@ def final_report(
 
     # 2. The late joiner's catch-up.
     late = next(p for p in procs if p.role == "late joiner")
-    caught = [e for e in events[late.name] if e["event"] == "caught_up"]
+    late_events = events[late.name]
+    caught = [e for e in late_events if e["event"] == "caught_up"]
+    joining = next((e for e in late_events if e["event"] == "joining"), None)
+    first_round = next((e for e in late_events if e["event"] == "round"), None)
     if caught:
-        for e in caught:
+        e = caught[0]
+        console.print(
+            f"late joiner {_short(late.peer)} joined after round {settings.late_after_round}: "
+            f"fetched the checkpoint of round {e['round']} (manifest …{e['manifest'][-12:]}, "
+            f"{e['bytes']:,} bytes) in {e['fetch_seconds']:.2f} s from "
+            f"{sum(1 for n in e['bytes_per_holder'].values() if n)} holders, every block "
+            f"verified against its CID"
+        )
+        if joining is not None and first_round is not None:
             console.print(
-                f"late joiner {_short(late.peer)}: fetched checkpoint of round {e['round']} "
-                f"({e['manifest'][-12:]}) in {e['seconds']:.2f} s, {e['bytes']} bytes"
+                f"  from joining to its first aggregated round ({first_round['round']}): "
+                f"{first_round['t'] - joining['t']:.1f} s; waiting for and fetching the "
+                f"checkpoint: {e['seconds']:.2f} s"
             )
-            per = Table(title="bytes fetched per holder")
-            per.add_column("holder")
-            per.add_column("bytes", justify="right")
-            for holder, nbytes in sorted(e["bytes_per_holder"].items()):
-                per.add_row(f"{names.get(holder, '?')} ({_short(holder)})", str(nbytes))
-            console.print(per)
+        per = Table(title="bytes the late joiner fetched from each holder")
+        per.add_column("holder")
+        per.add_column("bytes", justify="right")
+        for holder, nbytes in sorted(e["bytes_per_holder"].items(), key=lambda kv: -kv[1]):
+            per.add_row(f"{names.get(holder, '?')} (…{_short(holder)})", f"{nbytes:,}")
+        console.print(per)
     else:
         problems.append("the late joiner never caught up from a checkpoint")
 
@@ -89,8 +101,10 @@ def final_report(
         )
     else:
         problems.append("the attacker was not banned by the coordinator")
+    reporters = sorted({name for name, _ in against_attacker})
     for name, e in against_attacker[:1]:
-        console.print(f"evidence reported by {name}: {e['reason']}; figures {e['figures']}")
+        console.print(f"evidence (reported by {', '.join(reporters)}; shown: {name}'s):")
+        console.print(_evidence_lines(e["reason"], e.get("figures") or {}))
     if against_honest:
         problems.append(f"honest peers were reported: {[e['accused'] for _, e in against_honest]}")
     if any(b["peer"] != attacker.peer for b in bans):
@@ -126,6 +140,25 @@ def final_report(
     for problem in problems:
         console.print(f"[red]problem[/red]: {problem}")
     return 1 if problems else 0
+
+
+def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
+    """The ban evidence in words; the numbers are the aggregation's own records."""
+    lines = [f"  reason: {reason}"]
+    rounds = figures.get("rounds") or []
+    for i, round_ in enumerate(rounds):
+        score = figures.get("scores", [None] * len(rounds))[i]
+        distance = figures.get("distances", [None] * len(rounds))[i]
+        weight = figures.get("clip_weights", [None] * len(rounds))[i]
+        cid = (figures.get("update_cids") or [None] * len(rounds))[i]
+        lines.append(
+            f"  round {round_}: distance to the aggregate {distance:.1f}, "
+            f"{score:.1f}x the median distance (outlier above {figures.get('outlier_score')}), "
+            f"CenteredClip weight {weight:.3f}, update {cid}"
+        )
+    if "rejected" in figures:
+        lines.append(f"  rejected: {figures['rejected']}")
+    return "\n".join(lines)
 
 
 def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
