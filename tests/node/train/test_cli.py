@@ -1,0 +1,65 @@
+"""``cnode train`` / ``cnode demo``: bad input gives one clear line and exit status 1."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomli_w
+
+from cnode.auth import Identity, save_identity
+from cnode.node._config import IDENTITY_FILE
+from cnode.node.cli import main
+
+
+def _home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    home.mkdir()
+    save_identity(Identity.generate(), home / IDENTITY_FILE)
+    return home
+
+
+def _run_config(tmp_path: Path, **extra: object) -> Path:
+    path = tmp_path / "run.toml"
+    raw = {"run": "r1", "coordinator": Identity.generate().peer_id_str, **extra}
+    path.write_text(tomli_w.dumps(raw), encoding="utf-8")
+    return path
+
+
+def _train(home: Path, run_config: Path, *extra: str) -> list[str]:
+    return ["train", "--home", str(home), "--run-config", str(run_config), *extra]
+
+
+def test_unknown_attack_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = _home(tmp_path)
+    status = main(_train(home, _run_config(tmp_path), "--run", "r1", "--attack", "bogus"))
+    assert status == 1
+    err = capsys.readouterr().err
+    assert "unknown attack 'bogus'" in err and "gaussian" in err
+    assert not (home / "blocks").exists()  # nothing stored
+
+
+def test_run_id_must_match_the_run_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = _home(tmp_path)
+    assert main(_train(home, _run_config(tmp_path), "--run", "other")) == 1
+    assert "--run 'other' but the run config is for run 'r1'" in capsys.readouterr().err
+
+
+def test_bad_training_table_names_the_setting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = _home(tmp_path)
+    config = _run_config(tmp_path, training={"model": {"n_embd": 63}})
+    assert main(_train(home, config, "--run", "r1")) == 1
+    assert "n_embd must be a multiple of n_head" in capsys.readouterr().err
+
+
+def test_demo_refuses_a_late_joiner_after_the_last_round(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["demo", "--rounds", "3", "--late-after", "3"]) == 1
+    assert "--late-after" in capsys.readouterr().err
