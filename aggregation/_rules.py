@@ -40,18 +40,22 @@ def default_f(n: int) -> int:
     return max(0, (n - 1) // 2)
 
 
-def _weighted_sum(stack: Stack, coef: torch.Tensor, divisor: float) -> dict[str, torch.Tensor]:
+def _weighted_sum(
+    stack: Stack, coef: torch.Tensor | None, divisor: float
+) -> dict[str, torch.Tensor]:
+    """tree_sum over peers of coef_i * x_i (x_i when coef is None), divided by ``divisor``."""
     v = stack.new_vector()
-    col = coef.reshape(-1, 1)
+    col = None if coef is None else coef.reshape(-1, 1)
     for chunk, x in stack.iter_chunks():
-        v[chunk.name][chunk.start : chunk.stop] = tree_sum(x * col, 0) / divisor
+        vc = v[chunk.name][chunk.start : chunk.stop]
+        torch.div(tree_sum(x if col is None else x * col, 0), divisor, out=vc)
     return v
 
 
 def _mean(
     stack: Stack, weights: list[float], params: Mapping[str, Any], previous: Any
 ) -> RuleOutput:
-    v = _weighted_sum(stack, torch.ones(stack.n, dtype=torch.float64), float(stack.n))
+    v = _weighted_sum(stack, None, float(stack.n))
     return RuleOutput(v, [1.0] * stack.n)
 
 
