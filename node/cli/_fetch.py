@@ -12,8 +12,6 @@ from typing import Any
 
 import structlog
 import trio
-from cnode.node.p2p import DialError, FetchProgress, FetchReport, P2PSettings, open_p2p_node
-from cnode.storage import limits as storage_limits
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -23,6 +21,9 @@ from rich.progress import (
     TimeElapsedColumn,
     TransferSpeedColumn,
 )
+
+from cnode.node.p2p import DialError, FetchProgress, FetchReport, P2PSettings, open_p2p_node
+from cnode.storage import limits as storage_limits
 
 from ._serve import P2PCommandError, add_home, open_home, parse_cid
 

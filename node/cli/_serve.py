@@ -19,6 +19,7 @@ from typing import Any
 
 import structlog
 import trio
+
 from cnode.auth import AuthError, Identity, load_identity
 from cnode.node._config import IDENTITY_FILE, NodeConfig, default_home, load_config
 from cnode.node.p2p import P2PError, P2PSettings, open_p2p_node
