@@ -85,8 +85,9 @@ class CoordinatorServer:
     """One run's coordinator: ``await start()``, then ``url``; ``await stop()`` at the end.
 
     Resource handling: ``stop()`` cancels the deadline tick, closes the listener and the database.
-    Error handling: a bad run config or a DB of another run raises :class:`RunConfigError` from
-    ``start()``; request errors never escape (they become 4xx answers).
+    Error handling: a key other than the pinned one, or a DB of another run, raises
+    :class:`RunConfigError` from the constructor; request errors never escape (they become 4xx
+    answers).
     """
 
     def __init__(self, settings: ServeSettings, *, gossip: StateSink | None = None) -> None:
