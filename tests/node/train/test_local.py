@@ -61,6 +61,7 @@ def test_same_seed_same_weights_and_updates_are_deterministic() -> None:
     assert any(float(t.abs().max()) > 0 for t in r1.delta.values())
 
 
+@pytest.mark.slow
 def test_a_few_rounds_of_local_training_lower_the_held_out_loss() -> None:
     config = TrainingConfig()
     data = TextData.build(config.data, config.model)

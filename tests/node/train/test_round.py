@@ -59,6 +59,7 @@ def _play_round(nodes: list[NodeTrainer], round_: int) -> list[object]:
     return outcomes
 
 
+@pytest.mark.slow
 def test_honest_nodes_end_every_round_bit_identical(tmp_path: Path) -> None:
     nodes = _swarm(tmp_path, 3)
     for round_ in (1, 2):
@@ -69,6 +70,7 @@ def test_honest_nodes_end_every_round_bit_identical(tmp_path: Path) -> None:
     assert len(cids) == 1  # same manifest bytes on every node: each is a holder
 
 
+@pytest.mark.slow
 def test_checkpoint_replays_to_the_same_layers_and_names_a_tampered_layer(tmp_path: Path) -> None:
     nodes = _swarm(tmp_path, 3)
     _play_round(nodes, 1)
