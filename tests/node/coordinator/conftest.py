@@ -56,14 +56,6 @@ class Running:
         payload.pop("at_ms")
         return payload
 
-    def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the server's loop thread (it owns the SQLite connection)."""
-
-        async def run() -> Any:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
-
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)

@@ -128,10 +128,10 @@ def test_wrong_key_signatures(running: Running, peers: list[Identity]) -> None:
         "not an admin",
     )
     # A forged request: the admin's peer id as signer over a non-admin's signature.
-    mine = dag_cbor.decode(
+    mine: Any = dag_cbor.decode(
         base64.b64decode(body(peers[0], "admin", {"action": "allowlist.ls"})["envelope"])
     )
-    admin = dag_cbor.decode(
+    admin: Any = dag_cbor.decode(
         base64.b64decode(
             body(
                 running.key, "admin", {"action": "ban", "peer": peers[1].peer_id_str, "reason": "x"}
