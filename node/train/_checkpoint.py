@@ -209,6 +209,15 @@ class ReplayReport:
     layers: int
     state_cid: CID
 
+    def describe(self) -> str:
+        """One line for people (``cnode checkpoint verify --replay``)."""
+        rounds = f"rounds {self.rounds[0]}..{self.rounds[-1]}" if self.rounds else "no rounds"
+        parent = str(self.parent) if self.parent is not None else "the genesis state (seed)"
+        return (
+            f"replay OK: {rounds} recomputed from {parent} and {self.updates} signed update(s); "
+            f"all {self.layers} layers have the manifest's CIDs (state {self.state_cid})"
+        )
+
 
 def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
     """Recompute a checkpoint from its parent and signed updates; compare every layer's CIDs.

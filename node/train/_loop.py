@@ -163,6 +163,11 @@ def _only_leaf(group: BaseExceptionGroup) -> Exception | None:
     return current if isinstance(current, Exception) and current is not group else None
 
 
+# Rounds ahead of the oldest round still wanted for which headers are kept (a joiner that
+# catches up can be a round or two behind the swarm).
+_HEADER_WINDOW = 4
+
+
 class _HeaderValidator(EnvelopeValidator):
     """Accepts signed update headers of this run and keeps each envelope's bytes.
 
@@ -174,6 +179,7 @@ class _HeaderValidator(EnvelopeValidator):
         super().__init__(UPDATE_HEADER_TYPE, allow=allow)
         self.run = run
         self.seen: dict[tuple[int, str], tuple[bytes, UpdateHeader]] = {}
+        self.lowest = 1  # headers of earlier rounds are refused (see forget_before)
         self.arrived = trio.Event()
 
     def validate(self, data: bytes, source: str) -> Opened:
@@ -182,9 +188,21 @@ class _HeaderValidator(EnvelopeValidator):
             header = open_update_header(data, run=self.run, signer=source)
         except PeerUpdateError as exc:
             raise RejectedMessage(exc.reason) from exc
-        self.seen.setdefault((header.round, header.peer), (data, header))
+        # Bounded memory: only rounds near the node's own, at most MAX_ROUND_MEMBERS each.
+        if not self.lowest <= header.round <= self.lowest + _HEADER_WINDOW:
+            raise RejectedMessage(f"header for round {header.round}, outside the window")
+        if (header.round, header.peer) not in self.seen:
+            if sum(1 for r, _ in self.seen if r == header.round) >= limits.MAX_ROUND_MEMBERS:
+                raise RejectedMessage(f"round {header.round} already has MAX_ROUND_MEMBERS headers")
+            self.seen[(header.round, header.peer)] = (data, header)
         self.arrived.set()
         return opened
+
+    def forget_before(self, round_: int) -> None:
+        """Drop headers of rounds before ``round_`` and refuse them from now on."""
+        self.lowest = max(self.lowest, round_)
+        for key in [k for k in self.seen if k[0] < round_]:
+            del self.seen[key]
 
 
 class _Session:
@@ -325,6 +343,7 @@ class _Session:
         # Normally joined at the end of the previous round already (see below).
         round_ = self.current_round or await client.join_round()
         self.current_round = round_
+        self.headers.forget_before(round_ - 1)  # a joiner's window starts at its first round
         bind_context(round=round_)
         stop = self.settings.stop_after_round
         if stop and round_ > stop:
@@ -358,6 +377,7 @@ class _Session:
         began = time.monotonic()
         outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)
         t_aggregate = time.monotonic() - began
+        self.headers.forget_before(round_)  # this round's headers are in the store now
         self.current_round = None
         last = bool(stop) and round_ >= stop
         if not last:

@@ -83,6 +83,7 @@ def test_checkpoint_replays_to_the_same_layers_and_names_a_tampered_layer(tmp_pa
     report = replay_checkpoint(nodes[0].store, second)
     assert report.rounds == (2, 3) and report.parent == first
     assert report.state_cid == nodes[0].state_cid
+    assert report.describe().startswith("replay OK: rounds 2..3 recomputed from ")
     # the genesis-parented first checkpoint replays from the seed
     assert replay_checkpoint(nodes[0].store, first).rounds == (1,)
 
