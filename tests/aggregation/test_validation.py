@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from cnode.aggregation import AggregatorConfig, NotEnoughUpdatesError, aggregate, validate_update
+from cnode.aggregation import (
+    AggregatorConfig,
+    NotEnoughUpdatesError,
+    TensorSpec,
+    aggregate,
+    validate_update,
+)
 
 from .conftest import SPEC, digest, make_updates
 
@@ -87,3 +93,16 @@ def test_bad_peer_id_is_rejected() -> None:
 def test_all_rejected_raises() -> None:
     with pytest.raises(NotEnoughUpdatesError, match="no valid update among 2 received"):
         aggregate({"a": _nan(), "b": _inf()}, expected=SPEC, config=AggregatorConfig())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_non_finite_found_at_any_position(dtype: torch.dtype) -> None:
+    """The finiteness check is one min/max pass: NaN and Inf must show wherever they sit."""
+    n = 100_003
+    spec = {"t": TensorSpec((n,), dtype)}
+    for pos in (0, 1, 15, 16, 31, 32, 4097, n // 2, n - 2, n - 1):
+        for bad in (math.nan, math.inf, -math.inf):
+            t = torch.zeros(n, dtype=dtype)
+            t[pos] = bad
+            reason = validate_update({"t": t}, spec)
+            assert reason is not None and "is not finite" in reason, (pos, bad)
