@@ -8,7 +8,10 @@ a holder whose request fails (timeout, broken stream, protocol error, refusal) i
 this transfer and its unfinished CIDs go back to the queue for the others. A holder that sends
 bytes not matching their CID is dropped and reported with the evidence. A CID is requested from
 a second holder only if the first did not deliver it, so nothing is fetched twice unless its
-first copy was bad.
+first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
+slower holder's request to its own holder (the slower request stops once only moved CIDs are
+left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower (cancelling
+its request, partial block included), so one slow holder cannot hold up the end of a fetch.
 """
 
 from __future__ import annotations
@@ -74,6 +77,37 @@ class _Holder:
     in_flight: int = 0
     bytes: int = 0
     dropped: str | None = None
+    first_request: float | None = None  # monotonic time its first request started
+
+    def rate(self) -> float:
+        """Bytes per second delivered since its first request (0 before any)."""
+        if self.first_request is None:
+            return 0.0
+        return self.bytes / max(time.monotonic() - self.first_request, 1e-3)
+
+
+@dataclass(eq=False)
+class _Request:
+    """One request in flight: its CIDs in order, which arrived, which another holder took."""
+
+    holder: _Holder
+    cids: list[CID]
+    delivered: set[CID] = field(default_factory=set)
+    stolen: set[CID] = field(default_factory=set)
+    scope: trio.CancelScope | None = None
+    abandoned: bool = False
+
+    def remaining(self, *, include_current: bool) -> list[CID]:
+        """Undelivered CIDs still ours; without the first (it may be on the wire) by default."""
+        left = [c for c in self.cids if c not in self.delivered and c not in self.stolen]
+        return left if include_current else left[1:]
+
+    def only_stolen_left(self) -> bool:
+        return all(c in self.delivered or c in self.stolen for c in self.cids)
+
+
+class _Abandoned(Exception):
+    """Internal: every CID this request still waits for was moved to a faster holder."""
 
 
 ProgressFn = Callable[[FetchProgress], None]
@@ -106,6 +140,7 @@ class Transfer:
         self.blocks = 0
         self._pending: collections.deque[CID] = collections.deque()
         self._in_flight: set[CID] = set()
+        self._requests: set[_Request] = set()
         self._changed = trio.Event()
 
     # -- shared queue ------------------------------------------------------------------------
@@ -130,6 +165,36 @@ class Transfer:
         self._in_flight.update(batch)
         return batch
 
+    def _steal(self, thief: _Holder) -> list[CID]:
+        """End game: move work that a slower holder has not delivered yet to ``thief``.
+
+        From a holder not faster than ``thief``: the back half of its request's unsent CIDs (the
+        victim stops once only moved CIDs are left, so nothing is fetched twice). From a holder
+        STEAL_SLOWER_FACTOR times slower: everything it has not delivered, the block on the
+        wire included; its request is cancelled at once (that one partial block is wasted, and
+        nothing is stored twice).
+        """
+        best: _Request | None = None
+        take: list[CID] = []
+        thief_rate = thief.rate()
+        for request in self._requests:
+            victim = request.holder
+            if victim is thief or victim.dropped is not None or victim.rate() > thief_rate:
+                continue
+            much_slower = victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
+            left = request.remaining(include_current=much_slower)
+            left = [c for c in left if c not in thief.lacks]
+            tail = left if much_slower else left[len(left) // 2 :]
+            if len(tail) > len(take):
+                best, take = request, tail
+        if best is not None:
+            best.stolen.update(take)
+            log.debug("work_moved", blocks=len(take), src=best.holder.peer[-8:], dst=thief.peer)
+            if best.only_stolen_left() and best.scope is not None:
+                best.abandoned = True
+                best.scope.cancel()
+        return take
+
     def _report(self) -> None:
         if self.progress is not None:
             self.progress(
@@ -151,6 +216,7 @@ class Transfer:
         """
         self._pending = collections.deque(dict.fromkeys(cids))
         self._in_flight = set()
+        self._requests = set()
         live = [h for h in self.holders.values() if h.dropped is None]
         if self._pending and live:
             async with trio.open_nursery() as nursery:
@@ -168,7 +234,7 @@ class Transfer:
 
     async def _worker(self, holder: _Holder) -> None:
         while holder.dropped is None:
-            batch = self._take_batch(holder)
+            batch = self._take_batch(holder) or self._steal(holder)
             if not batch:
                 # Nothing this holder can take now; only a request in flight elsewhere can
                 # put work back (a failure or a lack), so wait for one to finish, or stop.
@@ -176,11 +242,16 @@ class Transfer:
                     return
                 await self._changed.wait()
                 continue
+            request = _Request(holder, batch)
+            self._requests.add(request)
             holder.in_flight += 1
-            delivered: set[CID] = set()
+            if holder.first_request is None:
+                holder.first_request = time.monotonic()
             lacked: set[CID] = set()
             try:
-                lacked = await self._request(holder, batch, delivered)
+                lacked = await self._request(request)
+            except _Abandoned:
+                pass  # its remaining blocks now belong to faster holders
             except BadBlockError as exc:
                 self._drop(holder, f"bad bytes: {exc}")
                 log.error(
@@ -199,10 +270,13 @@ class Transfer:
             ) as exc:
                 self._drop(holder, f"{type(exc).__name__}: {exc}")
             finally:
+                self._requests.discard(request)
                 holder.in_flight -= 1
                 holder.lacks |= lacked
-                self._in_flight.difference_update(batch)
-                back = [cid for cid in batch if cid not in delivered]
+                # Taken CIDs are the taker's now: neither done nor returned here.
+                mine = [cid for cid in batch if cid not in request.stolen]
+                self._in_flight.difference_update(mine)
+                back = [cid for cid in mine if cid not in request.delivered]
                 self._pending.extendleft(reversed(back))
                 self._notify()
 
@@ -211,16 +285,21 @@ class Transfer:
             holder.dropped = reason
             log.warning("holder_dropped", holder=holder.peer, reason=reason)
 
-    async def _request(self, holder: _Holder, batch: list[CID], delivered: set[CID]) -> set[CID]:
+    async def _request(self, request: _Request) -> set[CID]:
+        holder = request.holder
+
         async def on_block(cid: CID, data: bytes) -> None:
             await trio.to_thread.run_sync(self.store.put, cid, data)
-            delivered.add(cid)
+            request.delivered.add(cid)
             holder.bytes += len(data)
             self.bytes += len(data)
             self.blocks += 1
             self._report()
+            if request.stolen and request.only_stolen_left():
+                raise _Abandoned
 
         with trio.CancelScope() as scope:
+            request.scope = scope
 
             def on_frame() -> None:
                 scope.deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
@@ -228,7 +307,7 @@ class Transfer:
             on_frame()
             stream = await self.open_stream(holder.peer)
             try:
-                lacked = await request_blocks(stream, batch, on_block, on_frame)
+                lacked = await request_blocks(stream, request.cids, on_block, on_frame)
             except BaseException:
                 # Also on cancellation: tell the holder to stop sending (bounded, shielded).
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -236,6 +315,8 @@ class Transfer:
                 raise
             await stream.close()
             return lacked
+        if request.abandoned:
+            raise _Abandoned
         raise trio.TooSlowError(f"no progress for {limits.NO_PROGRESS_TIMEOUT_S} s")
 
     def report(self, root: CID) -> FetchReport:

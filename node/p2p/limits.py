@@ -26,6 +26,9 @@ MAX_IN_FLIGHT_PER_HOLDER = 2
 MAX_SERVED_STREAMS_PER_PEER = 8
 # Blocks asked for in one request by the scheduler (small: bounds the tail on a slow holder).
 BATCH_BLOCKS = 8
+# End game: a holder this many times slower than an idle one loses all its undelivered blocks
+# to it, the one on the wire included (see _scheduler._steal).
+STEAL_SLOWER_FACTOR = 4.0
 # A request that yields no frame for this long is abandoned and its blocks go to other holders.
 NO_PROGRESS_TIMEOUT_S = 10.0
 # A requester that sends no complete REQUEST frame within this time has its stream reset.

@@ -117,3 +117,29 @@ def test_all_holders_gone_keeps_progress_then_resumes(
     summary = next(line for line in again.stdout if line.startswith("fetched "))
     assert f"{checkpoint.blocks - kept} blocks" in summary, summary
     _assert_same(store, checkpoint)
+
+
+@pytest.mark.slow
+def test_slow_holder_does_not_hold_up_the_end(
+    tmp_path: Path, checkpoint: Checkpoint, running: Procs
+) -> None:
+    """Two holders at 4 MB/s, one at 150 kB/s: its unsent blocks move to the fast ones.
+
+    Without moving work, the slow holder's share (~5 MB of the ~15 MB) alone takes ~30 s.
+    """
+    fast = running.holders(
+        [holder_home(tmp_path, f"f{i}", checkpoint) for i in range(2)],
+        "--open",
+        "--rate",
+        "4000000",
+    )
+    _slow_proc, slow = running.holder(
+        holder_home(tmp_path, "slow", checkpoint), "--open", "--rate", "150000"
+    )
+    joiner = tmp_path / "joiner"
+    fetch = _fetch(running, joiner, checkpoint, [slow, *(addr for _p, addr in fast)])
+    assert fetch.wait(60) == 0, fetch.describe()
+    summary = next(line for line in fetch.stdout if line.startswith("fetched "))
+    seconds = float(summary.split(" in ")[1].split(" s ")[0])
+    assert seconds < 7, summary  # ideal ~1.8 s; without moving work ~12 s (no-progress drop)
+    _assert_same(BlockStore(joiner / "blocks"), checkpoint)
