@@ -121,13 +121,12 @@ async def run_node(settings: TrainSettings) -> int:
         except BaseExceptionGroup as group:
             # Nurseries wrap errors in groups; a single one is re-raised as itself so the CLI
             # prints its one-line message.
-            leaf = _only_leaf(group)
-            if leaf is None:
-                raise
-            if session.done and _is_libp2p_teardown_race(leaf):
-                log.warning("p2p_teardown_error_ignored", error=str(leaf))
-            else:
+            leaf = _only_leaf(group, done=session.done)
+            if leaf is not None:
                 raise leaf from None
+            if not session.done:
+                raise
+            log.warning("p2p_teardown_error_ignored", error=str(group))
         finished = True
     finally:
         # Recorded for people and for the demo's report; the exception itself propagates.
@@ -149,18 +148,31 @@ async def _wait_for_round(client: CoordinatorClient, round_: int) -> None:
             await trio.sleep(limits.POLL_INTERVAL_S * 5)
 
 
-def _is_libp2p_teardown_race(exc: Exception) -> bool:
+def _is_libp2p_teardown_race(exc: BaseException) -> bool:
     # py-libp2p 0.8.1: a gossip message that arrives while the host shuts down makes its pubsub
     # schedule a task into a closed nursery. The rounds are done by then; only the exit is noisy.
     return isinstance(exc, RuntimeError) and "closed to new arrivals" in str(exc)
 
 
-def _only_leaf(group: BaseExceptionGroup) -> Exception | None:
-    """The one ordinary exception inside nested single-member groups, else None."""
-    current: BaseException = group
-    while isinstance(current, BaseExceptionGroup) and len(current.exceptions) == 1:
-        current = current.exceptions[0]
-    return current if isinstance(current, Exception) and current is not group else None
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def _only_leaf(group: BaseExceptionGroup, *, done: bool) -> Exception | None:
+    """The one error that matters inside (nested) groups, else None.
+
+    The libp2p teardown race is noise when it comes with another error, or after the work is
+    done; then it is left out.
+    """
+    leaves = _leaves(group)
+    real = [e for e in leaves if not _is_libp2p_teardown_race(e)]
+    if not real and done:
+        return None
+    if len(real) == 1 and isinstance(real[0], Exception):
+        return real[0]
+    return None
 
 
 # Rounds ahead of the oldest round still wanted for which headers are kept (a joiner that
