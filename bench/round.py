@@ -6,8 +6,9 @@ update is ~41 MB of float32). Per round, each cnode peer:
 * train      one local AdamW step (batch 4 x 64 tokens) and the parameter delta;
 * publish    store the delta as blocks (kind "update" manifest), sign the update header, put it
              on gossipsub;
-* wait       until the other three headers have arrived (the slowest peer's training; reported
-             apart, it is not communication);
+* wait       until the other three headers have arrived (the slowest peer's training), and
+             after fetching until every peer has fetched (so no peer serves blocks while it
+             aggregates); reported apart, it is not this peer's work;
 * fetch      the other three updates over the block exchange (/cnode/blocks/1.0.0), every
              block verified against its CID;
 * aggregate  load the four updates, CenteredClip (default config), apply, state CID.
@@ -128,6 +129,12 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
                                 lambda u=header.update, p=peer: node.fetch(u, holders=[p])
                             )
                 t_fetch = time.perf_counter() - t3
+                # Wait until every peer has fetched, so no peer serves blocks (GIL-bound, in the
+                # main thread) while it aggregates: each phase is then timed on its own.
+                t5 = time.perf_counter()
+                (work / f"fetched{index}.{round_}").write_text("")
+                await _wait_files(work, "fetched", PEERS, suffix=f".{round_}")
+                t_wait += time.perf_counter() - t5
                 t4 = time.perf_counter()
                 await trio.to_thread.run_sync(trainer.aggregate, round_, mine, {})
                 t_aggregate = time.perf_counter() - t4
