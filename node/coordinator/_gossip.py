@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from types import TracebackType
@@ -66,8 +67,8 @@ def run_state_validator(run: str, coordinator: str) -> EnvelopeValidator:
 class StateGossip:
     """``async with StateGossip(identity, run, settings, blocks_dir) as gossip`` (asyncio side).
 
-    ``gossip.addrs``: the node's listen multiaddrs (put in the run state); ``await
-    gossip.publish(envelope)``: queue the latest state (never blocks on the network).
+    ``gossip.addrs``: the node's listen multiaddrs (put in the run state);
+    ``gossip.changed(signed_state)``: a newer state exists (never blocks, never signs).
 
     Resource handling: leaving the block cancels the publisher task and stops the trio thread.
     Error handling: a failed publish is logged and retried with the next state or republish.
@@ -81,7 +82,7 @@ class StateGossip:
         self.settings = settings
         self.blocks_dir = blocks_dir
         self.addrs: list[str] = []
-        self._latest: bytes | None = None
+        self._make: Callable[[], bytes] | None = None
         self._changed = asyncio.Event()
         self._portal_cm: AbstractAsyncContextManager[TrioPortal[P2PNode]] | None = None
         self._portal: TrioPortal[P2PNode] | None = None
@@ -111,11 +112,14 @@ class StateGossip:
         if self._portal_cm is not None:
             await self._portal_cm.__aexit__(t, e, tb)
 
-    async def publish(self, envelope: bytes) -> None:
-        if len(envelope) > p2p_limits.MAX_ANNOUNCEMENT_SIZE:
-            log.warning("run_state_too_big_to_gossip", size=len(envelope))
-            return
-        self._latest = envelope
+    def changed(self, signed_state: Callable[[], bytes]) -> None:
+        """The state changed; ``signed_state()`` gives the latest signed state when called.
+
+        It is called only when a message actually goes out (at most every
+        GOSSIP_MIN_INTERVAL_S): signing a state with a thousand members costs tens of ms, so a
+        burst of changes must not sign each one.
+        """
+        self._make = signed_state
         self._changed.set()
 
     async def _publisher(self) -> None:
@@ -125,8 +129,10 @@ class StateGossip:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), limits.GOSSIP_REPUBLISH_S)
             self._changed.clear()
-            data = self._latest
-            if data is not None:
+            data = self._make() if self._make is not None else None
+            if data is not None and len(data) > p2p_limits.MAX_ANNOUNCEMENT_SIZE:
+                log.warning("run_state_too_big_to_gossip", size=len(data))
+            elif data is not None:
                 try:
                     await self._portal.call(node.publish, self.topic, data)
                 except P2PError as exc:

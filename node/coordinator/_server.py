@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -66,7 +66,7 @@ class StateSink(Protocol):
 
     addrs: list[str]  # put into the run state as p2p_addrs
 
-    async def publish(self, envelope: bytes) -> None: ...
+    def changed(self, signed_state: Callable[[], bytes]) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ class CoordinatorServer:
         self.url = f"http://{host}:{port}"
         log.info("coordinator_listening", url=self.url, run=self.run, peer=self.peer_id)
         if self._gossip is not None:
-            await self._gossip.publish(self._signed_state())
+            self._gossip.changed(self._signed_state)
         return self.url
 
     async def stop(self) -> None:
@@ -179,7 +179,7 @@ class CoordinatorServer:
         for n in [n for n in self._published if n < current]:
             self._published.pop(n).set()
         if self._gossip is not None:
-            await self._gossip.publish(self._signed_state())
+            self._gossip.changed(self._signed_state)
 
     # -- reads ----------------------------------------------------------------------------------
 
