@@ -141,6 +141,7 @@ class Transfer:
         self._pending: collections.deque[CID] = collections.deque()
         self._in_flight: set[CID] = set()
         self._requests: set[_Request] = set()
+        self._stored: set[CID] = set()  # by any holder (a moved CID may arrive twice)
         self._changed = trio.Event()
 
     # -- shared queue ------------------------------------------------------------------------
@@ -276,7 +277,7 @@ class Transfer:
                 # Taken CIDs are the taker's now: neither done nor returned here.
                 mine = [cid for cid in batch if cid not in request.stolen]
                 self._in_flight.difference_update(mine)
-                back = [cid for cid in mine if cid not in request.delivered]
+                back = [cid for cid in mine if cid not in self._stored]
                 self._pending.extendleft(reversed(back))
                 self._notify()
 
@@ -291,6 +292,8 @@ class Transfer:
         async def on_block(cid: CID, data: bytes) -> None:
             await trio.to_thread.run_sync(self.store.put, cid, data)
             request.delivered.add(cid)
+            self._stored.add(cid)
+            self._in_flight.discard(cid)  # done: no longer pending anywhere
             holder.bytes += len(data)
             self.bytes += len(data)
             self.blocks += 1
