@@ -232,7 +232,7 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
                     if all(p.popen is not None and p.popen.poll() is not None for p in honest):
                         break
                 live.update(table())
-            console.print(f"the swarm ran for {time.monotonic() - began:.0f} s\n")
+            console.print(f"\nthe swarm ran for {time.monotonic() - began:.0f} s\n")
             return final_report(work, procs, url, run_config, settings, console)
         finally:
             for proc in reversed(started):

@@ -23,11 +23,34 @@ class Reporter:
             path.parent.mkdir(parents=True, exist_ok=True)
 
     def event(self, event: str, **fields: Any) -> None:
+        line = _human(event, fields)
+        if line is not None:
+            print(line, flush=True)  # stdout: one line per round for the person running it
         if self.path is None:
             return
         line = json.dumps({"event": event, "t": time.time(), "peer": self.peer, **fields})
         with self.path.open("a", encoding="utf-8") as fh:
             fh.write(line + "\n")
+
+
+def _human(event: str, f: dict[str, Any]) -> str | None:
+    if event == "round":
+        return (
+            f"round {f['round']}: held-out loss {f['loss']:.4f}, {len(f['members'])} members, "
+            f"state {f['state_cid']} (train {f['train_s']:.1f} s, publish {f['publish_s']:.1f} s, "
+            f"fetch {f['fetch_s']:.1f} s, aggregate {f['aggregate_s']:.1f} s)"
+        )
+    if event == "caught_up":
+        return (
+            f"caught up: checkpoint of round {f['round']} ({f['bytes']:,} bytes from "
+            f"{sum(1 for n in f['bytes_per_holder'].values() if n)} holders in "
+            f"{f['fetch_seconds']:.2f} s, every block verified)"
+        )
+    if event == "ban_reported":
+        return f"reported {f['accused'][-8:]} for a ban: {f['reason']} (banned: {f['banned']})"
+    if event in ("left", "resumed"):
+        return f"{event} (round {f.get('round')})"
+    return None
 
 
 def read_report(path: Path) -> list[dict[str, Any]]:
