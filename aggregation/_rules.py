@@ -70,16 +70,16 @@ def _weighted_mean(
 def _median_into(stack: Stack, v: dict[str, torch.Tensor], acc: torch.Tensor | None = None) -> None:
     """Coordinate-wise median into ``v``; with ``acc``, also the squared distances to it."""
     n = stack.n
-    for chunk, x in stack.iter_chunks():
-        lo, hi = select_rows(x.clone(), ((n - 1) // 2, n // 2))
+    for chunk in stack.chunks:
+        lo, hi = select_rows(stack.load_narrow(chunk), ((n - 1) // 2, n // 2))
         vc = v[chunk.name][chunk.start : chunk.stop]
         if n % 2:
             vc.copy_(lo)
         else:
-            torch.add(lo, hi, out=vc)
+            torch.add(lo.double(), hi.double(), out=vc)
             vc.mul_(0.5)
         if acc is not None:
-            stack.accumulate_sq(acc, x - vc)
+            stack.accumulate_sq(acc, stack.load(chunk) - vc)
 
 
 def _median(
@@ -100,8 +100,8 @@ def _trimmed_mean(
             f"trimmed mean with f={f} needs more than {2 * f} updates, got {n}"
         )
     v = stack.new_vector()
-    for chunk, x in stack.iter_chunks():
-        kept = torch.stack(select_rows(x.clone(), tuple(range(f, n - f))))
+    for chunk in stack.chunks:
+        kept = torch.stack(select_rows(stack.load_narrow(chunk), tuple(range(f, n - f)))).double()
         v[chunk.name][chunk.start : chunk.stop] = tree_sum(kept, 0) / float(n - 2 * f)
     return RuleOutput(v, [None] * n, params={"f": f})
 

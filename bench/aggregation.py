@@ -1,11 +1,12 @@
 """CenteredClip speed and memory on 16 updates x 10M float32 parameters (issue 4).
 
-Figures, all from this run: seconds of CenteredClip (default config) vs the deterministic plain
+Figures, all from this run: wall and CPU seconds (best of 3; ratios use CPU seconds, which
+the shared box's load disturbs less) of CenteredClip (default config) vs the deterministic plain
 mean of the same package and vs a naive ``torch.stack(...).mean(0)`` (goal: CenteredClip <= 3x
 the plain mean); peak memory of each, measured in a fresh subprocess as the growth of the peak
 RSS (``ru_maxrss``) across the call, relative to the stacked updates' size (goal: total peak
 <= 1.5x the stacked updates, i.e. growth <= 0.5x); and a bit-identity check (CenteredClip run
-twice, with 1 and with 2 threads).
+again with the other thread count). Runs with 1 thread unless --threads says otherwise.
 
     .venv/bin/python bench/aggregation.py            # 16 x 10M
     .venv/bin/python bench/aggregation.py --quick    # 16 x 1M
@@ -72,18 +73,21 @@ def child(method: str, peers: int, params: int, threads: int) -> None:
 
     once(small, small_spec)  # warm-up: thread pool and allocator start-up are not timed
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     out, params_used = once(ups, spec)
-    seconds = time.perf_counter() - t
+    seconds, cpu = time.perf_counter() - t, time.process_time() - c
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t = time.perf_counter()
-    once(ups, spec)  # second timing: report the faster (the box is shared)
-    seconds = min(seconds, time.perf_counter() - t)
+    for _ in range(2):  # more timings: report the fastest (the box is shared)
+        t, c = time.perf_counter(), time.process_time()
+        once(ups, spec)
+        seconds = min(seconds, time.perf_counter() - t)
+        cpu = min(cpu, time.process_time() - c)
     print(
         json.dumps(
             {
                 "method": method,
                 "seconds": seconds,
+                "cpu": cpu,
                 "growth": peak - before,
                 "peak": peak,
                 "before": before,
@@ -106,7 +110,9 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="1M parameters instead of 10M")
     ap.add_argument("--peers", type=int, default=16)
     ap.add_argument("--params", type=int, default=10_000_000)
-    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    # 1 by default: on the shared 2-core box, 2-thread timings measured other people's load
+    # (CenteredClip 43 s one run, 4.6 s the next). The bit-identity check uses the other count.
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     params = 1_000_000 if args.quick else args.params
@@ -122,29 +128,33 @@ def main() -> int:
         m: run_child(m, args.peers, params, args.threads)
         for m in ("naive_mean", "mean", "centered_clip")
     }
-    cc_1thread = run_child("centered_clip", args.peers, params, 1)
-    base = rows["mean"]["seconds"]
+    other = 2 if args.threads == 1 else 1
+    cc_other = run_child("centered_clip", args.peers, params, other)
+    base = rows["mean"]["cpu"]
+    naive = rows["naive_mean"]["cpu"]
     print(
-        "| method | seconds | x det. mean | x naive mean | peak RSS growth | growth / stacked "
-        "| total peak / stacked |"
+        "| method | wall s | CPU s | CPU x det. mean | CPU x naive mean | peak RSS growth "
+        "| growth / stacked | total peak / stacked |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     for m, r in rows.items():
         print(
-            f"| {m} | {r['seconds']:.2f} | {r['seconds'] / base:.2f} | "
-            f"{r['seconds'] / rows['naive_mean']['seconds']:.2f} | {r['growth'] / 2**20:.0f} MiB | "
+            f"| {m} | {r['seconds']:.2f} | {r['cpu']:.2f} | {r['cpu'] / base:.2f} | "
+            f"{r['cpu'] / naive:.2f} | {r['growth'] / 2**20:.0f} MiB | "
             f"{r['growth'] / stacked:.2f} | {(stacked + r['growth']) / stacked:.2f} |"
         )
     cc = rows["centered_clip"]
-    same = cc["digest"] == cc_1thread["digest"]
+    same = cc["digest"] == cc_other["digest"]
     print(
-        f"\ncentered_clip iterations: {cc['iterations']}; bit-identical with 1 thread: {same} "
-        f"({cc['digest']} vs {cc_1thread['digest']}; 1-thread time {cc_1thread['seconds']:.2f} s)"
+        f"\ncentered_clip iterations: {cc['iterations']}; bit-identical with {other} threads: "
+        f"{same} ({cc['digest']} vs {cc_other['digest']}; {other}-thread time "
+        f"{cc_other['seconds']:.2f} s)"
     )
-    ratio = cc["seconds"] / base
+    ratio = cc["cpu"] / base
     mem = (stacked + cc["growth"]) / stacked
     print(
-        f"goal time <= 3x mean: {ratio:.2f}x -> {'met' if ratio <= 3 else 'NOT met'}; "
+        f"goal time <= 3x mean (CPU s, deterministic mean): {ratio:.2f}x -> "
+        f"{'met' if ratio <= 3 else 'NOT met'} (vs naive torch mean: {cc['cpu'] / naive:.2f}x); "
         f"goal peak <= 1.5x stacked: {mem:.2f}x -> {'met' if mem <= 1.5 else 'NOT met'}"
     )
     return 0 if same else 1
