@@ -23,6 +23,10 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
    the Noise handshake). :func:`refuse_shared_port` probes each fixed port first.
 7. The TCP listener stays open after ``host.run`` ends (``Swarm.close`` is never called), so
    the port stays taken until the process exits. :func:`close_listeners` closes them.
+8. A gossip message that arrives while the host shuts down makes pubsub start a task in its
+   closed nursery: ``RuntimeError: Nursery is closed to new arrivals`` at exit, wrapped with
+   whatever error really ended the block. :func:`clean_group` drops that noise and unwraps a
+   lone real error, so callers (and the CLI) see e.g. a FetchError, not an ExceptionGroup.
 """
 
 from __future__ import annotations
@@ -175,6 +179,32 @@ async def close_listeners(swarm: Any) -> None:
         except (BaseLibp2pError, OSError) as exc:
             log.info("listener_close_failed", error=repr(exc))
     swarm.listeners.clear()
+
+
+# -- 8. teardown race in pubsub ------------------------------------------------------------------
+
+
+def is_teardown_race(exc: BaseException) -> bool:
+    """True for pubsub's start-a-task-in-a-closed-nursery error during shutdown."""
+    return isinstance(exc, RuntimeError) and "closed to new arrivals" in str(exc)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
+def clean_group(group: BaseExceptionGroup[BaseException]) -> BaseException | None:
+    """What to raise instead of ``group`` leaving a node: None (only teardown races), the lone
+    real error if there is exactly one ordinary exception, else the group without the races."""
+    _races, rest = group.split(is_teardown_race)
+    if rest is None:
+        return None
+    leaves = _leaves(rest)
+    if len(leaves) == 1 and isinstance(leaves[0], Exception):
+        return leaves[0]
+    return rest
 
 
 # -- 3. a stream handler's exception kills the host ----------------------------------------------

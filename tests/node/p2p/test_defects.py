@@ -371,3 +371,28 @@ def test_listener_closed_after_run(fix: bool) -> None:
         return _port_taken(port)
 
     assert trio.run(main) is (not fix)  # canary: still taken without the fix
+
+
+# -- 8. pubsub's teardown race, and errors leaving a node unwrapped -----------------------------
+
+
+def test_clean_group() -> None:
+    race = RuntimeError("Nursery is closed to new arrivals")
+    real = DialError("x")
+    assert defects.clean_group(BaseExceptionGroup("g", [race])) is None
+    assert defects.clean_group(BaseExceptionGroup("g", [race, ExceptionGroup("h", [real])])) is real
+    both = defects.clean_group(ExceptionGroup("g", [real, ValueError("y")]))
+    assert isinstance(both, ExceptionGroup) and len(both.exceptions) == 2
+
+
+def test_error_in_node_block_comes_out_unwrapped(tmp_path: Path) -> None:
+    from cnode.node.p2p import FetchError
+    from cnode.storage import compute_cid
+
+    async def main() -> None:
+        store = BlockStore(tmp_path / "blocks")
+        async with open_p2p_node(Identity.generate(), store, P2PSettings(), allow=bool) as node:
+            await node.fetch(compute_cid(b"nobody has this"))
+
+    with pytest.raises(FetchError, match="could not be fetched from any holder"):
+        trio.run(main)

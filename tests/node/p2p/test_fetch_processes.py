@@ -105,7 +105,8 @@ def test_all_holders_gone_keeps_progress_then_resumes(
         proc.kill()
     assert fetch.wait(60) == 1
     error = fetch.log_path.read_text()
-    assert "could not be fetched from any holder" in error
+    assert "cnode: error: " in error and "could not be fetched from any holder" in error
+    assert "Traceback" not in error
     store = BlockStore(joiner / "blocks")
     kept = sum(1 for _ in store.iter_cids())
     assert 0 < kept < checkpoint.blocks
@@ -143,3 +144,37 @@ def test_slow_holder_does_not_hold_up_the_end(
     seconds = float(summary.split(" in ")[1].split(" s ")[0])
     assert seconds < 7, summary  # ideal ~1.8 s; without moving work ~12 s (no-progress drop)
     _assert_same(BlockStore(joiner / "blocks"), checkpoint)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            [
+                "--peer",
+                "/ip4/127.0.0.1/tcp/1/p2p/12D3KooWHFd1gyNYFqxt7ke9FY2VoVVWY2XSPhvL9vg2pB6wQGfa",
+            ],
+            "none of the 1 peers could be reached",
+        ),
+        (["--peer", "/not/a/multiaddr"], "none of the 1 peers could be reached"),
+        ([], "no peers to fetch from"),
+    ],
+)
+def test_fetch_cli_errors_are_one_line(
+    tmp_path: Path, checkpoint: Checkpoint, running: Procs, args: list[str], message: str
+) -> None:
+    home = tmp_path / "joiner"
+    proc = running.start("checkpoint", "fetch", str(checkpoint.root), "--home", str(home), *args)
+    assert proc.wait(60) == 1
+    log = proc.log_path.read_text()
+    assert f"cnode: error: {message}" in log
+    assert "Traceback" not in log
+    assert not (home / "blocks" / "blocks").exists() or not any(
+        (home / "blocks" / "blocks").iterdir()
+    )
+
+
+def test_fetch_cli_bad_cid(tmp_path: Path, running: Procs) -> None:
+    proc = running.start("checkpoint", "fetch", "bafynotacid", "--home", str(tmp_path))
+    assert proc.wait(60) == 1
+    assert "cnode: error: 'bafynotacid' is not a CID" in proc.log_path.read_text()
