@@ -115,6 +115,7 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
                     await trio.sleep(0.005)
                 t_wait = time.perf_counter() - t2
                 t3 = time.perf_counter()
+                c3 = time.process_time()
                 mine = {}
                 for (r, peer), (envelope, header) in list(headers.seen.items()):
                     if r == round_:
@@ -129,6 +130,7 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
                                 lambda u=header.update, p=peer: node.fetch(u, holders=[p])
                             )
                 t_fetch = time.perf_counter() - t3
+                cpu_fetch = time.process_time() - c3
                 # Wait until every peer has fetched, so no peer serves blocks (GIL-bound, in the
                 # main thread) while it aggregates: each phase is then timed on its own.
                 t5 = time.perf_counter()
@@ -136,8 +138,10 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
                 await _wait_files(work, "fetched", PEERS, suffix=f".{round_}")
                 t_wait += time.perf_counter() - t5
                 t4 = time.perf_counter()
+                c4 = time.process_time()
                 await trio.to_thread.run_sync(trainer.aggregate, round_, mine, {})
                 t_aggregate = time.perf_counter() - t4
+                cpu_aggregate = time.process_time() - c4
                 timings.append(
                     {
                         "train": t_train,
@@ -145,6 +149,8 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
                         "wait": t_wait,
                         "fetch": t_fetch,
                         "aggregate": t_aggregate,
+                        "fetch_cpu": cpu_fetch,
+                        "aggregate_cpu": cpu_aggregate,
                         "round": time.perf_counter() - t0,
                         "state": str(trainer.state_cid),
                     }
@@ -255,12 +261,15 @@ def main() -> None:
         (k, _median(cnode, k, skip))
         for k in ("train", "publish", "wait", "fetch", "aggregate", "round")
     ]
+    cpu = {k: _median(cnode, f"{k}_cpu", skip) for k in ("fetch", "aggregate")}
     print(
         "\ncnode round (median over peers and rounds"
         f"{', first round left out' if skip else ''}), seconds:"
     )
     for key, value in rows:
-        print(f"  {key:<10} {value:8.3f}")
+        extra = f"   (CPU {cpu[key]:.3f} s of this process)" if key in cpu else ""
+        print(f"  {key:<10} {value:8.3f}{extra}")
+    print(f"  load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     b_rows = [(k, _median(base, k, skip)) for k in ("train", "wait", "allreduce", "round")]
     print("\nall-reduce baseline (gloo, same model and step), seconds:")
     for key, value in b_rows:
