@@ -34,7 +34,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="the run config TOML the run's author gave out (pins the coordinator's key)",
     )
     parser.add_argument("--home", type=Path, default=None, help="node home (default $CNODE_HOME)")
-    parser.add_argument("--coordinator", metavar="URL", help="coordinator URL (default: config)")
+    parser.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="coordinator URL (default: the run config's url, else config.toml's coordinator_url)",
+    )
     parser.add_argument("--listen", metavar="MULTIADDR", help="libp2p listen address")
     parser.add_argument(
         "--bootstrap", action="append", default=[], metavar="MULTIADDR", help="peer to dial"
@@ -87,7 +91,9 @@ def _handle(args: argparse.Namespace) -> int:
         run=args.run,
         home=home,
         run_config=args.run_config,
-        coordinator_url=args.coordinator or config.coordinator_url,
+        # --coordinator, else the run config's url, else the node config's coordinator_url
+        coordinator_url=args.coordinator or "",
+        default_coordinator_url=config.coordinator_url,
         listen=args.listen or config.listen,
         bootstrap=tuple(args.bootstrap or config.bootstrap),
         blocks_dir=config.blocks_dir(home),

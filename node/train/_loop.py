@@ -71,7 +71,7 @@ class TrainSettings:
     run: str
     home: Path
     run_config: Path
-    coordinator_url: str
+    coordinator_url: str  # "" = the run config's url, else default_coordinator_url
     listen: str
     bootstrap: tuple[str, ...]
     blocks_dir: Path
@@ -81,6 +81,7 @@ class TrainSettings:
     report: Path | None = None
     upload_rate_bytes_per_s: int = 0
     join_after_round: int = 0  # stay out of the run until this round is published (late join)
+    default_coordinator_url: str = ""
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -112,7 +113,9 @@ async def run_node(settings: TrainSettings) -> int:
     try:
         try:
             async with CoordinatorClient.for_run(
-                run_config, identity, url=settings.coordinator_url
+                run_config,
+                identity,
+                url=settings.coordinator_url or run_config.url or settings.default_coordinator_url,
             ) as client:
                 if settings.join_after_round:
                     await _wait_for_round(client, settings.join_after_round)
