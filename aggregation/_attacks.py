@@ -6,9 +6,11 @@ Every attack has one signature (:class:`Attack`)::
 
 ``honest`` are the honest peers' updates of this round (an omniscient attacker; the strongest
 assumption), ``own`` the update the attacker would have sent had it been honest, ``rng`` its
-random source, ``n`` the number of peers and ``f`` the number of attackers. Data-level attacks
-(:data:`ATTACKS_DATA_LEVEL`) poison the training data instead (see :func:`flip_labels`); their
-update function returns ``own`` unchanged.
+random source, ``n`` the number of peers and ``f`` the number of attackers. A node that has not
+seen the others' updates may pass ``honest=[]``: the statistics then come from ``own`` alone, so
+``alie`` degenerates to ``own`` (no spread to hide in) and ``ipm`` to ``-0.1 * own``.
+Data-level attacks (:data:`ATTACKS_DATA_LEVEL`) poison the training data instead (see
+:func:`flip_labels`); their update function returns ``own`` unchanged.
 """
 
 from __future__ import annotations
