@@ -68,7 +68,14 @@ def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:
 
 
 def load_tokenizer(data: DataConfig, model: ModelConfig) -> Tokenizer:
-    """The run's tokenizer: the shipped one for the default corpus, else trained here."""
+    """The run's tokenizer: a Hub model's own, the shipped one, or one trained here."""
+    if model.pretrained:
+        try:
+            return Tokenizer.from_pretrained(model.pretrained)
+        except OSError as exc:  # huggingface_hub errors (not found, offline) are OSErrors
+            raise TrainingConfigError(
+                f"cannot load the tokenizer of {model.pretrained!r} from the Hub: {exc}"
+            ) from exc
     if data.corpus == BUILTIN_CORPUS and model.vocab_size == BUILTIN_VOCAB_SIZE:
         return Tokenizer.from_file(str(TOKENIZER_FILE))
     tokenizer = train_tokenizer(load_corpus_text(data.corpus), model.vocab_size)
