@@ -323,17 +323,20 @@ class _Session:
         began = time.monotonic()
         with trio.fail_after(limits.CATCH_UP_FETCH_S):
             while True:
-                record = (await client.run_state()).checkpoint
+                state = await client.run_state()
+                record = state.checkpoint
                 if record is not None and record.round >= need:
                     break
                 await trio.sleep(limits.POLL_INTERVAL_S)
+        self.banned = {b.peer for b in state.bans}
         if record.round != need:
             raise CatchUpError(
                 f"round {round_} needs the state of round {need}; "
                 f"the current checkpoint is of round {record.round}"
             )
         cid = CID.parse(record.manifest)
-        peers = node.connected_peers()
+        # Blocks are verified whoever serves them, but banned peers are not asked at all.
+        peers = [p for p in node.connected_peers() if p not in self.banned]
         try:
             with trio.fail_after(limits.CATCH_UP_FETCH_S):
                 report = await node.fetch(cid, holders=peers)
