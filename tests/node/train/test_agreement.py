@@ -1,0 +1,104 @@
+"""A node whose checkpoint differs from the swarm's stops loudly (StateMismatchError).
+
+Real coordinator process, real signed HTTP requests; the node side is the loop's own check.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tomli_w
+import trio
+
+from cnode.auth import Identity, save_identity
+from cnode.node.coordinator import CoordinatorClient, CoordinatorProcess, load_run_config
+from cnode.node.train import StateMismatchError, TrainingConfig
+from cnode.node.train._loop import TrainSettings, _Session
+from cnode.node.train._report import Reporter
+from cnode.node.train._trainer import NodeTrainer
+from cnode.storage import BlockStore, compute_cid
+
+from .swarm import TINY_TRAINING
+
+
+def _settings(tmp_path: Path, *, checkpointer: bool) -> TrainSettings:
+    return TrainSettings(
+        run="m",
+        home=tmp_path,
+        run_config=tmp_path / "run.toml",
+        coordinator_url="",
+        listen="/ip4/127.0.0.1/tcp/0",
+        bootstrap=(),
+        blocks_dir=tmp_path / "blocks",
+        checkpointer=checkpointer,
+    )
+
+
+def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Path) -> None:
+    key, a, b = Identity.generate(), Identity.generate(), Identity.generate()
+    save_identity(key, tmp_path / "coordinator.key")
+    (tmp_path / "run.toml").write_text(
+        tomli_w.dumps(
+            {
+                "run": "m",
+                "coordinator": key.peer_id_str,
+                "rounds": {"min_participants": 1, "checkpoint_every": 1},
+                "access": {"peers": [a.peer_id_str, b.peer_id_str]},
+                "training": TINY_TRAINING,
+            }
+        ),
+        encoding="utf-8",
+    )
+    config = load_run_config(tmp_path / "run.toml")
+    training = TrainingConfig.from_dict(TINY_TRAINING)
+    agreed = compute_cid(b"the swarm's checkpoint of round 1", 0x71)
+    mine = compute_cid(b"this node's different checkpoint", 0x71)
+
+    async def scenario(url: str) -> None:
+        async with (
+            CoordinatorClient.for_run(config, a, url=url) as ca,
+            CoordinatorClient.for_run(config, b, url=url) as cb,
+        ):
+            await ca.join()
+            await cb.join()
+            round_ = await ca.join_round()
+            await ca.ready(round_)
+            with trio.fail_after(30):
+                info = await ca.wait_members(round_)
+            await ca.submit_checkpoint(epoch=info.epoch, round=round_, manifest=str(agreed))
+            # b (not a member) compares; a (a member) submits as a checkpointer would.
+            for who, client, checkpointer in ((b, cb, False), (a, ca, True)):
+                trainer = NodeTrainer(
+                    training, run="m", identity=who, store=BlockStore(tmp_path / who.peer_id_str)
+                )
+                session = _Session(
+                    _settings(tmp_path, checkpointer=checkpointer),
+                    trainer,
+                    Reporter(None, peer=who.peer_id_str),
+                    1,
+                )
+                with pytest.raises(StateMismatchError) as raised:
+                    await session._agree(client, round_, info.epoch, mine)
+                assert str(mine) in str(raised.value)
+                if not checkpointer:
+                    assert str(agreed) in str(raised.value)
+                # the same manifest as the swarm's is agreement, not an error
+                await session._agree(client, round_, info.epoch, agreed)
+
+    with CoordinatorProcess(
+        tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"
+    ) as proc:
+        trio.run(scenario, proc.url)
+    # nothing stored was harmed: the coordinator still holds the agreed checkpoint
+    with CoordinatorProcess(
+        tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"
+    ) as proc:
+
+        async def read() -> str:
+            async with CoordinatorClient.for_run(config, a, url=proc.url) as client:
+                record = (await client.run_state()).checkpoint
+                assert record is not None
+                return record.manifest
+
+        assert trio.run(read) == str(agreed)
