@@ -452,11 +452,24 @@ class _Session:
             headers[member] = (cid, header)
 
         async def fetch_one(member: str, update: CID) -> None:
-            try:
-                with trio.fail_after(limits.ROUND_FETCH_S):
-                    await node.fetch(update, holders=[member])
-            except (FetchError, P2PError, trio.TooSlowError) as exc:
-                dropped[member] = f"update not fetched: {exc}"
+            # First from its author; if that fails (unreachable, gone), from every connected
+            # member: those that fetched it already hold the same verified blocks.
+            failure = "no attempt finished in time"
+            with trio.move_on_after(limits.ROUND_FETCH_S):
+                for attempt in range(limits.FETCH_ATTEMPTS):
+                    holders = [member]
+                    if attempt:
+                        holders += [p for p in node.connected_peers() if p in others]
+                    try:
+                        await node.fetch(update, holders=holders)
+                        return
+                    except (FetchError, P2PError) as exc:
+                        failure = str(exc)
+                        log.info("update_fetch_retry", member=member[-8:], error=failure)
+                    await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+            dropped[member] = f"update not fetched: {failure}"
+
+        others = set(members) - {self.trainer.peer}
 
         async with trio.open_nursery() as nursery:
             for member, (_cid, header) in headers.items():

@@ -24,6 +24,10 @@ HEADER_WAIT_S = 15.0
 # after the first publish: a member that (re)joined the gossip mesh moments before would miss it.
 HEADER_REPUBLISH_S = 1.0
 HEADER_REPUBLISH_FOR_S = 20.0
+# Tries to fetch one member's update (the first from the member, the rest from every connected
+# member), FETCH_RETRY_S x the try number apart.
+FETCH_ATTEMPTS = 4
+FETCH_RETRY_S = 0.5
 # Seconds a node spends fetching the updates of one round's members before dropping the missing.
 ROUND_FETCH_S = 60.0
 # Seconds a joining node spends fetching the current checkpoint from its holders.
