@@ -45,6 +45,7 @@ from cnode.node.coordinator import (
 from cnode.node.coordinator._protocol import b64decode
 
 RUN = "bench"
+_TIMEOUT = httpx.Timeout(300.0)  # a starved machine can take minutes per round
 
 
 def pct(values: list[float], q: float) -> float:
@@ -62,19 +63,20 @@ def report(name: str, latencies: list[float], elapsed: float) -> float:
     return rate
 
 
-async def baseline(http: httpx.AsyncClient, url: str, n: int, concurrency: int) -> float:
+async def baseline(url: str, n: int, workers: int) -> float:
+    """``n`` unsigned GETs of /v1/health from ``workers`` clients, each with its own connection."""
     latencies: list[float] = []
-    sem = asyncio.Semaphore(concurrency)
 
-    async def one() -> None:
-        async with sem:
-            t = time.perf_counter()
-            r = await http.get(f"{url}/v1/health")
-            r.raise_for_status()
-            latencies.append(time.perf_counter() - t)
+    async def worker(count: int) -> None:
+        async with httpx.AsyncClient(timeout=_TIMEOUT) as http:
+            for _ in range(count):
+                t = time.perf_counter()
+                r = await http.get(f"{url}/v1/health")
+                r.raise_for_status()
+                latencies.append(time.perf_counter() - t)
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(one() for _ in range(n)))
+    await asyncio.gather(*(worker(n // workers) for _ in range(workers)))
     return report("GET health", latencies, time.perf_counter() - t0)
 
 
@@ -94,15 +96,18 @@ async def wait_listed(http: httpx.AsyncClient, url: str, n: int) -> bytes:
 
 
 async def swarm(
-    proc: CoordinatorProcess, peers: list[Identity], rounds: int, http: httpx.AsyncClient
+    proc: CoordinatorProcess, peers: list[Identity], rounds: int
 ) -> tuple[dict[str, list[float]], float, dict[int, set[str]]]:
     lat: dict[str, list[float]] = defaultdict(list)
     acked_ready: dict[int, set[str]] = defaultdict(set)
     dropped: list[str] = []
     verified: set[int] = set()
+    # One HTTP client (and connection) per peer, as on real machines; httpx's pool scans its
+    # connections on every request, so one pool of a thousand would measure httpx, not us.
+    https = [httpx.AsyncClient(timeout=_TIMEOUT) for _ in peers]
     clients = [
-        CoordinatorClient(proc.url, run=RUN, coordinator=proc.peer_id, identity=p, http=http)
-        for p in peers
+        CoordinatorClient(proc.url, run=RUN, coordinator=proc.peer_id, identity=p, http=h)
+        for p, h in zip(peers, https, strict=True)
     ]
 
     async def timed(kind: str, coro: object) -> object:
@@ -111,7 +116,7 @@ async def swarm(
         lat[kind].append(time.perf_counter() - t)
         return result
 
-    async def peer(c: CoordinatorClient, me: str) -> None:
+    async def peer(c: CoordinatorClient, http: httpx.AsyncClient, me: str) -> None:
         await timed("join", c.join())
         for _ in range(rounds):
             n = await timed("join_round", c.join_round())
@@ -131,8 +136,12 @@ async def swarm(
             assert me.encode() in data, f"{me} acknowledged ready for {n} but is not listed"  # type: ignore[operator]
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(peer(c, p.peer_id_str) for c, p in zip(clients, peers, strict=True)))
+    await asyncio.gather(
+        *(peer(c, h, p.peer_id_str) for c, h, p in zip(clients, https, peers, strict=True))
+    )
     elapsed = time.perf_counter() - t0
+    for h in https:
+        await h.aclose()
     if dropped:
         print(f"  {len(dropped)} readies came after their round's deadline ({set(dropped)})")
     return lat, elapsed, acked_ready
@@ -177,23 +186,15 @@ async def run(args: argparse.Namespace, tmp: Path) -> None:
         access=AccessConfig(peers=[p.peer_id_str for p in peers]),
     )
     (tmp / "run.toml").write_text(tomli_w.dumps(config.to_dict()))
-    limits = httpx.Limits(
-        max_connections=args.connections, max_keepalive_connections=args.connections
-    )
-    timeout = httpx.Timeout(120.0)
     with CoordinatorProcess(tmp / "run.toml", tmp / "state.db", tmp / "coordinator.key") as proc:
-        async with httpx.AsyncClient(limits=limits, timeout=timeout) as http:
-            print(
-                f"coordinator {proc.url}; {args.peers} peers, {args.rounds} rounds, "
-                f"{args.connections} connections"
-            )
-            print("baseline (same run):")
-            base = await baseline(http, proc.url, 5 * args.peers, min(args.connections, 200))
-            server = psutil.Process(proc.proc.pid if proc.proc else 0)
-            cpu0, mine0 = sum(server.cpu_times()[:2]), sum(psutil.Process().cpu_times()[:2])
-            lat, elapsed, acked = await swarm(proc, peers, args.rounds, http)
-            cpu = sum(server.cpu_times()[:2]) - cpu0
-            mine = sum(psutil.Process().cpu_times()[:2]) - mine0
+        print(f"coordinator {proc.url}; {args.peers} peers, {args.rounds} rounds")
+        print("baseline (same run):")
+        base = await baseline(proc.url, 5 * args.peers, min(args.peers, 200))
+        server = psutil.Process(proc.proc.pid if proc.proc else 0)
+        cpu0, mine0 = sum(server.cpu_times()[:2]), sum(psutil.Process().cpu_times()[:2])
+        lat, elapsed, acked = await swarm(proc, peers, args.rounds)
+        cpu = sum(server.cpu_times()[:2]) - cpu0
+        mine = sum(psutil.Process().cpu_times()[:2]) - mine0
         total = sum(len(v) for v in lat.values())
         signed = sum(len(lat[k]) for k in ("join", "join_round", "ready"))
         print(f"swarm: {elapsed:.1f} s, {total} requests ({total / elapsed:.0f} req/s overall)")
@@ -232,13 +233,7 @@ def main() -> None:
     parser.add_argument("--peers", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--round-timeout", type=float, default=300.0, help="seconds")
-    parser.add_argument(
-        "--connections", type=int, default=0, help="HTTP pool size (default: peers + 50)"
-    )
     args = parser.parse_args()
-    # Every peer may hold one long poll open while others send requests: a smaller pool would
-    # queue the readies that finish a round behind the polls waiting for it.
-    args.connections = args.connections or args.peers + 50
     with tempfile.TemporaryDirectory(prefix="cnode-bench-coord-") as tmp:
         asyncio.run(run(args, Path(tmp)))
 
