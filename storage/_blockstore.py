@@ -16,12 +16,14 @@ reported by CID, moved to ``quarantine/`` and never returned.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import re
 import secrets
 import shutil
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -75,15 +77,28 @@ def _buffer() -> bytearray:
 class _BlockFiles:
     """Block files under a root folder: paths, atomic writes, raw reads. Verifies nothing."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, create: bool = True) -> None:
         self.root = Path(root)
         self.blocks = self.root / "blocks"
         self.tmp = self.root / "tmp"
         self.quarantine = self.root / "quarantine"
         self.pins = self.root / "pins"
-        for folder in (self.blocks, self.tmp, self.quarantine, self.pins):
-            folder.mkdir(parents=True, exist_ok=True)
-        self._remove_stale_tmp()
+        try:
+            if not create:  # read-only use: nothing is created; an absent store reads as empty
+                try:
+                    mode = os.stat(self.root).st_mode
+                except FileNotFoundError:
+                    return
+                if not stat.S_ISDIR(mode):
+                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
+                return
+            for folder in (self.blocks, self.tmp, self.quarantine, self.pins):
+                folder.mkdir(parents=True, exist_ok=True)
+            self._remove_stale_tmp()
+        except OSError as exc:
+            raise StorageError(
+                f"cannot open the block store {self.root}: {exc.strerror or exc}"
+            ) from exc
 
     def _remove_stale_tmp(self) -> None:
         now = time.time()
@@ -133,13 +148,17 @@ class BlockStore:
 
     Args:
         root: the store's folder (created if absent).
+        create: False for read-only use (verify, ls): nothing is created, and an absent store
+            reads as an empty one.
 
-    Error handling: reads of an absent block raise BlockNotFoundError; a stored block that fails
-    verification is moved to ``quarantine/`` and CorruptBlockError (naming the CID) is raised.
+    Error handling: a store folder that cannot be created or opened (a file in the way, no
+    permission) raises StorageError naming it; reads of an absent block raise BlockNotFoundError;
+    a stored block that fails verification is moved to ``quarantine/`` and CorruptBlockError
+    (naming the CID) is raised.
     """
 
-    def __init__(self, root: Path) -> None:
-        self._files = _BlockFiles(Path(root))
+    def __init__(self, root: Path, *, create: bool = True) -> None:
+        self._files = _BlockFiles(Path(root), create=create)
         self.root = self._files.root
 
     # -- presence -------------------------------------------------------------------------
@@ -155,6 +174,8 @@ class BlockStore:
 
     def iter_cids(self) -> Iterator[CID]:
         """Every CID held (order unspecified); stray files are skipped."""
+        if not self._files.blocks.is_dir():
+            return  # a store opened with create=False that does not exist yet
         for shard in sorted(os.scandir(self._files.blocks), key=lambda e: e.name):
             if not shard.is_dir():
                 continue
@@ -322,6 +343,8 @@ class BlockStore:
     def pins(self) -> dict[str, CID]:
         """Pin name -> root CID; unreadable pin files are skipped (and logged)."""
         out: dict[str, CID] = {}
+        if not self._files.pins.is_dir():
+            return out  # a store opened with create=False that does not exist yet
         for entry in sorted(os.scandir(self._files.pins), key=lambda e: e.name):
             try:
                 out[entry.name] = CID.parse(Path(entry.path).read_text(encoding="ascii").strip())

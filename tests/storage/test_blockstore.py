@@ -200,3 +200,27 @@ def test_stale_temp_files_removed_on_open(tmp_path: Path) -> None:
         os.utime(path, (0, 0))
     BlockStore(tmp_path / "s")
     assert sorted(p.name for p in (store.root / "tmp").iterdir()) == [fresh.name]
+
+
+@pytest.mark.parametrize("create", [True, False])
+def test_store_under_a_file_is_a_storage_error_naming_it(tmp_path: Path, create: bool) -> None:
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(StorageError, match=r"cannot open the block store .*file/x.*directory"):
+        BlockStore(tmp_path / "file" / "x", create=create)
+    with pytest.raises(StorageError, match=r"cannot open the block store .*file.*directory"):
+        BlockStore(tmp_path / "file", create=create)
+
+
+def test_read_only_store_creates_nothing_and_reads_empty(tmp_path: Path) -> None:
+    root = tmp_path / "absent" / "blocks"
+    store = BlockStore(root, create=False)
+    cid = compute_cid(b"hello", RAW)
+    assert not store.has(cid)
+    assert store.check(cid) == ("missing", 0)
+    with pytest.raises(BlockNotFoundError, match=str(cid)):
+        store.get(cid)
+    assert list(store.iter_cids()) == [] and store.pins() == {}
+    assert not (tmp_path / "absent").exists()
+    # an existing store opened read-only reads what it holds
+    BlockStore(root).put(cid, b"hello")
+    assert BlockStore(root, create=False).get(cid) == b"hello"
