@@ -47,9 +47,10 @@ class CheckpointCommandError(StorageError):
     """Raised by ``cnode checkpoint`` commands for a bad argument (the user's input)."""
 
 
-def _store(args: argparse.Namespace) -> BlockStore:
+def _store(args: argparse.Namespace, *, create: bool = True) -> BlockStore:
+    """The node's block store; read-only commands pass create=False so they create nothing."""
     home = Path(args.home).expanduser()
-    return BlockStore(load_config(home).blocks_dir(home))
+    return BlockStore(load_config(home).blocks_dir(home), create=create)
 
 
 def _cid(text: str) -> CID:
@@ -114,7 +115,7 @@ def _verify(args: argparse.Namespace) -> int:
             report = verify_car(path, on_total=set_total, on_progress=advance)
         else:
             report = verify_checkpoint(
-                _store(args), _cid(target), on_total=set_total, on_progress=advance
+                _store(args, create=False), _cid(target), on_total=set_total, on_progress=advance
             )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
@@ -124,7 +125,7 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _ls(args: argparse.Namespace) -> int:
-    infos = list_checkpoints(_store(args))
+    infos = list_checkpoints(_store(args, create=False))
     if args.json:
         rows: list[dict[str, Any]] = [
             {**info.__dict__, "cid": str(info.cid), "pins": list(info.pins)} for info in infos

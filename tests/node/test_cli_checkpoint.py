@@ -129,3 +129,27 @@ def test_console_script(home: Path, saved: str) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "OK" in done.stdout
+
+
+def test_verify_on_a_fresh_home_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "fresh"
+    cid = "bafyreigdyrzt5sfp7udm7hu76uh7y26nf3efuylqabf3oclgtqy55fbzdi"
+    assert main(["checkpoint", "verify", cid, "--json", "--home", str(home)]) == 1
+    faults = json.loads(capsys.readouterr().out)["faults"]
+    assert [(f["kind"], f["cid"]) for f in faults] == [("manifest-missing", cid)]
+    assert main(["checkpoint", "ls", "--home", str(home)]) == 0
+    assert "no checkpoints" in capsys.readouterr().out
+    assert not home.exists()
+
+
+def test_home_under_a_file_is_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("x")
+    for action in ("ls", "gc"):
+        assert main(["checkpoint", action, "--home", str(tmp_path / "file" / "x")]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("cnode: error: cannot open the block store ") and "file/x" in err
+        assert err.count("\n") == 1 and "Traceback" not in err
