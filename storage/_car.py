@@ -133,24 +133,37 @@ def export_car(
     out = Path(out)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
     try:
-        with open(tmp, "wb") as f:
-            header = _cbor.encode({"roots": [manifest_cid], "version": 1})
-            f.write(_varint(len(header)) + header)
-            for cid in closure:
-                data = store.get(cid)
-                cid_bytes = bytes(cid)
-                f.write(_varint(len(cid_bytes) + len(data)) + cid_bytes)
-                f.write(data)
-                if on_progress is not None:
-                    on_progress(len(data))
-            f.flush()
-            os.fsync(f.fileno())
+        _write_car(store, manifest_cid, closure, tmp, on_progress)
         os.replace(tmp, out)
+    except OSError as exc:  # no folder, no permission, disk full: name the path
+        raise CARError(f"cannot write {out}: {exc.strerror or exc}") from exc
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
     log.info("car_exported", manifest=str(manifest_cid), path=str(out), blocks=len(closure))
     return len(closure)
+
+
+def _write_car(
+    store: BlockStore,
+    manifest_cid: CID,
+    closure: list[CID],
+    tmp: Path,
+    on_progress: Callable[[int], None] | None,
+) -> None:
+    """Write header and every block of ``closure`` to ``tmp``, fsynced."""
+    with open(tmp, "wb") as f:
+        header = _cbor.encode({"roots": [manifest_cid], "version": 1})
+        f.write(_varint(len(header)) + header)
+        for cid in closure:
+            data = store.get(cid)
+            cid_bytes = bytes(cid)
+            f.write(_varint(len(cid_bytes) + len(data)) + cid_bytes)
+            f.write(data)
+            if on_progress is not None:
+                on_progress(len(data))
+        f.flush()
+        os.fsync(f.fileno())
 
 
 class _Staged:

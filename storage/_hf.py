@@ -65,11 +65,11 @@ def export_hf(
     if manifest.model_config is None:
         raise HFFolderError(f"manifest {manifest_cid} has no model_config; HF export needs one")
     out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise HFFolderError(f"{out_dir} exists and is not an empty folder")
     tmp = out_dir.with_name(f".{out_dir.name}.{secrets.token_hex(4)}.tmp")
-    tmp.mkdir(parents=True)
     try:
+        if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+            raise HFFolderError(f"{out_dir} exists and is not an empty folder")
+        tmp.mkdir(parents=True)
         header: dict[str, Any] = {
             "__metadata__": {"format": "pt", "cnode_manifest": str(manifest_cid)}
         }
@@ -100,6 +100,8 @@ def export_hf(
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
+    except OSError as exc:  # no permission, a file in the way, disk full: name the path
+        raise HFFolderError(f"cannot write {out_dir}: {exc.strerror or exc}") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("hf_exported", manifest=str(manifest_cid), path=str(out_dir))

@@ -162,3 +162,18 @@ def test_export_needs_every_block(store: BlockStore, tmp_path: Path) -> None:
     with pytest.raises(CARError, match="1 blocks missing"):
         export_car(store, cid, tmp_path / "x.car")
     assert not (tmp_path / "x.car").exists()
+
+
+def test_export_to_a_path_that_cannot_be_written_is_a_car_error(
+    store: BlockStore, tmp_path: Path
+) -> None:
+    cid = save_checkpoint(store, {"w": torch.zeros(2)}, meta())
+    with pytest.raises(CARError, match=r"cannot write .*missing/x\.car: No such file"):
+        export_car(store, cid, tmp_path / "missing" / "x.car")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CARError, match=r"cannot write .*file/x\.car: Not a directory"):
+        export_car(store, cid, tmp_path / "file" / "x.car")
+    (tmp_path / "dir.car").mkdir()  # the final rename fails: the temp file is removed
+    with pytest.raises(CARError, match=r"cannot write .*dir\.car"):
+        export_car(store, cid, tmp_path / "dir.car")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.car", "file", "store"]

@@ -191,3 +191,12 @@ def test_duplicate_names_across_shards(store: BlockStore, tmp_path: Path) -> Non
     with pytest.raises(HFFolderError, match="duplicate layer name 'w'"):
         import_hf(store, folder)
     assert snapshot(store) == before
+
+
+def test_export_to_a_path_that_cannot_be_written_is_an_hf_error(
+    store: BlockStore, tmp_path: Path
+) -> None:
+    cid = save_checkpoint(store, {"w": torch.zeros(2)}, meta(model_config={"a": 1}))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(HFFolderError, match=r"cannot write .*file/out: Not a directory"):
+        export_hf(store, cid, tmp_path / "file" / "out")
