@@ -36,8 +36,10 @@ from ._exceptions import InvalidCIDError as InvalidCIDError
 from ._exceptions import ManifestError as ManifestError
 from ._exceptions import NonCanonicalCBORError as NonCanonicalCBORError
 from ._exceptions import StorageError as StorageError
+from ._hf import MANIFEST_CAR as HF_MANIFEST_CAR
 from ._hf import export_hf as export_hf
 from ._hf import import_hf as import_hf
+from ._hf import import_hf_verified as import_hf_verified
 from ._manifest import DTYPES as DTYPES
 from ._manifest import AggregationRecord as AggregationRecord
 from ._manifest import CheckpointMeta as CheckpointMeta
@@ -66,6 +68,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "Fault",
     "FileRef",
     "HFFolderError",
+    "HF_MANIFEST_CAR",
     "InvalidCIDError",
     "Layer",
     "Manifest",
@@ -80,6 +83,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "export_hf",
     "import_car",
     "import_hf",
+    "import_hf_verified",
     "limits",
     "list_checkpoints",
     "load_checkpoint",

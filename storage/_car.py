@@ -120,9 +120,14 @@ def export_car(
     manifest_cid: CID,
     out: Path,
     *,
+    structure_only: bool = False,
     on_progress: Callable[[int], None] | None = None,
 ) -> int:
-    """Write the checkpoint as a CAR v1 file (atomically); return the number of blocks."""
+    """Write the checkpoint as a CAR v1 file (atomically); return the number of blocks.
+
+    ``structure_only``: only the manifest's DAG-CBOR nodes (root and pages), no data chunks:
+    what a Hugging Face folder carries so its bytes can be checked against the manifest CID.
+    """
     read_manifest(store, manifest_cid)  # decodes under the limits, all nodes present
     closure = manifest_closure(store, manifest_cid)
     missing = [cid for cid in closure if not store.has(cid)]
@@ -130,6 +135,8 @@ def export_car(
         raise CARError(
             f"cannot export {manifest_cid}: {len(missing)} blocks missing, e.g. {missing[0]}"
         )
+    if structure_only:
+        closure = [cid for cid in closure if cid.codec == DAG_CBOR]
     out = Path(out)
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
     try:

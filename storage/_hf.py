@@ -8,6 +8,12 @@ directions stream block by block without torch and without the model in memory.
 Tied weights (GPT-2's ``lm_head.weight`` is ``transformer.wte.weight``) are plain duplicate
 layers here: the same chunk CIDs stored once, both names written to the file; transformers ties
 them again on load. Only safetensors weights are imported: pickle files are refused.
+
+An exported folder also holds ``cnode-manifest.car``: the manifest's DAG-CBOR nodes (no data).
+With it, :func:`import_hf_verified` rebuilds the exact checkpoint a manifest CID names from a
+folder that came from anywhere (a Hugging Face repo, a mirror): each 1 MiB slice of each tensor
+and of each tokenizer file must hash to the manifest's chunk CID, so the folder's host is
+trusted for nothing. See specs/manifest.md#verified-import-of-a-hugging-face-folder.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ import structlog
 
 from . import limits
 from ._blockstore import BlockStore
-from ._checkpoint import read_file, read_manifest, save_layers, write_stream
-from ._cid import CID
-from ._exceptions import CheckpointError, HFFolderError, ManifestError
+from ._car import export_car, iter_sections, read_header
+from ._checkpoint import missing_blocks, read_file, read_manifest, save_layers, write_stream
+from ._cid import CID, DAG_CBOR, compute_cid
+from ._exceptions import CARError, CheckpointError, HFFolderError, ManifestError
 from ._manifest import DTYPES, CheckpointMeta, Layer, check_layer_name
 
 log = structlog.get_logger(__name__)
@@ -36,6 +43,8 @@ log = structlog.get_logger(__name__)
 CONFIG_JSON = "config.json"
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"
+# The manifest's DAG-CBOR nodes as a CAR v1 (root = the manifest): what makes a folder checkable.
+MANIFEST_CAR = "cnode-manifest.car"
 # Files copied along with the weights when present (tokenizer and generation settings).
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -97,6 +106,7 @@ def export_hf(
         (tmp / CONFIG_JSON).write_text(config + "\n", encoding="utf-8")
         for name, ref in manifest.tokenizer_files.items():
             (tmp / name).write_bytes(read_file(store, ref))
+        export_car(store, manifest_cid, tmp / MANIFEST_CAR, structure_only=True)
         if out_dir.exists():
             out_dir.rmdir()
         os.replace(tmp, out_dir)
@@ -262,3 +272,118 @@ def import_hf(
         store.pin(str(cid), cid)
     log.info("hf_imported", manifest=str(cid), path=str(folder), layers=len(seen))
     return cid
+
+
+def _import_manifest_nodes(store: BlockStore, path: Path, manifest_cid: CID) -> None:
+    """Store the DAG-CBOR nodes of ``path`` (a structure-only CAR whose root is the manifest)."""
+    try:
+        size = path.stat().st_size
+        if size > limits.MAX_MANIFEST_SIZE + limits.MAX_CAR_HEADER_SIZE:
+            raise HFFolderError(f"{path.name} is {size} bytes, over MAX_MANIFEST_SIZE")
+        f = open(path, "rb")  # noqa: SIM115 - closed right below
+    except OSError as exc:
+        raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
+    with f:
+        try:
+            root = read_header(f)
+            if root != manifest_cid:
+                raise HFFolderError(
+                    f"{path.name} is the manifest {root}, not the expected {manifest_cid}"
+                )
+            for cid, data in iter_sections(f):
+                if cid.codec != DAG_CBOR:
+                    raise HFFolderError(f"{path.name} holds a non-manifest block {cid}")
+                if compute_cid(data, DAG_CBOR) != cid:
+                    raise HFFolderError(f"{path.name}: block {cid} does not match its CID")
+                store.put(cid, data)
+        except CARError as exc:
+            raise HFFolderError(f"{path.name}: {exc}") from exc
+
+
+def _verified_chunks(
+    store: BlockStore, f: Any, nbytes: int, chunks: tuple[CID, ...], what: str
+) -> None:
+    """Read ``nbytes`` from ``f`` in CHUNK_SIZE slices; each must be the next of ``chunks``."""
+    expected = math.ceil(nbytes / limits.CHUNK_SIZE)
+    if len(chunks) != expected:
+        raise HFFolderError(
+            f"{what}: {nbytes} bytes make {expected} chunks, the manifest lists {len(chunks)}"
+        )
+    for index, want in enumerate(chunks):
+        data = f.read(min(limits.CHUNK_SIZE, nbytes - index * limits.CHUNK_SIZE))
+        if compute_cid(data) != want:
+            raise HFFolderError(
+                f"{what}: bytes {index * limits.CHUNK_SIZE}.. do not match the manifest's chunk "
+                f"{want} (the folder does not hold this checkpoint)"
+            )
+        if not store.has(want):
+            store.put(want, data)
+
+
+def import_hf_verified(
+    store: BlockStore,
+    folder: Path,
+    manifest_cid: CID,
+    *,
+    pin: bool = True,
+    on_progress: Callable[[int], None] | None = None,
+) -> None:
+    """Rebuild the checkpoint ``manifest_cid`` from a folder written by :func:`export_hf`.
+
+    The folder's ``cnode-manifest.car`` must hold the manifest ``manifest_cid``; its
+    ``model.safetensors`` must hold every layer with the manifest's dtype and shape, and every
+    1 MiB slice of a tensor (or of a tokenizer file) must hash to the manifest's chunk CID.
+    Blocks are stored as they verify (each is correct whatever happens next); the checkpoint is
+    pinned only once complete.
+
+    Raises:
+        HFFolderError: the folder is malformed or its bytes are not the manifest's; the message
+            names the file and the layer.
+    """
+    folder = Path(folder)
+    _import_manifest_nodes(store, folder / MANIFEST_CAR, manifest_cid)
+    try:
+        manifest = read_manifest(store, manifest_cid)
+    except ManifestError as exc:
+        raise HFFolderError(f"{MANIFEST_CAR}: {exc}") from exc
+    path = folder / WEIGHTS
+    try:
+        f = open(path, "rb")  # noqa: SIM115 - closed right below
+    except OSError as exc:
+        raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
+    with f:
+        start, entries = _st_entries(path, f)
+        where = {name: (dtype, shape, begin, end) for name, dtype, shape, begin, end in entries}
+        if set(where) != {layer.name for layer in manifest.layers}:
+            extra = sorted(set(where) - {layer.name for layer in manifest.layers})[:3]
+            lacking = sorted({layer.name for layer in manifest.layers} - set(where))[:3]
+            raise HFFolderError(
+                f"{WEIGHTS}: tensors differ from the manifest's layers "
+                f"(not in the manifest: {extra}, missing: {lacking})"
+            )
+        for layer in manifest.layers:
+            dtype, shape, begin, end = where[layer.name]
+            if (dtype, shape, end - begin) != (layer.dtype, layer.shape, layer.nbytes):
+                raise HFFolderError(
+                    f"{WEIGHTS}: tensor {layer.name!r} is {dtype} {list(shape)}, the manifest "
+                    f"says {layer.dtype} {list(layer.shape)}"
+                )
+            f.seek(start + begin)
+            _verified_chunks(store, f, layer.nbytes, layer.chunks, f"{WEIGHTS}: {layer.name!r}")
+            if on_progress is not None:
+                on_progress(layer.nbytes)
+    for name, ref in manifest.tokenizer_files.items():
+        try:
+            g = open(folder / name, "rb")  # noqa: SIM115 - closed right below
+        except OSError as exc:
+            raise HFFolderError(f"cannot read {folder / name}: {exc.strerror}") from exc
+        with g:
+            if os.fstat(g.fileno()).st_size != ref.size:
+                raise HFFolderError(f"{name} is not the manifest's ({ref.size} bytes)")
+            _verified_chunks(store, g, ref.size, ref.chunks, name)
+    missing = missing_blocks(store, manifest_cid)
+    if missing:  # cannot happen after the checks above; a loud error if it ever does
+        raise HFFolderError(f"{folder}: {len(missing)} blocks still missing, e.g. {missing[0]}")
+    if pin:
+        store.pin(str(manifest_cid), manifest_cid)
+    log.info("hf_verified_import", manifest=str(manifest_cid), path=str(folder))

@@ -9,18 +9,22 @@ import pytest
 import torch
 
 from cnode.storage import (
+    HF_MANIFEST_CAR,
     BlockStore,
     CheckpointMeta,
     HFFolderError,
+    export_car,
     export_hf,
     import_hf,
+    import_hf_verified,
     load_checkpoint,
+    missing_blocks,
     read_manifest,
     read_tokenizer_files,
     save_checkpoint,
 )
 
-from .conftest import meta, snapshot
+from .conftest import meta, small_state, snapshot
 
 transformers = pytest.importorskip("transformers")
 
@@ -53,7 +57,7 @@ def test_export_loads_in_transformers_with_same_outputs(store: BlockStore, tmp_p
     )
     out = export_hf(store, cid, tmp_path / "hf")
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        ["config.json", "model.safetensors", *files]
+        ["config.json", "model.safetensors", "cnode-manifest.car", *files]
     )
     loaded = transformers.GPT2LMHeadModel.from_pretrained(out).eval()
     ids = torch.tensor([[1, 5, 7, 42, 99, 3]])
@@ -200,3 +204,90 @@ def test_export_to_a_path_that_cannot_be_written_is_an_hf_error(
     (tmp_path / "file").write_text("x")
     with pytest.raises(HFFolderError, match=r"cannot write .*file/out: Not a directory"):
         export_hf(store, cid, tmp_path / "file" / "out")
+
+
+def _exported(store: BlockStore, tmp_path: Path) -> tuple[Any, Path]:
+    files = {"tokenizer.json": b'{"model": "x"}' * 5000}  # 75 kB side file
+    cid = save_checkpoint(
+        store, small_state(), meta(model_config={"model_type": "gpt2"}, tokenizer_files=files)
+    )
+    return cid, export_hf(store, cid, tmp_path / "hf")
+
+
+def test_verified_import_rebuilds_exactly_the_manifest(store: BlockStore, tmp_path: Path) -> None:
+    cid, folder = _exported(store, tmp_path)
+    fresh = BlockStore(tmp_path / "fresh")
+    import_hf_verified(fresh, folder, cid)
+    assert missing_blocks(fresh, cid) == []
+    assert fresh.pins()[str(cid)] == cid
+    tensors, _ = load_checkpoint(fresh, cid)
+    for name, tensor in small_state().items():
+        assert torch.equal(tensors[name], tensor), name
+    # a CAR export of the rebuilt store is byte-identical to the original's
+    export_car(store, cid, tmp_path / "a.car")
+    export_car(fresh, cid, tmp_path / "b.car")
+    assert (tmp_path / "a.car").read_bytes() == (tmp_path / "b.car").read_bytes()
+
+
+def _flip_byte(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _tensor_offset(folder: Path, name: str) -> int:
+    raw = (folder / "model.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return 8 + n + json.loads(raw[8 : 8 + n])[name]["data_offsets"][0]
+
+
+@pytest.mark.parametrize(
+    ("spoil", "message"),
+    [
+        # one bit of the second 1 MiB slice of a tensor
+        (
+            lambda d: _flip_byte(
+                d / "model.safetensors", _tensor_offset(d, "embed.weight") + (1 << 20) + 5
+            ),
+            r"'embed.weight': bytes 1048576\.\. do not match the manifest's chunk",
+        ),
+        (lambda d: _flip_byte(d / "tokenizer.json", 10), "tokenizer.json: bytes 0.. do not match"),
+        (lambda d: (d / HF_MANIFEST_CAR).unlink(), "cannot read .*cnode-manifest.car"),
+        (lambda d: (d / "model.safetensors").unlink(), "cannot read .*model.safetensors"),
+        (lambda d: (d / HF_MANIFEST_CAR).write_bytes(b"\x05hello"), "cnode-manifest.car: "),
+        (lambda d: (d / "tokenizer.json").write_bytes(b"{}"), "tokenizer.json is not the manif"),
+    ],
+    ids=["tensor-bit", "tokenizer-bit", "no-manifest-car", "no-weights", "bad-car", "short-file"],
+)
+def test_verified_import_refuses_bytes_that_are_not_the_manifests(
+    store: BlockStore,
+    tmp_path: Path,
+    spoil,
+    message,  # type: ignore[no-untyped-def]
+) -> None:
+    cid, folder = _exported(store, tmp_path)
+    spoil(folder)
+    fresh = BlockStore(tmp_path / "fresh")
+    with pytest.raises(HFFolderError, match=message):
+        import_hf_verified(fresh, folder, cid)
+    assert str(cid) not in fresh.pins()
+    # every block stored on the way verified against its CID: nothing wrong was kept
+    for path in (fresh.root / "blocks").rglob("*"):
+        if path.is_file():
+            assert fresh.get(_cid_of(path)) == path.read_bytes()
+
+
+def _cid_of(path: Path) -> Any:
+    from cnode.storage import CID
+
+    return CID.parse(path.name)
+
+
+def test_verified_import_refuses_another_checkpoints_folder(
+    store: BlockStore, tmp_path: Path
+) -> None:
+    cid, _ = _exported(store, tmp_path)
+    other = save_checkpoint(store, small_state(seed=1), meta(model_config={"model_type": "gpt2"}))
+    folder = export_hf(store, other, tmp_path / "other")
+    with pytest.raises(HFFolderError, match=f"is the manifest {other}, not the expected {cid}"):
+        import_hf_verified(BlockStore(tmp_path / "fresh"), folder, cid)
