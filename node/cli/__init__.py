@@ -5,8 +5,12 @@ parser and sets ``handler=`` to a function ``(args) -> int``. Commands in the ``
 group register into that group's subparsers instead. To add a command, write the module and add it
 to one of the two lists below.
 
-Errors: a :class:`cnode.CnodeError` is printed as one line on stderr with exit status 1; a usage
-error exits 2; ``--debug`` shows the traceback as well.
+Errors: a :class:`cnode.CnodeError`, or an ``OSError`` that escaped a command, is printed as one
+line on stderr with exit status 1; a usage error exits 2; ``--debug`` shows the traceback as well.
+
+Logging: JSON lines with ``--log-json`` or when the home's ``config.toml`` says
+``log_format = "json"``, console lines otherwise. For commands with ``--home`` whose home holds a
+key, every line carries that node's peer id.
 """
 
 from __future__ import annotations
@@ -15,10 +19,15 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 
+import structlog
+
 from cnode import CnodeError, __version__
-from cnode.node._logging import configure_logging
+from cnode.auth import AuthError, load_identity
+from cnode.node._config import IDENTITY_FILE, ConfigError, default_home, load_config
+from cnode.node._logging import bind_context, configure_logging
 
 from . import _admin, _checkpoint, _coordinator, _demo, _fetch, _init, _serve, _train
 
@@ -56,11 +65,48 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _home(args: argparse.Namespace) -> Path:
+    home = getattr(args, "home", None)
+    return Path(home).expanduser() if home else default_home()
+
+
+def _log_json(args: argparse.Namespace, home: Path) -> bool:
+    """``--log-json``, else the home's ``log_format`` (a missing or bad config means console)."""
+    if args.log_json:
+        return True
+    try:
+        return load_config(home).log_format == "json"
+    except (ConfigError, OSError):
+        return False  # the command itself reports a bad config if it needs one
+
+
+def _bind_home_peer(args: argparse.Namespace, home: Path) -> None:
+    """Bind the node's peer id to every log line, for commands that work on a node's home."""
+    if not hasattr(args, "home"):
+        return  # e.g. the coordinator, which binds its own key
+    try:
+        identity = load_identity(home / IDENTITY_FILE) if (home / IDENTITY_FILE).is_file() else None
+    except (AuthError, OSError):
+        return  # no usable key yet (`cnode init` is how one gets made or replaced)
+    if identity is not None:
+        bind_context(peer=identity.peer_id_str)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """``No such file or directory: /x/y`` rather than ``[Errno 2] ... '/x/y'``."""
+    text = exc.strerror or str(exc)
+    paths = [str(p) for p in (exc.filename, exc.filename2) if p is not None]
+    return f"{text}: {' -> '.join(paths)}" if paths else text
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Parse ``argv``, run the chosen command and return its exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    configure_logging(json=args.log_json, level="debug" if args.debug else "info")
+    home = _home(args)
+    configure_logging(json=_log_json(args, home), level="debug" if args.debug else "info")
+    structlog.contextvars.clear_contextvars()  # nothing bound by an earlier main() in-process
+    _bind_home_peer(args, home)
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         return handler(args)
@@ -68,6 +114,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         print(f"cnode: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file error no layer translated: still one line, not a traceback
+        if args.debug:
+            traceback.print_exc()
+        print(f"cnode: error: {_os_error_line(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("cnode: interrupted", file=sys.stderr)

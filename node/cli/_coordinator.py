@@ -16,6 +16,7 @@ import structlog
 import tomli_w
 
 from cnode.auth import Identity, load_identity, save_identity
+from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorServer,
@@ -110,10 +111,12 @@ def _listen(text: str) -> tuple[str, int]:
 def _serve(args: argparse.Namespace) -> int:
     config = load_run_config(args.run_config)
     host, port = _listen(args.listen)
+    identity = key_identity(args.key)
+    bind_context(peer=identity.peer_id_str, run=config.run)  # every line names this coordinator
     settings = ServeSettings(
         config=config,
         db=args.db,
-        identity=key_identity(args.key),
+        identity=identity,
         host=host,
         port=port,
         hf_endpoint=args.hf_endpoint,
@@ -166,6 +169,7 @@ async def _serve_http(
 
 def _new_run(args: argparse.Namespace) -> int:
     identity = key_identity(args.key)
+    bind_context(peer=identity.peer_id_str, run=args.run)
     config = RunConfig(
         run=args.run,
         coordinator=identity.peer_id_str,

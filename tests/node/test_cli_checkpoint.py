@@ -153,3 +153,12 @@ def test_home_under_a_file_is_one_line_error(
         err = capsys.readouterr().err
         assert err.startswith("cnode: error: cannot open the block store ") and "file/x" in err
         assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_export_to_a_missing_folder_is_one_line_error(
+    home: Path, saved: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "missing" / "dir" / "x.car"
+    assert main(["checkpoint", "export", saved, "--car", str(out), "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"cnode: error: cannot write {out}: No such file or directory\n"

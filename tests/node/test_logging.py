@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 import structlog
+
 from cnode.auth import load_identity
 from cnode.node._logging import bind_context, configure_logging, short_peer
 from cnode.node.cli import build_parser, main
-
 from tests.support.fixtures import hf_hub  # noqa: F401
 from tests.support.hf_hub import FakeHub
 
@@ -224,3 +224,71 @@ def test_console_lines_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     assert "hello" in err and "n=1" in err
     with pytest.raises(json.JSONDecodeError):
         json.load(io.StringIO(err))
+
+
+# -- in-process: what main() binds and reads -------------------------------------------------
+
+
+def _node_home(tmp_path: Path) -> tuple[Path, str]:
+    from cnode.auth import Identity, save_identity
+
+    home = tmp_path / "home"
+    identity = Identity.generate()
+    save_identity(identity, home / "identity.key")
+    return home, identity.peer_id_str
+
+
+def test_checkpoint_json_lines_carry_the_node_peer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home, peer = _node_home(tmp_path)
+    assert main(["--log-json", "checkpoint", "gc", "--home", str(home)]) == 0
+    records = _json_lines(capsys.readouterr().err)
+    assert [r["event"] for r in records] == ["gc_done"]
+    assert records[0]["peer"] == short_peer(peer)
+    # a key main() cannot use (mode 0644) binds nothing and fails nothing: gc still runs
+    (home / "identity.key").chmod(0o644)
+    assert main(["--log-json", "checkpoint", "gc", "--home", str(home)]) == 0
+    assert "peer" not in _json_lines(capsys.readouterr().err)[0]
+
+
+def test_coordinator_binds_its_own_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    key, out = tmp_path / "coord.key", tmp_path / "run.toml"
+    assert main(["coordinator", "new-run", "r1", "--key", str(key), "--out", str(out)]) == 0
+    peer = load_identity(key).peer_id_str
+    assert structlog.contextvars.get_contextvars() == {"peer": short_peer(peer), "run": "r1"}
+    capsys.readouterr()
+
+
+def test_log_format_json_from_config_toml(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from cnode.node._config import NodeConfig, save_config
+
+    home, _ = _node_home(tmp_path)
+    assert main(["checkpoint", "gc", "--home", str(home)]) == 0  # no config.toml: console
+    with pytest.raises(json.JSONDecodeError):
+        _json_lines(capsys.readouterr().err)
+    save_config(home, NodeConfig(log_format="json"))
+    assert main(["checkpoint", "gc", "--home", str(home)]) == 0
+    assert [r["event"] for r in _json_lines(capsys.readouterr().err)] == ["gc_done"]
+    # a bad config.toml does not break main(); the command that reads it reports it, one line
+    (home / "config.toml").write_text('log_format = "xml"\n')
+    assert main(["checkpoint", "gc", "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("cnode: error: ") and "log_format" in err and err.count("\n") == 1
+
+
+def test_stray_os_error_is_one_line_traceback_only_with_debug(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "missing" / "run.toml"
+    argv = ["coordinator", "new-run", "r1", "--key", str(tmp_path / "k"), "--out", str(out)]
+    assert main(argv) == 1
+    err = capsys.readouterr().err  # the key is made first, which logs one line
+    assert err.endswith(f"\ncnode: error: No such file or directory: {out}\n")
+    assert "Traceback" not in err and "Errno" not in err
+    assert main(["--debug", *argv]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and "FileNotFoundError" in err
+    assert err.endswith(f"cnode: error: No such file or directory: {out}\n")
