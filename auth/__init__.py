@@ -25,6 +25,7 @@ from ._exceptions import TokenError as TokenError
 from ._exceptions import TokenReason as TokenReason
 from ._exceptions import UnknownPayloadType as UnknownPayloadType
 from ._exceptions import WrongSigner as WrongSigner
+from ._hf import HF_TRANSPORT_ERRORS as HF_TRANSPORT_ERRORS
 from ._hf import HFAccount as HFAccount
 from ._hf import HFBinding as HFBinding
 from ._hf import hf_whoami as hf_whoami
@@ -55,6 +56,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/auth/test_exports.
     "HFLoginError",
     "HFLoginReason",
     "HF_BINDING_TYPE",
+    "HF_TRANSPORT_ERRORS",
     "Identity",
     "IdentityError",
     "MalformedEnvelope",

@@ -38,7 +38,8 @@ def _transport_errors() -> tuple[type[Exception], ...]:
     return tuple(found)
 
 
-_TRANSPORT_ERRORS = _transport_errors()
+# Connection-level errors of the installed huggingface_hub's HTTP library (node/hub uses it too).
+HF_TRANSPORT_ERRORS = _transport_errors()
 _BINDING_KEYS = frozenset({"at", "peer", "username"})
 
 
@@ -94,7 +95,7 @@ def hf_whoami(token: str, endpoint: str | None = None) -> HFAccount:
             HFLoginReason.BAD_RESPONSE,
             f"the Hugging Face Hub at {url} answered whoami with HTTP {status}",
         ) from None
-    except _TRANSPORT_ERRORS as exc:
+    except HF_TRANSPORT_ERRORS as exc:
         # from None: the chained exception would carry the request, headers and all.
         raise HFLoginError(
             HFLoginReason.UNREACHABLE,

@@ -40,6 +40,7 @@ from ._hf import MANIFEST_CAR as HF_MANIFEST_CAR
 from ._hf import export_hf as export_hf
 from ._hf import import_hf as import_hf
 from ._hf import import_hf_verified as import_hf_verified
+from ._hf import read_hf_manifest as read_hf_manifest
 from ._manifest import DTYPES as DTYPES
 from ._manifest import AggregationRecord as AggregationRecord
 from ._manifest import CheckpointMeta as CheckpointMeta
@@ -91,6 +92,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "manifest_closure",
     "missing_blocks",
     "read_file",
+    "read_hf_manifest",
     "read_manifest",
     "read_tokenizer_files",
     "save_checkpoint",

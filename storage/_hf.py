@@ -36,7 +36,7 @@ from ._car import export_car, iter_sections, read_header
 from ._checkpoint import missing_blocks, read_file, read_manifest, save_layers, write_stream
 from ._cid import CID, DAG_CBOR, compute_cid
 from ._exceptions import CARError, CheckpointError, HFFolderError, ManifestError
-from ._manifest import DTYPES, CheckpointMeta, Layer, check_layer_name
+from ._manifest import DTYPES, CheckpointMeta, Layer, Manifest, check_layer_name
 
 log = structlog.get_logger(__name__)
 
@@ -274,8 +274,13 @@ def import_hf(
     return cid
 
 
-def _import_manifest_nodes(store: BlockStore, path: Path, manifest_cid: CID) -> None:
-    """Store the DAG-CBOR nodes of ``path`` (a structure-only CAR whose root is the manifest)."""
+def read_hf_manifest(store: BlockStore, folder: Path, manifest_cid: CID) -> Manifest:
+    """Store the manifest nodes of ``folder``'s ``cnode-manifest.car``; return the manifest.
+
+    The first step of :func:`import_hf_verified`, on its own so a downloader can learn what else
+    to fetch (and how large each file may be) before fetching it. Raises HFFolderError.
+    """
+    path = Path(folder) / MANIFEST_CAR
     try:
         size = path.stat().st_size
         if size > limits.MAX_MANIFEST_SIZE + limits.MAX_CAR_HEADER_SIZE:
@@ -298,6 +303,10 @@ def _import_manifest_nodes(store: BlockStore, path: Path, manifest_cid: CID) -> 
                 store.put(cid, data)
         except CARError as exc:
             raise HFFolderError(f"{path.name}: {exc}") from exc
+    try:
+        return read_manifest(store, manifest_cid)
+    except ManifestError as exc:
+        raise HFFolderError(f"{MANIFEST_CAR}: {exc}") from exc
 
 
 def _verified_chunks(
@@ -341,11 +350,7 @@ def import_hf_verified(
             names the file and the layer.
     """
     folder = Path(folder)
-    _import_manifest_nodes(store, folder / MANIFEST_CAR, manifest_cid)
-    try:
-        manifest = read_manifest(store, manifest_cid)
-    except ManifestError as exc:
-        raise HFFolderError(f"{MANIFEST_CAR}: {exc}") from exc
+    manifest = read_hf_manifest(store, folder, manifest_cid)
     path = folder / WEIGHTS
     try:
         f = open(path, "rb")  # noqa: SIM115 - closed right below

@@ -5,8 +5,16 @@ so tests exercise the client's real requests and error handling. Only what cnode
 
 * ``GET /api/whoami-v2``: users, their orgs, access tokens, revocation
   (:meth:`FakeHub.add_user`, :meth:`FakeHub.revoke`).
+* Model repos, as ``HfApi.create_repo``, ``upload_folder`` / ``create_commit`` and
+  ``hf_hub_download`` use them: ``POST /api/repos/create``, ``POST
+  /api/models/{repo}/preupload/{rev}`` (every file "regular": its bytes travel base64 inside the
+  commit, a mode the real Hub uses for small files), ``POST /api/models/{repo}/commit/{rev}``
+  (NDJSON), ``GET /api/models/{repo}/revision/{rev}`` and ``HEAD``/``GET
+  /{repo}/resolve/{rev}/{path}``. Writes need a write token of the namespace's user or of a member
+  of its org; repos are public to read. :meth:`FakeHub.tamper` changes a stored file in place
+  (a Hub that serves wrong bytes).
 
-Adding endpoints (model repos: create, commit/upload, resolve/download): write a handler
+Adding endpoints: write a handler
 ``def handle(hub: FakeHub, req: Request) -> Response`` and register it with
 ``hub.route("POST", r"/api/repos/create", handle)`` (or add it to ``_DEFAULT_ROUTES``). Routes are
 regular expressions matched against the path (without the query); named groups land in
@@ -25,6 +33,8 @@ The server never logs tokens; ``hub.requests`` records (method, path, user) of e
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import re
 import secrets
@@ -36,8 +46,8 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import urlsplit
 
-# Largest request body the server reads (uploads will need more: raise it per route then).
-MAX_BODY = 16 * 1024 * 1024
+# Largest request body the server reads (a commit carries its files base64-encoded).
+MAX_BODY = 64 * 1024 * 1024
 
 
 @dataclass
@@ -53,6 +63,23 @@ class Token:
     user: str
     role: str = "write"  # "read" | "write" | "fineGrained"
     revoked: bool = False
+
+
+@dataclass
+class Repo:
+    """A model repo: commits oldest first, each the whole tree of files after it."""
+
+    repo_id: str
+    commits: list[tuple[str, dict[str, bytes]]] = field(default_factory=list)
+    branches: dict[str, str] = field(default_factory=dict)  # branch -> commit sha
+
+    def tree(self, revision: str) -> tuple[str, dict[str, bytes]] | None:
+        """(commit sha, files) of a branch name or a full commit sha, else None."""
+        sha = self.branches.get(revision, revision)
+        for commit, files in self.commits:
+            if commit == sha:
+                return commit, files
+        return None
 
 
 @dataclass
@@ -119,8 +146,132 @@ def whoami(hub: FakeHub, req: Request) -> Response:
     )
 
 
+_REPO = r"(?P<repo>[\w.-]+/[\w.-]+)"
+_REV = r"(?P<rev>[^/]+)"
+
+
+def _repo(hub: FakeHub, req: Request) -> Repo:
+    repo = hub.repos.get(req.params["repo"])
+    if repo is None:
+        raise HubRefusal(Response.error(404, "Repository not found"))
+    return repo
+
+
+def _tree(hub: FakeHub, req: Request) -> tuple[Repo, str, dict[str, bytes]]:
+    repo = _repo(hub, req)
+    found = repo.tree(req.params["rev"])
+    if found is None:
+        raise HubRefusal(Response.error(404, f"Invalid rev id: {req.params['rev']}"))
+    return repo, *found
+
+
+def _require_writer(hub: FakeHub, req: Request, namespace: str) -> User:
+    user = hub.require_user(req)
+    assert req.token is not None
+    if req.token.role == "read" or (namespace != user.name and namespace not in user.orgs):
+        raise HubRefusal(Response.error(403, f"You don't have the rights to write to {namespace}"))
+    return user
+
+
+def create_repo(hub: FakeHub, req: Request) -> Response:
+    user = hub.require_user(req)
+    body = json.loads(req.body or b"{}")
+    namespace = body.get("organization") or user.name
+    repo_id = f"{namespace}/{body.get('name')}"
+    _require_writer(hub, req, namespace)
+    if not re.fullmatch(_REPO, repo_id):
+        return Response.error(400, f"bad repo id {repo_id!r}")
+    if repo_id in hub.repos:
+        # The Hub's conflict answer names the repo's url too (the client reads it on exist_ok).
+        message = "You already created this model repo"
+        return Response.json(
+            {"error": message, "url": f"{hub.url}/{repo_id}"}, 409, **{"X-Error-Message": message}
+        )
+    repo = Repo(repo_id)
+    sha = hub.new_sha()
+    repo.commits.append((sha, {".gitattributes": b""}))
+    repo.branches["main"] = sha
+    hub.repos[repo_id] = repo
+    return Response.json({"url": f"{hub.url}/{repo_id}", "name": repo_id, "id": hub.new_sha()})
+
+
+def preupload(hub: FakeHub, req: Request) -> Response:
+    repo = _repo(hub, req)
+    _require_writer(hub, req, repo.repo_id.split("/")[0])
+    files = json.loads(req.body)["files"]
+    modes = [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]
+    return Response.json({"files": modes})
+
+
+def commit(hub: FakeHub, req: Request) -> Response:
+    repo = _repo(hub, req)
+    _require_writer(hub, req, repo.repo_id.split("/")[0])
+    branch = req.params["rev"]
+    if branch not in repo.branches:
+        return Response.error(404, f"Invalid rev id: {branch}")
+    files = dict(repo.tree(branch)[1])  # type: ignore[index]
+    for line in req.body.splitlines():
+        item = json.loads(line)
+        value = item["value"]
+        if item["key"] == "file":
+            files[value["path"]] = base64.b64decode(value["content"])
+        elif item["key"] == "deletedFile":
+            files.pop(value["path"], None)
+        elif item["key"] != "header":
+            return Response.error(400, f"the fake Hub does not take {item['key']!r} operations")
+    sha = hub.new_sha()
+    repo.commits.append((sha, files))
+    repo.branches[branch] = sha
+    return Response.json(
+        {
+            "success": True,
+            "commitOid": sha,
+            "commitUrl": f"{hub.url}/{repo.repo_id}/commit/{sha}",
+            "pullRequestUrl": None,
+        }
+    )
+
+
+def revision_info(hub: FakeHub, req: Request) -> Response:
+    repo, sha, files = _tree(hub, req)
+    return Response.json(
+        {
+            "id": repo.repo_id,
+            "modelId": repo.repo_id,
+            "sha": sha,
+            "private": False,
+            "siblings": [{"rfilename": name} for name in sorted(files)],
+        }
+    )
+
+
+def resolve(hub: FakeHub, req: Request) -> Response:
+    _, sha, files = _tree(hub, req)
+    data = files.get(req.params["path"])
+    if data is None:
+        return Response.error(404, "Entry not found")
+    etag = hashlib.sha256(data).hexdigest()
+    return Response(200, data, {"X-Repo-Commit": sha, "ETag": f'"{etag}"'})
+
+
+def _locked(handler: Handler) -> Handler:
+    """Run ``handler`` holding ``hub.lock`` (repo state is shared by the server threads)."""
+
+    def run(hub: FakeHub, req: Request) -> Response:
+        with hub.lock:
+            return handler(hub, req)
+
+    return run
+
+
 _DEFAULT_ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", r"/api/whoami-v2", whoami),
+    ("POST", r"/api/repos/create", _locked(create_repo)),
+    ("POST", rf"/api/models/{_REPO}/preupload/{_REV}", _locked(preupload)),
+    ("POST", rf"/api/models/{_REPO}/commit/{_REV}", _locked(commit)),
+    ("GET", rf"/api/models/{_REPO}/revision/{_REV}", _locked(revision_info)),
+    ("GET", rf"/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
+    ("HEAD", rf"/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
 ]
 
 
@@ -132,6 +283,7 @@ class FakeHub:
         self.users: dict[str, User] = {}
         self.tokens: dict[str, Token] = {}
         self.requests: list[tuple[str, str, str | None]] = []
+        self.repos: dict[str, Repo] = {}
         # (method, path regex) -> status: answer every matching request with this error.
         self.failures: dict[tuple[str, str], int] = {}
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
@@ -154,6 +306,23 @@ class FakeHub:
     def revoke(self, token: str) -> None:
         with self.lock:
             self.tokens[token].revoked = True
+
+    def new_sha(self) -> str:
+        return secrets.token_hex(20)
+
+    def file(self, repo_id: str, path: str, revision: str = "main") -> bytes:
+        """A file as the Hub holds it (KeyError if absent)."""
+        with self.lock:
+            found = self.repos[repo_id].tree(revision)
+            assert found is not None, revision
+            return found[1][path]
+
+    def tamper(self, repo_id: str, path: str, data: bytes, revision: str = "main") -> None:
+        """Replace a stored file's bytes, keeping its commit (a Hub that serves wrong bytes)."""
+        with self.lock:
+            found = self.repos[repo_id].tree(revision)
+            assert found is not None, revision
+            found[1][path] = data
 
     def route(self, method: str, pattern: str, handler: Handler) -> None:
         """Serve ``method`` requests whose path fully matches ``pattern`` with ``handler``."""
