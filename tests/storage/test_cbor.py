@@ -31,8 +31,8 @@ def test_round_trip_with_links() -> None:
         ("fb7ff0000000000000", CBORDecodeError, "Infinity"),
         ("fa3fc00000", CBORDecodeError, "additional info 26"),  # 32-bit float
         ("a1016161", CBORDecodeError, "string type"),  # integer map key
-        ("81", CBORDecodeError, "EOF"),  # truncated array
-        ("fb3ff80000", CBORDecodeError, "EOF"),  # truncated float
+        ("81", CBORDecodeError, "truncated"),  # truncated array
+        ("fb3ff80000", CBORDecodeError, "truncated"),  # truncated float
         ("c2420001", CBORDecodeError, "tag 42"),  # bignum tag
         ("d82a4100", CBORDecodeError, "link"),  # malformed CID in a link
         ("0102", CBORDecodeError, "malformed"),  # two items
@@ -44,10 +44,39 @@ def test_bad_cbor(hex_bytes: str, error: type[Exception], message: str) -> None:
 
 
 def test_depth_bounded() -> None:
+    assert decode(b"\x81" * limits.MAX_CBOR_DEPTH + b"\x01") is not None
+    assert decode(b"\x81" * limits.MAX_CBOR_DEPTH + b"\x80") is not None  # [] opens no level
     with pytest.raises(CBORDecodeError, match="MAX_CBOR_DEPTH"):
-        decode(b"\x81" * (limits.MAX_CBOR_DEPTH + 2) + b"\x01")
+        decode(b"\x81" * (limits.MAX_CBOR_DEPTH + 1) + b"\x01")
+    with pytest.raises(CBORDecodeError, match="MAX_CBOR_DEPTH"):  # maps count the same
+        decode(b"\xa1\x61k" * (limits.MAX_CBOR_DEPTH + 1) + b"\x01")
     with pytest.raises(CBORDecodeError, match="MAX_CBOR_DEPTH"):
         decode(b"\x81" * 5000 + b"\x01")
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\x81" * (limits.MAX_CBOR_DEPTH + 1) + b"\x01", "MAX_CBOR_DEPTH"),
+        (b"\x81" * 500_000 + b"\x01", "MAX_CBOR_DEPTH"),  # would recurse 500k deep
+        (b"\x9b" + (1 << 62).to_bytes(8, "big"), "more items than bytes"),  # 2^62-item array
+        (b"\x5a\xff\xff\xff\xff", "runs past the end"),
+        (b"\x9f\x01\xff", "indefinite-length"),
+        (b"\x01\x01", "1 bytes after the end"),
+        (b"", "truncated"),
+    ],
+)
+def test_structure_checked_before_dag_cbor_decodes(
+    monkeypatch: pytest.MonkeyPatch, data: bytes, message: str
+) -> None:
+    import dag_cbor
+
+    def must_not_run(*_args: object, **_kwargs: object) -> object:
+        raise AssertionError("dag_cbor.decode ran on bytes the scan should have refused")
+
+    monkeypatch.setattr(dag_cbor, "decode", must_not_run)
+    with pytest.raises(CBORDecodeError, match=message):
+        decode(data)
 
 
 def test_size_bounded() -> None:
