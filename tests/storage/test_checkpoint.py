@@ -314,3 +314,37 @@ def test_oversize_manifest_page_list(store: BlockStore) -> None:
     cid = _put(store, _root(store, layers=[], layer_pages=too_many))
     with pytest.raises(ManifestError, match=f"at most {limits.MAX_MANIFEST_NODES}"):
         read_manifest(store, cid)
+
+
+def test_layer_list_over_one_block_at_the_default_layout(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A layer list > 1 MiB at the default layout goes to linked layer pages, and round-trips.
+
+    2,400 tiny layers with ~390-byte names (MAX_LAYER_NAME_LEN is 512) make ~1.2 MB of layer
+    entries. ~10,000 layers with 40-byte names would do the same but take ~25 s here: each link
+    costs ~0.2 ms in multiformats' CID constructor (runtime type validation), both ways.
+    """
+    from cnode.storage import export_car, import_car, verify_checkpoint
+
+    store = BlockStore(tmp_path / "src")
+    n = 2_400
+    prefix = "model.encoder." + "block.0." * 46
+    # 16 distinct chunk contents (deduplicated on disk); every name differs, as in a real model
+    state = {f"{prefix}{i:05d}.weight": torch.full((2,), float(i % 16)) for i in range(n)}
+    cid = save_checkpoint(store, state, meta())
+    root = decode(store.get(cid))
+    assert root["layers"] == [] and len(root["layer_pages"]) >= 2 and root["layer_count"] == n
+    pages = [store.get(page) for page in root["layer_pages"]]
+    assert sum(map(len, pages)) > limits.MAX_BLOCK_SIZE  # really more than one block's worth
+    assert all(len(page) <= limits.MAX_BLOCK_SIZE for page in pages)
+
+    loaded, manifest = load_checkpoint(store, cid)
+    assert [layer.name for layer in manifest.layers] == list(state)
+    assert all(torch.equal(loaded[k], v) for k, v in state.items())
+    report = verify_checkpoint(store, cid)
+    assert report.ok and report.layers == n, report.faults[:3]
+
+    car = tmp_path / "big.car"
+    assert export_car(store, cid, car) == 1 + len(pages) + 16
+    dst = BlockStore(tmp_path / "dst")
+    assert import_car(dst, car) == cid
+    assert verify_checkpoint(dst, cid).ok  # every block arrived and hashes to its CID
