@@ -56,6 +56,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="N",
         help="stay out of the run until round N is published, then join (a late joiner)",
     )
+    parser.add_argument(
+        "--hf-repo",
+        metavar="REPO",
+        help="with --checkpointer: also upload each checkpoint to this Hugging Face model repo "
+        "(created if absent; needs cnode init --hf-login; $HF_ENDPOINT picks the Hub)",
+    )
     parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
     parser.add_argument(
         "--attack",
@@ -85,6 +91,8 @@ def _handle(args: argparse.Namespace) -> int:
             "poisoned updates and should be banned by the swarm",
             file=sys.stderr,
         )
+    if args.hf_repo is not None and not args.checkpointer:
+        raise TrainingConfigError("--hf-repo needs --checkpointer (checkpointers upload)")
     if args.rounds < 0 or args.join_after_round < 0:
         raise TrainingConfigError("--rounds and --join-after-round must be >= 0")
     settings = TrainSettings(
@@ -103,5 +111,6 @@ def _handle(args: argparse.Namespace) -> int:
         report=args.report,
         upload_rate_bytes_per_s=config.upload_rate_bytes_per_s,
         join_after_round=args.join_after_round,
+        hf_repo=args.hf_repo,
     )
     return trio.run(run_node, settings)

@@ -24,11 +24,20 @@ from cnode.auth import Identity, Opened, load_identity
 from cnode.node._config import IDENTITY_FILE
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
+    CheckpointRecord,
     CoordinatorClient,
     CoordinatorRejected,
     RoundInfo,
     RunConfig,
     load_run_config,
+)
+from cnode.node.hub import (
+    HubError,
+    HubLogin,
+    HubRevision,
+    download_checkpoint,
+    load_hub_login,
+    upload_checkpoint,
 )
 from cnode.node.p2p import (
     EnvelopeValidator,
@@ -39,7 +48,7 @@ from cnode.node.p2p import (
     RejectedMessage,
     open_p2p_node,
 )
-from cnode.storage import CID, BlockStore
+from cnode.storage import CID, BlockStore, HFFolderError
 
 from . import limits
 from ._config import TrainingConfig
@@ -82,6 +91,7 @@ class TrainSettings:
     upload_rate_bytes_per_s: int = 0
     join_after_round: int = 0  # stay out of the run until this round is published (late join)
     default_coordinator_url: str = ""
+    hf_repo: str | None = None  # a checkpointer also uploads each checkpoint to this Hub repo
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -93,6 +103,11 @@ async def run_node(settings: TrainSettings) -> int:
             f"--run {settings.run!r} but the run config is for run {run_config.run!r}"
         )
     training = TrainingConfig.from_dict(dict(run_config.training))
+    login = load_hub_login(settings.home)
+    if settings.hf_repo and login is None:
+        raise TrainingConfigError(
+            f"--hf-repo {settings.hf_repo} needs a Hub login: run cnode init --hf-login first"
+        )
     bind_context(peer=identity.peer_id_str, run=settings.run)
     store = BlockStore(settings.blocks_dir)
     reporter = Reporter(settings.report, peer=identity.peer_id_str)
@@ -108,7 +123,7 @@ async def run_node(settings: TrainSettings) -> int:
         )
     )
     every = run_config.rounds.checkpoint_every or training.checkpoint_every
-    session = _Session(settings, trainer, reporter, every)
+    session = _Session(settings, trainer, reporter, every, login)
     finished = False
     try:
         try:
@@ -224,9 +239,15 @@ class _Session:
     """The round loop of one node (see the module docstring)."""
 
     def __init__(
-        self, settings: TrainSettings, trainer: NodeTrainer, reporter: Reporter, every: int
+        self,
+        settings: TrainSettings,
+        trainer: NodeTrainer,
+        reporter: Reporter,
+        every: int,
+        login: HubLogin | None,
     ) -> None:
         self.settings = settings
+        self.login = login  # the Hub login of `cnode init --hf-login`, if any
         self.trainer = trainer
         self.reporter = reporter
         self.every = every
@@ -269,7 +290,12 @@ class _Session:
         identity: Identity,
         store: BlockStore,
     ) -> None:
-        await client.join()
+        if self.login is not None:
+            # The coordinator checks the binding and the token with the Hub (HF-account
+            # allowlists); without a login the node joins by its peer id alone.
+            await client.join(hf_binding=self.login.binding, hf_token=self.login.token)
+        else:
+            await client.join()
         p2p = P2PSettings(
             listen=(self.settings.listen,),
             bootstrap=self.settings.bootstrap,
@@ -337,11 +363,22 @@ class _Session:
         cid = CID.parse(record.manifest)
         # Blocks are verified whoever serves them, but banned peers are not asked at all.
         peers = [p for p in node.connected_peers() if p not in self.banned]
+        fetched: dict[str, object] = {}
         try:
             with trio.fail_after(limits.CATCH_UP_FETCH_S):
                 report = await node.fetch(cid, holders=peers)
+            fetched = {
+                "source": "peers",
+                "fetch_seconds": report.seconds,
+                "bytes": report.bytes,
+                "bytes_per_holder": dict(report.per_holder_bytes),
+                "dropped": dict(report.dropped),
+            }
         except (FetchError, trio.TooSlowError) as exc:
-            raise CatchUpError(f"cannot fetch checkpoint {cid} of round {need}: {exc}") from exc
+            if record.hf_repo is None:
+                raise CatchUpError(f"cannot fetch checkpoint {cid} of round {need}: {exc}") from exc
+            log.warning("catch_up_from_hub", manifest=str(cid), peers_error=str(exc))
+            fetched = await self._download_from_hub(cid, record, reason=str(exc))
         await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, cid)
         await node.announce_hold(cid)
         self.reporter.event(
@@ -349,11 +386,48 @@ class _Session:
             round=need,
             manifest=str(cid),
             seconds=time.monotonic() - began,
-            fetch_seconds=report.seconds,
-            bytes=report.bytes,
-            bytes_per_holder=dict(report.per_holder_bytes),
-            dropped=dict(report.dropped),
+            **fetched,
         )
+
+    async def _download_from_hub(
+        self, cid: CID, record: CheckpointRecord, *, reason: str
+    ) -> dict[str, object]:
+        """The fallback when no peer serves the checkpoint: the Hub commit the coordinator named.
+
+        The bytes are checked slice by slice against ``cid`` (signed by the coordinator), so
+        the Hub is trusted for availability only.
+        """
+        assert record.hf_repo is not None and record.hf_revision is not None
+        where = HubRevision(record.hf_repo, record.hf_revision)
+        token = self.login.token if self.login is not None else None
+
+        def download() -> int:
+            workdir = self.settings.home / "tmp"
+            return download_checkpoint(self.trainer.store, cid, where, workdir=workdir, token=token)
+
+        began = time.monotonic()
+        try:
+            with trio.fail_after(limits.CATCH_UP_FETCH_S):
+                # Abandoned on timeout: what it stores later is verified, and harmless. (mypy
+                # cannot match a keyword after trio's Unpack[Ts] *args: hence the ignore.)
+                size = await trio.to_thread.run_sync(
+                    download,
+                    abandon_on_cancel=True,  # type: ignore[call-arg]
+                )
+        except (HubError, HFFolderError, trio.TooSlowError) as exc:
+            raise CatchUpError(
+                f"cannot fetch checkpoint {cid}: no peer served it ({reason}), and from "
+                f"{where.repo}@{where.revision[:12]}: {exc}"
+            ) from exc
+        return {
+            "source": "hub",
+            "hub": f"{where.repo}@{where.revision}",
+            "fetch_seconds": time.monotonic() - began,
+            "bytes": size,
+            "bytes_per_holder": {},
+            "dropped": {},
+            "peers_error": reason,
+        }
 
     async def _one_round(self, client: CoordinatorClient, node: P2PNode) -> bool:
         """Play one round; True when the node is done."""
@@ -488,8 +562,15 @@ class _Session:
         different manifest for the same round means a different state, and that is fatal.
         """
         if self.settings.checkpointer:
+            hub = await self._upload_to_hub(round_, manifest)
             try:
-                await client.submit_checkpoint(epoch=epoch, round=round_, manifest=str(manifest))
+                await client.submit_checkpoint(
+                    epoch=epoch,
+                    round=round_,
+                    manifest=str(manifest),
+                    hf_repo=None if hub is None else hub.repo,
+                    hf_revision=None if hub is None else hub.revision,
+                )
             except CoordinatorRejected as exc:
                 if exc.code == "stale_round":
                     raise StateMismatchError(
@@ -510,6 +591,41 @@ class _Session:
                     return
                 await trio.sleep(limits.POLL_INTERVAL_S)
         log.warning("checkpoint_not_confirmed", round=round_, manifest=str(manifest))
+
+    async def _upload_to_hub(self, round_: int, manifest: CID) -> HubRevision | None:
+        """With ``--hf-repo``: upload the checkpoint; a Hub failure is logged, never fatal.
+
+        The swarm does not need the Hub (peers serve checkpoints); a checkpoint without its Hub
+        copy only loses the fallback for joiners that find no peer.
+        """
+        repo = self.settings.hf_repo
+        if repo is None or self.login is None:
+            return None
+        began = time.monotonic()
+        try:
+            where = await trio.to_thread.run_sync(
+                partial(
+                    upload_checkpoint,
+                    self.trainer.store,
+                    manifest,
+                    repo=repo,
+                    token=self.login.token,
+                    message=f"cnode run {self.run_id} round {round_}: {manifest}",
+                    workdir=self.settings.home / "tmp",
+                )
+            )
+        except HubError as exc:
+            log.warning("hub_upload_failed", round=round_, repo=repo, error=str(exc))
+            self.reporter.event("hub_upload_failed", round=round_, repo=repo, error=str(exc))
+            return None
+        self.reporter.event(
+            "hub_uploaded",
+            round=round_,
+            repo=repo,
+            revision=where.revision,
+            seconds=time.monotonic() - began,
+        )
+        return where
 
     async def _report_ban(self, client: CoordinatorClient, ban: BanRecommendation) -> None:
         payload = ban.to_payload()

@@ -20,8 +20,14 @@ from typing import Any
 
 import tomli_w
 
-from cnode.auth import Identity, save_identity
-from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
+from cnode.auth import Identity, load_identity, make_hf_binding, save_identity
+from cnode.node._config import (
+    HF_BINDING_FILE,
+    HF_TOKEN_FILE,
+    IDENTITY_FILE,
+    NodeConfig,
+    save_config,
+)
 from cnode.node.coordinator import CoordinatorProcess, SyncCoordinatorClient, load_run_config
 from cnode.node.train._report import read_report
 
@@ -75,9 +81,16 @@ class Node:
 
 class Swarm:
     def __init__(
-        self, tmp: Path, names: list[str], *, min_participants: int, round_timeout_s: float = 20.0
+        self,
+        tmp: Path,
+        names: list[str],
+        *,
+        min_participants: int,
+        round_timeout_s: float = 20.0,
+        hf_endpoint: str | None = None,
     ) -> None:
         self.tmp = tmp
+        self.hf_endpoint = hf_endpoint  # the (fake) Hub of the coordinator and of every node
         self.nodes: dict[str, Node] = {}
         for name in names:
             home = tmp / name
@@ -106,7 +119,10 @@ class Swarm:
         self.run_config = tmp / "run.toml"
         self.run_config.write_text(tomli_w.dumps(config), encoding="utf-8")
         self.coordinator = CoordinatorProcess(
-            self.run_config, tmp / "coordinator.db", tmp / "coordinator.key"
+            self.run_config,
+            tmp / "coordinator.db",
+            tmp / "coordinator.key",
+            hf_endpoint=hf_endpoint,
         )
         self.coordinator.start()
 
@@ -128,9 +144,20 @@ class Swarm:
             if other is not node:
                 cmd += ["--bootstrap", other.addr()]
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        if self.hf_endpoint is not None:
+            env["HF_ENDPOINT"] = self.hf_endpoint
         with node.log.open("ab") as log:
             node.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
         return node
+
+    def hf_login(self, name: str, username: str, token: str) -> None:
+        """What `cnode init --hf-login` leaves in a home: the token (0600) and the binding."""
+        node = self.nodes[name]
+        identity = load_identity(node.home / IDENTITY_FILE)
+        (node.home / HF_TOKEN_FILE).write_text(token)
+        os.chmod(node.home / HF_TOKEN_FILE, 0o600)
+        binding = make_hf_binding(identity, username, int(time.time()))
+        (node.home / HF_BINDING_FILE).write_bytes(binding)
 
     def wait(self, what: str, check: Callable[[], bool], timeout: float) -> None:
         deadline = time.monotonic() + timeout

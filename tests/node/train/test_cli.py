@@ -63,3 +63,20 @@ def test_demo_refuses_a_late_joiner_after_the_last_round(
 ) -> None:
     assert main(["demo", "--rounds", "3", "--late-after", "3"]) == 1
     assert "--late-after" in capsys.readouterr().err
+
+
+def test_hf_repo_needs_the_checkpointer_and_a_hub_login(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = _home(tmp_path)
+    config = _run_config(tmp_path)
+    assert main(_train(home, config, "--run", "r1", "--hf-repo", "acme/x")) == 1
+    assert "--hf-repo needs --checkpointer" in capsys.readouterr().err
+    args = _train(home, config, "--run", "r1", "--hf-repo", "acme/x", "--checkpointer")
+    assert main(args) == 1
+    assert "needs a Hub login: run cnode init --hf-login" in capsys.readouterr().err
+    (home / "hf_token").write_text("hf_abc")
+    (home / "hf_token").chmod(0o644)
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "readable by others" in err and "hf_abc" not in err
