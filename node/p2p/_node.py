@@ -208,11 +208,7 @@ class P2PNode:
         Error handling: FetchError when some block cannot be had from any holder; every block
         stored until then stays stored, so calling fetch again resumes.
         """
-        peers = set(holders or ()) | self.holders(root)
-        if not peers:
-            peers = set(self.connected_peers())
-        peers.discard(self.peer_id)
-        transfer = Transfer(self.store, self._open_stream, sorted(peers), progress)
+        transfer = Transfer(self.store, self._open_stream, self._sources([root], holders), progress)
         rounds = 0
         while True:
             missing = await trio.to_thread.run_sync(missing_blocks, self.store, root)
@@ -232,6 +228,36 @@ class P2PNode:
             rounds=rounds,
         )
         return report
+
+    async def fetch_blocks(
+        self,
+        cids: Sequence[CID],
+        holders: Sequence[str] | None = None,
+        *,
+        progress: ProgressFn | None = None,
+    ) -> FetchReport:
+        """Fetch these blocks themselves (not what they link to); verify each.
+
+        For blocks that are no manifest: signed update headers, say. Holders and error handling
+        as :meth:`fetch`; blocks already held are not asked for.
+        """
+        if not cids:
+            raise ValueError("fetch_blocks needs at least one CID")
+        wanted = [cid for cid in dict.fromkeys(cids) if not self.store.has(cid)]
+        transfer = Transfer(self.store, self._open_stream, self._sources(cids, holders), progress)
+        if wanted:
+            await transfer.fetch(wanted)
+        return transfer.report(cids[0])
+
+    def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
+        """``holders`` plus those announced for ``cids``; if none, every connected peer."""
+        peers = set(holders or ())
+        for cid in cids:
+            peers |= self.holders(cid)
+        if not peers:
+            peers = set(self.connected_peers())
+        peers.discard(self.peer_id)
+        return sorted(peers)
 
     # -- pubsub ----------------------------------------------------------------------------
 
