@@ -3,6 +3,8 @@ import random
 
 import dag_cbor
 import pytest
+from dag_cbor import random as dag_cbor_random
+
 from cnode.auth import (
     DOMAIN,
     PAYLOAD_TYPES,
@@ -16,7 +18,6 @@ from cnode.auth import (
     seal,
 )
 from cnode.auth.limits import MAX_CBOR_DEPTH, MAX_ENVELOPE_SIZE
-from dag_cbor import random as dag_cbor_random
 
 ANNOUNCE = "cnode/announce/v1"
 

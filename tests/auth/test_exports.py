@@ -1,5 +1,4 @@
 import cnode.auth as auth
-
 from cnode import CnodeError
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import dag_cbor
 import pytest
+
 from cnode.auth import DOMAIN, Identity, load_identity, open_envelope, seal
 
 FIXTURES = Path(__file__).resolve().parents[2] / "specs" / "fixtures" / "identity"

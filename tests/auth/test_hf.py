@@ -2,6 +2,8 @@
 
 import dag_cbor
 import pytest
+from huggingface_hub import HfApi
+
 from cnode.auth import (
     BadSignature,
     BindingError,
@@ -14,8 +16,6 @@ from cnode.auth import (
     seal,
     verify_hf_binding,
 )
-from huggingface_hub import HfApi
-
 from tests.support.fixtures import dead_endpoint, hf_hub  # noqa: F401
 from tests.support.hf_hub import FakeHub
 

@@ -4,6 +4,10 @@ from pathlib import Path
 
 import base58
 import pytest
+from libp2p.crypto.ed25519 import Ed25519PrivateKey
+from libp2p.crypto.secp256k1 import create_new_key_pair as secp_key_pair
+from libp2p.peer.id import ID
+
 from cnode.auth import (
     Identity,
     IdentityError,
@@ -13,9 +17,6 @@ from cnode.auth import (
     save_identity,
 )
 from cnode.auth.limits import KEY_FILE_SIZE
-from libp2p.crypto.ed25519 import Ed25519PrivateKey
-from libp2p.crypto.secp256k1 import create_new_key_pair as secp_key_pair
-from libp2p.peer.id import ID
 
 
 def _saved(tmp_path: Path) -> tuple[Identity, Path]:

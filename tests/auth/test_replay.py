@@ -1,4 +1,5 @@
 import pytest
+
 from cnode.auth import ReplayError, ReplayGuard
 
 A = "12D3KooWA"

@@ -2,6 +2,7 @@ from typing import Any
 
 import dag_cbor
 import pytest
+
 from cnode.auth import (
     EncodeError,
     Identity,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 import structlog
+
 from cnode.auth import load_identity, verify_hf_binding
 from cnode.node._config import load_config
 from cnode.node.cli import main
-
 from tests.support.fixtures import dead_endpoint, hf_hub  # noqa: F401
 from tests.support.hf_hub import FakeHub
 
