@@ -39,29 +39,45 @@ async def request_blocks(
     cids: Sequence[CID],
     on_block: OnBlock,
     on_frame: Callable[[], None] = lambda: None,
+    on_block_start: Callable[[CID], None] = lambda _cid: None,
 ) -> set[CID]:
     """Ask for ``cids`` on ``stream``; call ``on_block`` for each verified block; return lacks.
 
     Args:
         stream: a fresh stream to the holder, negotiated to PROTOCOL_ID.
-        cids: 1 to MAX_REQUEST_CIDS CIDs.
+        cids: 1 to MAX_REQUEST_CIDS distinct CIDs.
         on_block: awaited with (cid, bytes) once the bytes are proven to hash to the CID.
         on_frame: called on every frame (the scheduler's no-progress timer).
+        on_block_start: called with a BLOCK's CID as soon as its header has arrived, before
+            its bytes. Blocks come in request order, so every CID requested before it and not
+            answered is one the holder lacks. What it raises ends the request.
 
     Returns: the CIDs the holder said it lacks.
 
     Error handling: BadBlockError (bytes do not match), PeerProtocolError (bad or unexpected
-    frames, early end), RemoteRefusedError (ERROR frame), StreamBroken (from the stream).
-    The caller closes or resets the stream.
+    frames, a block out of request order, early end), RemoteRefusedError (ERROR frame),
+    StreamBroken (from the stream). The caller closes or resets the stream.
     """
     if not 0 < len(cids) <= limits.MAX_REQUEST_CIDS:
         raise ValueError(f"a request names 1 to {limits.MAX_REQUEST_CIDS} CIDs")
     await stream.write(Request(tuple(cids)).encode())
     unanswered = set(cids)
+    order = {cid: i for i, cid in enumerate(cids)}
+    last = -1  # request index of the latest BLOCK
     lacking: set[CID] = set()
     reader = FrameReader(stream)
+
+    def started(cid: CID) -> None:
+        nonlocal last
+        if cid not in unanswered:
+            raise PeerProtocolError(f"unrequested or repeated block {cid}")
+        if order[cid] < last:
+            raise PeerProtocolError(f"block {cid} out of request order")
+        last = order[cid]
+        on_block_start(cid)
+
     while True:
-        frame = await reader.read_frame(limits.MAX_FRAME_BODY)
+        frame = await reader.read_frame(limits.MAX_FRAME_BODY, started)
         on_frame()
         if frame is None:
             raise PeerProtocolError(f"stream ended with {len(unanswered)} CIDs unanswered")

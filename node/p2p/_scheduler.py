@@ -12,14 +12,22 @@ first copy was bad. End game: a worker with nothing left to take moves the unsen
 slower holder's request to its own holder (the slower request stops once only moved CIDs are
 left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower (cancelling
 its request, partial block included), so one slow holder cannot hold up the end of a fetch.
+
+Holders answer in request order (specs/blocks.md#interaction), and each BLOCK's CID is seen
+before its bytes: so the scheduler knows which block is on the wire, and that every CID passed
+over before it is lacked (those go back to the queue at once). A holder that starts sending a
+CID already moved to another holder (it lacked the ones before) has its request abandoned
+before the bytes arrive, so no block is received whole twice.
+
+Times come from ``trio.current_time()`` (tests run it under a MockClock).
 """
 
 from __future__ import annotations
 
 import collections
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 import trio
@@ -36,11 +44,20 @@ from ._exceptions import (
     StreamBroken,
 )
 from ._exchange import request_blocks
-from ._stream import Libp2pStream
+from ._wire import ByteStream
 
 log = structlog.get_logger(__name__)
 
-OpenStream = Callable[[str], Awaitable[Libp2pStream]]
+
+class RequestStream(ByteStream, Protocol):
+    """What the scheduler needs of a stream: the ByteStream methods plus ``reset``."""
+
+    async def reset(self) -> None:
+        """Abort the stream (the holder stops sending); never raises."""
+        ...
+
+
+OpenStream = Callable[[str], Awaitable[RequestStream]]
 
 
 @dataclass(frozen=True)
@@ -77,33 +94,47 @@ class _Holder:
     in_flight: int = 0
     bytes: int = 0
     dropped: str | None = None
-    first_request: float | None = None  # monotonic time its first request started
+    first_request: float | None = None  # trio time its first request started
 
     def rate(self) -> float:
         """Bytes per second delivered since its first request (0 before any)."""
         if self.first_request is None:
             return 0.0
-        return self.bytes / max(time.monotonic() - self.first_request, 1e-3)
+        return self.bytes / max(trio.current_time() - self.first_request, 1e-3)
 
 
 @dataclass(eq=False)
 class _Request:
-    """One request in flight: its CIDs in order, which arrived, which another holder took."""
+    """One request in flight: its CIDs in order and what became of each.
+
+    ``position`` is the request index of the latest BLOCK whose header arrived: that block is
+    on the wire until delivered, the CIDs before it that were not delivered were ``skipped``
+    (lacked), and only the CIDs after it are unsent.
+    """
 
     holder: _Holder
     cids: list[CID]
     delivered: set[CID] = field(default_factory=set)
-    stolen: set[CID] = field(default_factory=set)
+    stolen: set[CID] = field(default_factory=set)  # moved to another holder
+    skipped: set[CID] = field(default_factory=set)  # passed over by the holder: it lacks them
+    position: int = -1
+    storing: bool = False  # the block on the wire arrived whole and is being stored
     scope: trio.CancelScope | None = None
     abandoned: bool = False
 
-    def remaining(self, *, include_current: bool) -> list[CID]:
-        """Undelivered CIDs still ours; without the first (it may be on the wire) by default."""
-        left = [c for c in self.cids if c not in self.delivered and c not in self.stolen]
-        return left if include_current else left[1:]
+    def on_wire(self) -> CID | None:
+        """The CID whose BLOCK is arriving (header seen, not yet delivered), if any."""
+        if self.position < 0 or self.cids[self.position] in self.delivered:
+            return None
+        return self.cids[self.position]
+
+    def unsent(self) -> list[CID]:
+        """CIDs after the one on the wire that are still this request's, in request order."""
+        return [c for c in self.cids[self.position + 1 :] if c not in self.stolen]
 
     def only_stolen_left(self) -> bool:
-        return all(c in self.delivered or c in self.stolen for c in self.cids)
+        done = self.delivered | self.stolen | self.skipped
+        return all(c in done for c in self.cids)
 
 
 class _Abandoned(Exception):
@@ -135,7 +166,7 @@ class Transfer:
         self.open_stream = open_stream
         self.holders = {peer: _Holder(peer) for peer in holders}
         self.progress = progress
-        self.started = time.monotonic()
+        self.started = trio.current_time()
         self.bytes = 0
         self.blocks = 0
         self._pending: collections.deque[CID] = collections.deque()
@@ -169,11 +200,13 @@ class Transfer:
     def _steal(self, thief: _Holder) -> list[CID]:
         """End game: move work that a slower holder has not delivered yet to ``thief``.
 
-        From a holder not faster than ``thief``: the back half of its request's unsent CIDs (the
-        victim stops once only moved CIDs are left, so nothing is fetched twice). From a holder
-        STEAL_SLOWER_FACTOR times slower: everything it has not delivered, the block on the
-        wire included; its request is cancelled at once (that one partial block is wasted, and
-        nothing is stored twice).
+        From a holder not faster than ``thief``: the back half of its request's unsent CIDs but
+        the next one (it may be on its way already; the victim stops once only moved CIDs are
+        left, so nothing is fetched twice). From a holder STEAL_SLOWER_FACTOR times slower:
+        everything it has not delivered, the block on the wire included unless it arrived
+        whole; its request is cancelled at once (that one partial block is wasted, and nothing
+        is stored twice). Should the victim start sending a moved CID after all (it lacked the
+        ones before), its request is abandoned at that block's header (see ``_request``).
         """
         best: _Request | None = None
         take: list[CID] = []
@@ -183,7 +216,13 @@ class Transfer:
             if victim is thief or victim.dropped is not None or victim.rate() > thief_rate:
                 continue
             much_slower = victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
-            left = request.remaining(include_current=much_slower)
+            left = request.unsent()
+            if not much_slower:
+                left = left[1:]
+            else:
+                current = request.on_wire()
+                if current is not None and not request.storing and current not in request.stolen:
+                    left = [current, *left]
             left = [c for c in left if c not in thief.lacks]
             tail = left if much_slower else left[len(left) // 2 :]
             if len(tail) > len(take):
@@ -204,7 +243,7 @@ class Transfer:
                     blocks=self.blocks,
                     pending=len(self._pending) + len(self._in_flight),
                     holders_in_use=sum(1 for h in self.holders.values() if h.in_flight),
-                    elapsed_s=time.monotonic() - self.started,
+                    elapsed_s=trio.current_time() - self.started,
                 )
             )
 
@@ -247,7 +286,7 @@ class Transfer:
             self._requests.add(request)
             holder.in_flight += 1
             if holder.first_request is None:
-                holder.first_request = time.monotonic()
+                holder.first_request = trio.current_time()
             lacked: set[CID] = set()
             try:
                 lacked = await self._request(request)
@@ -274,8 +313,9 @@ class Transfer:
                 self._requests.discard(request)
                 holder.in_flight -= 1
                 holder.lacks |= lacked
-                # Taken CIDs are the taker's now: neither done nor returned here.
-                mine = [cid for cid in batch if cid not in request.stolen]
+                # Taken CIDs are the taker's now, skipped ones went back to the queue already:
+                # neither is done nor returned here.
+                mine = [c for c in batch if c not in request.stolen and c not in request.skipped]
                 self._in_flight.difference_update(mine)
                 back = [cid for cid in mine if cid not in self._stored]
                 self._pending.extendleft(reversed(back))
@@ -286,11 +326,41 @@ class Transfer:
             holder.dropped = reason
             log.warning("holder_dropped", holder=holder.peer, reason=reason)
 
+    def _skip(self, request: _Request, index: int) -> None:
+        """The holder began the block at ``index``: what it passed over goes back at once."""
+        passed = [
+            c
+            for c in request.cids[request.position + 1 : index]
+            if c not in request.delivered and c not in request.stolen
+        ]
+        request.position = index
+        if not passed:
+            return
+        request.skipped.update(passed)
+        request.holder.lacks.update(passed)
+        self._in_flight.difference_update(passed)
+        self._pending.extendleft(reversed([c for c in passed if c not in self._stored]))
+        self._notify()
+
     async def _request(self, request: _Request) -> set[CID]:
         holder = request.holder
+        index = {cid: i for i, cid in enumerate(request.cids)}
+
+        def on_block_start(cid: CID) -> None:
+            self._skip(request, index[cid])
+            if cid in request.stolen:
+                # It lacked what came before, and this one was moved: do not receive it twice.
+                log.debug("moved_block_started", holder=holder.peer[-8:], cid=str(cid))
+                raise _Abandoned
 
         async def on_block(cid: CID, data: bytes) -> None:
-            await trio.to_thread.run_sync(self.store.put, cid, data)
+            if cid in request.stolen:  # moved while its last bytes were being checked
+                raise _Abandoned
+            request.storing = True
+            try:
+                await trio.to_thread.run_sync(self.store.put, cid, data)
+            finally:
+                request.storing = False
             request.delivered.add(cid)
             self._stored.add(cid)
             self._in_flight.discard(cid)  # done: no longer pending anywhere
@@ -310,7 +380,9 @@ class Transfer:
             on_frame()
             stream = await self.open_stream(holder.peer)
             try:
-                lacked = await request_blocks(stream, request.cids, on_block, on_frame)
+                lacked = await request_blocks(
+                    stream, request.cids, on_block, on_frame, on_block_start
+                )
             except BaseException:
                 # Also on cancellation: tell the holder to stop sending (bounded, shielded).
                 with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -327,7 +399,7 @@ class Transfer:
             root=root,
             blocks=self.blocks,
             bytes=self.bytes,
-            seconds=time.monotonic() - self.started,
+            seconds=trio.current_time() - self.started,
             per_holder_bytes={p: h.bytes for p, h in self.holders.items() if h.bytes},
             dropped={p: h.dropped for p, h in self.holders.items() if h.dropped},
         )

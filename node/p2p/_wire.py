@@ -229,8 +229,15 @@ class FrameReader:
             self._buf += data
         return True
 
-    async def read_frame(self, max_body: int) -> Frame | None:
-        """The next frame, or None at a clean end of stream (between frames)."""
+    async def read_frame(
+        self, max_body: int, on_block_cid: Callable[[CID], None] | None = None
+    ) -> Frame | None:
+        """The next frame, or None at a clean end of stream (between frames).
+
+        ``on_block_cid``, if given, is called with a BLOCK frame's CID as soon as the frame
+        header and CID have arrived, before the block's bytes are read (a requester can give
+        up a block it no longer wants without waiting for it); what it raises passes through.
+        """
         if not await self._fill(HEADER_SIZE):
             if self._buf:
                 raise PeerProtocolError("stream ended inside a frame header")
@@ -238,8 +245,27 @@ class FrameReader:
         kind, length = _HEADER.unpack_from(self._buf)
         if length > max_body:
             raise FrameTooLargeError(f"frame of {length} bytes exceeds the limit {max_body}")
+        if on_block_cid is not None and kind == Kind.BLOCK:
+            cid = await self._peek_block_cid(length)
+            if cid is not None:
+                on_block_cid(cid)
         if not await self._fill(HEADER_SIZE + length):
             raise PeerProtocolError("stream ended inside a frame")
         body = bytes(self._buf[HEADER_SIZE : HEADER_SIZE + length])
         del self._buf[: HEADER_SIZE + length]
         return decode_frame(kind, body)
+
+    async def _peek_block_cid(self, length: int) -> CID | None:
+        # The CID at the front of a BLOCK body, or None when it is not there (yet): the full
+        # decode that follows reports any fault.
+        if length < 1 or not await self._fill(HEADER_SIZE + 1):
+            return None
+        size = self._buf[HEADER_SIZE]
+        if size > limits.MAX_CID_BYTES or 1 + size > length:
+            return None
+        if not await self._fill(HEADER_SIZE + 1 + size):
+            return None
+        try:
+            return CID.parse(bytes(self._buf[HEADER_SIZE + 1 : HEADER_SIZE + 1 + size]))
+        except InvalidCIDError:
+            return None
