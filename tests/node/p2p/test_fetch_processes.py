@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cnode.storage import BlockStore, load_checkpoint
+from cnode.storage import CID, BlockStore, CheckpointMeta, load_checkpoint, save_checkpoint
 from tests.support.procs import Procs, wait_until
 
 from .conftest import Checkpoint, holder_home
@@ -178,3 +178,32 @@ def test_fetch_cli_bad_cid(tmp_path: Path, running: Procs) -> None:
     proc = running.start("checkpoint", "fetch", "bafynotacid", "--home", str(tmp_path))
     assert proc.wait(60) == 1
     assert "cnode: error: 'bafynotacid' is not a CID" in proc.log_path.read_text()
+
+
+def _small_checkpoint(tmp_path: Path, nbytes: int) -> tuple[Path, CID, int]:
+    """A holder home with one float32 layer of ``nbytes``; its root and block bytes."""
+    home = tmp_path / "holder"
+    store = BlockStore(home / "blocks")
+    tensor = torch.arange(nbytes // 4, dtype=torch.float32)
+    root = save_checkpoint(store, {"w": tensor}, CheckpointMeta(run_id="rate-test"))
+    return home, root, sum(store.size(cid) for cid in store.iter_cids())
+
+
+@pytest.mark.slow
+def test_upload_rate_cap_holds_end_to_end(tmp_path: Path, running: Procs) -> None:
+    """A holder capped at 1 MB/s serves 2 MB in about 2 s (uncapped on loopback: ~0.05 s)."""
+    rate = 1_000_000
+    home, root, total = _small_checkpoint(tmp_path, 2_000_000)
+    _proc, addr = running.holder(home, "--open", "--rate", str(rate))
+    joiner = tmp_path / "joiner"
+    fetch = running.start(
+        "checkpoint", "fetch", str(root), "--home", str(joiner), "--quiet", "--peer", addr
+    )
+    assert fetch.wait(60) == 0, fetch.describe()
+    summary = next(line for line in fetch.stdout if line.startswith("fetched "))
+    seconds = float(summary.split(" in ")[1].split(" s ")[0])
+    # The bucket lets a burst of rate / 10 through at once; the rest waits for tokens.
+    floor = (total - rate / 10) / rate * 0.85
+    assert floor >= 1.5
+    assert floor <= seconds < 10 * total / rate, summary
+    assert sum(1 for _ in BlockStore(joiner / "blocks").iter_cids()) == 3
