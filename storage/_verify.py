@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import limits
+from . import _cbor, limits
 from ._blockstore import BlockChecker, BlockStore
 from ._cid import CID
-from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
+from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError, StorageError
 from ._manifest import (
     Manifest,
     PartialLayer,
@@ -230,13 +230,12 @@ def _check_aggregation(store: BlockChecker, meta: Manifest, report: VerifyReport
             message = f"update {cid} does not match its CID"
             report.fault("update-corrupt", message, cid)
             continue
+        # A signed update's format (an auth envelope, in cnode's training) is not storage's to
+        # judge: here it must be strict DAG-CBOR. `cnode checkpoint verify` checks signatures.
         try:
-            update = parse_root(store.get(cid))
-        except (ManifestError, CorruptBlockError, BlockNotFoundError) as exc:
+            _cbor.decode(store.get(cid))
+        except (StorageError, CorruptBlockError, BlockNotFoundError) as exc:
             report.fault("update-invalid", f"update {cid}: {exc}", cid)
-            continue
-        if update.meta.kind != "update":
-            report.fault("update-invalid", f"update {cid} is a {update.meta.kind!r} manifest", cid)
     if absent:
         report.notes.append(
             f"{absent} of {len(meta.aggregation.updates)} signed updates are not held (not checked)"

@@ -39,6 +39,8 @@ from cnode.storage import (
     verify_checkpoint,
 )
 
+from . import _replay
+
 # (set_total, advance) callbacks of a progress bar
 _Hooks = tuple[Callable[[int], None], Callable[[int], None]]
 
@@ -107,6 +109,10 @@ def _print_report(report: VerifyReport) -> None:
 
 def _verify(args: argparse.Namespace) -> int:
     target: str = args.target
+    if args.peer and not args.replay:
+        raise CheckpointCommandError("--peer is for --replay (to fetch what it needs)")
+    if args.replay:
+        return _verify_and_replay(args)
     with _progress("verifying", args.json) as (set_total, advance):
         if target.endswith(".car") or Path(target).is_file():
             path = Path(target)
@@ -114,14 +120,58 @@ def _verify(args: argparse.Namespace) -> int:
                 raise CheckpointCommandError(f"no such CAR file: {path}")
             report = verify_car(path, on_total=set_total, on_progress=advance)
         else:
-            report = verify_checkpoint(
-                _store(args, create=False), _cid(target), on_total=set_total, on_progress=advance
-            )
+            store = _store(args, create=False)
+            report = verify_checkpoint(store, _cid(target), on_total=set_total, on_progress=advance)
+            _check_signatures(store, report)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
     else:
         _print_report(report)
     return 0 if report.ok else 1
+
+
+def _check_signatures(store: BlockStore, report: VerifyReport) -> None:
+    """Add to ``report`` what the signed update headers of the aggregation record say."""
+    if report.manifest is None or report.manifest.aggregation is None:
+        return
+    from cnode.node.train import check_signed_updates  # torch: only where there is a record
+
+    found = check_signed_updates(store, report.manifest)
+    for cid, reason in found.faults:
+        report.fault("update-signature", f"signed update header {cid}: {reason}", cid)
+    if found.valid:
+        report.notes.append(f"{found.valid} signed update headers: signature, run and round OK")
+
+
+def _verify_and_replay(args: argparse.Namespace) -> int:
+    """``verify --replay``: fetch (with --peer), verify every block, then recompute."""
+    if args.target.endswith(".car") or Path(args.target).is_file():
+        raise CheckpointCommandError(
+            "--replay needs a manifest CID in the store: cnode checkpoint import the CAR first"
+        )
+    manifest = _cid(args.target)
+    fetched = (0, 0)
+    if args.peer:
+        store = _store(args)
+        fetched = _replay.fetch_inputs(args, store, manifest)
+    else:
+        store = _store(args, create=False)
+    with _progress("verifying", args.json) as (set_total, advance):
+        report = verify_checkpoint(store, manifest, on_total=set_total, on_progress=advance)
+    _check_signatures(store, report)
+    outcome = (
+        _replay.replay(store, manifest, fetched=fetched)
+        if report.ok
+        else _replay.ReplayOutcome(False, "replay not attempted: the checkpoint has faults")
+    )
+    if args.json:
+        print(json.dumps({**report.to_dict(), "replay": outcome.to_dict()}, indent=2))
+    else:
+        if args.peer:
+            print(f"fetched {fetched[0]} blocks ({fetched[1] / 1e6:.1f} MB) from the peers")
+        _print_report(report)
+        Console().print(outcome.message, highlight=False, soft_wrap=True)
+    return 0 if report.ok and outcome.ok else 1
 
 
 def _ls(args: argparse.Namespace) -> int:
@@ -196,6 +246,7 @@ def register(subparsers: Any) -> None:
     p = add("verify", "check a checkpoint: manifest, every block, shapes, updates", _verify)
     p.add_argument("target", metavar="MANIFEST_CID|FILE.car")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _replay.add_arguments(p)
     p = add("ls", "list the checkpoints (manifests) in the block store", _ls)
     p.add_argument("--json", action="store_true", help="print JSON")
     p = add("export", "write a checkpoint as a CAR v1 file or a Hugging Face folder", _export)

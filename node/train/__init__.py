@@ -7,6 +7,8 @@ checkpoints with their aggregation record, and replay. Spec: specs/training.md.
 """
 
 from ._checkpoint import ReplayReport as ReplayReport
+from ._checkpoint import SignedUpdates as SignedUpdates
+from ._checkpoint import check_signed_updates as check_signed_updates
 from ._checkpoint import replay_checkpoint as replay_checkpoint
 from ._checkpoint import store_checkpoint as store_checkpoint
 from ._config import DataConfig as DataConfig
@@ -26,6 +28,8 @@ from ._local import train_local as train_local
 from ._model import build_model as build_model
 from ._model import load_state as load_state
 from ._model import model_state as model_state
+from ._replay_fetch import ReplayInputs as ReplayInputs
+from ._replay_fetch import fetch_replay_inputs as fetch_replay_inputs
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
@@ -42,9 +46,11 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "ModelConfig",
     "NodeTrainer",
     "PeerUpdateError",
+    "ReplayInputs",
     "ReplayMismatchError",
     "ReplayReport",
     "RoundStalledError",
+    "SignedUpdates",
     "StateMismatchError",
     "TextData",
     "TrainingConfig",
@@ -54,7 +60,9 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "UpdateHeader",
     "aggregate_round",
     "build_model",
+    "check_signed_updates",
     "evaluate",
+    "fetch_replay_inputs",
     "load_state",
     "model_state",
     "open_update_header",

@@ -44,6 +44,8 @@ __all__ = [
     "CheckpointInfo",
     "ReplayReport",
     "RoundLog",
+    "SignedUpdates",
+    "check_signed_updates",
     "genesis_state",
     "read_checkpoint_info",
     "replay_checkpoint",
@@ -255,6 +257,45 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         len(state),
         state_cid(state),
     )
+
+
+@dataclass(frozen=True)
+class SignedUpdates:
+    """The signed update headers a checkpoint names, as :func:`check_signed_updates` found them."""
+
+    valid: int  # held, signed by the peer they name, for the checkpoint's run and rounds
+    absent: int  # not in the store (not checked)
+    faults: tuple[tuple[CID, str], ...]  # (header CID, why it is not a valid signed header)
+
+
+def check_signed_updates(store: BlockStore, manifest: Manifest) -> SignedUpdates:
+    """Check the signature, run and round of every held header the aggregation record names.
+
+    The storage layer checks that each named block hashes right; what it is (a signed
+    ``cnode/update-header/v1`` envelope of this run, of a round this checkpoint covers) is
+    checked here, for ``cnode checkpoint verify``.
+    """
+    meta = _meta(manifest)
+    if meta.aggregation is None:
+        return SignedUpdates(0, 0, ())
+    valid = absent = 0
+    faults: list[tuple[CID, str]] = []
+    for cid in meta.aggregation.updates:
+        try:
+            envelope = store.get(cid)
+        except StorageError:
+            absent += 1  # missing or corrupt: storage's verify already reports it
+            continue
+        try:
+            header = open_update_header(envelope, run=meta.run_id)
+        except PeerUpdateError as exc:
+            faults.append((cid, exc.reason))
+            continue
+        if header.round > meta.round:
+            faults.append((cid, f"header of round {header.round}, after the checkpoint's"))
+            continue
+        valid += 1
+    return SignedUpdates(valid, absent, tuple(faults))
 
 
 def compare_layers(manifest: Manifest, state: State) -> None:

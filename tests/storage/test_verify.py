@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from cnode.storage import (
+    CID,
     DAG_CBOR,
     AggregationRecord,
     BlockStore,
@@ -85,13 +88,16 @@ def test_missing_page_reported(store: BlockStore) -> None:
 
 
 def test_updates_checked_where_held(store: BlockStore) -> None:
-    held = save_checkpoint(store, small_state(1), meta(kind="update"))
-    not_update = save_checkpoint(store, small_state(2), meta())
+    # A signed update is any strict DAG-CBOR block here (cnode's training names signed update
+    # header envelopes; the CLI checks their signatures). Unsorted keys are not strict DAG-CBOR.
+    held = store.put_new(encode({"payload": b"x", "sig": b"y", "signer": "z"}), DAG_CBOR)
+    not_cbor = CID(DAG_CBOR, hashlib.sha256(b"\xa2\x61\x62\x01\x61\x61\x01").digest())
+    store.put(not_cbor, b"\xa2\x61\x62\x01\x61\x61\x01")
     absent = compute_cid(b"\xa1", DAG_CBOR)
-    record = AggregationRecord("mean", {}, [held, not_update, absent])
+    record = AggregationRecord("mean", {}, [held, not_cbor, absent])
     cid = save_checkpoint(store, small_state(), meta(aggregation=record))
     report = verify_checkpoint(store, cid)
-    assert [(f.kind, f.cid) for f in report.faults] == [("update-invalid", str(not_update))]
+    assert [(f.kind, f.cid) for f in report.faults] == [("update-invalid", str(not_cbor))]
     assert any("1 of 3 signed updates are not held" in n for n in report.notes)
     _path(store, held).write_bytes(b"\xa0")  # type: ignore[attr-defined]
     kinds = [f.kind for f in verify_checkpoint(store, cid).faults]
