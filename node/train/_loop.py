@@ -465,6 +465,7 @@ class _Session:
         members = sorted(info.members)[: limits.MAX_ROUND_MEMBERS]
         began = time.monotonic()
         headers, dropped = await self._fetch_updates(node, round_, members)
+        trainer.check_agreement(round_, {peer: header for peer, (_, header) in headers.items()})
         t_fetch = time.monotonic() - began
         began = time.monotonic()
         outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)

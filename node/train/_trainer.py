@@ -7,6 +7,7 @@ checkpoint and the ban policy. The network loop (_loop.py) calls it from a worke
 
 from __future__ import annotations
 
+import collections
 import math
 import time
 from collections.abc import Mapping
@@ -150,6 +151,25 @@ class NodeTrainer:
         envelope = seal_update_header(self.identity, header)
         cid = self.store.put_new(envelope, _DAG_CBOR)
         return OwnUpdate(round_, header, envelope, cid, local, time.perf_counter() - began)
+
+    def check_agreement(self, round_: int, headers: Mapping[str, UpdateHeader]) -> None:
+        """Raise StateMismatchError when most other members trained from another state.
+
+        Every header names the state its update was trained from (``base``): the state the
+        swarm agreed on after round ``round_ - 1``. A minority with another base is dropped from
+        the round (their fault); a strict majority of the other members agreeing on a base that
+        is not this node's means this node diverged: it stops loudly, never repairs silently.
+        """
+        others = [h.base for peer, h in headers.items() if peer != self.peer]
+        foreign = collections.Counter(b for b in others if b != self.state_cid)
+        if not foreign:
+            return
+        base, count = foreign.most_common(1)[0]
+        if 2 * count > len(others):
+            raise StateMismatchError(
+                f"round {round_}: {count} of {len(others)} other members trained from state "
+                f"{base}, this node holds {self.state_cid} after round {self.round}"
+            )
 
     def aggregate(
         self, round_: int, headers: Mapping[str, tuple[CID, UpdateHeader]], dropped: dict[str, str]

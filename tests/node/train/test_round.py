@@ -15,8 +15,10 @@ from cnode.auth import Identity, seal
 from cnode.node.train import (
     PeerUpdateError,
     ReplayMismatchError,
+    StateMismatchError,
     TrainingConfig,
     replay_checkpoint,
+    state_cid,
 )
 from cnode.node.train._round import UPDATE_HEADER_TYPE, UpdateHeader, open_update_header
 from cnode.node.train._trainer import NodeTrainer, OwnUpdate
@@ -138,3 +140,21 @@ def test_update_header_errors_name_the_fault(tmp_path: Path) -> None:
     with pytest.raises(PeerUpdateError, match="MAX_UPDATE_HEADER_BYTES"):
         open_update_header(b"x" * 5000, run="r1")
     assert isinstance(open_update_header(own.envelope, run="r1"), UpdateHeader)
+
+
+def test_a_node_whose_state_diverged_stops_at_the_next_round(tmp_path: Path) -> None:
+    nodes = _swarm(tmp_path, 4)
+    _play_round(nodes, 1)
+    odd = nodes[3]
+    name = sorted(odd.state)[0]
+    odd.state = {**odd.state, name: odd.state[name] + 1e-3}
+    odd.state_cid = state_cid(odd.state)  # as if its aggregation had gone wrong
+    own = {node.peer: node.train(2) for node in nodes}
+    headers = {peer: o.header for peer, o in own.items()}
+    # The three agreeing nodes see one member on another base: its fault, no error (it is
+    # dropped from their aggregate, see aggregate()).
+    for node in nodes[:3]:
+        node.check_agreement(2, headers)
+    # The diverged node sees all three others on another base: a loud error naming both.
+    with pytest.raises(StateMismatchError, match="3 of 3 other members trained from state"):
+        odd.check_agreement(2, headers)
