@@ -185,26 +185,45 @@ def announcement_validator(
 
 
 class HolderTable:
-    """Who holds which CID, from announcements; bounded (oldest CIDs forgotten first)."""
+    """Who holds which CID, from announcements; bounded (oldest CIDs forgotten first).
+
+    A ``hold`` without ``layers`` (and every ``update``) makes its signer a holder of every
+    block of the CID; a ``hold`` with ``layers`` makes it a holder of those layers only
+    (specs/announce.md#interaction, step 7). A signer's latest announcement for a CID replaces
+    its earlier one. :meth:`holders` lists full holders only, unless asked about one layer.
+    """
 
     def __init__(self) -> None:
-        self._by_cid: collections.OrderedDict[CID, set[str]] = collections.OrderedDict()
+        # cid -> {peer: the layers it named, or None for every block}
+        self._by_cid: collections.OrderedDict[CID, dict[str, frozenset[str] | None]] = (
+            collections.OrderedDict()
+        )
 
     def apply(self, signer: str, ann: Announcement) -> None:
         if ann.kind is Kind.DEPARTURE:
             self.forget(signer)
             return
         assert ann.cid is not None  # checked by from_payload
-        peers = self._by_cid.setdefault(ann.cid, set())
+        peers = self._by_cid.setdefault(ann.cid, {})
         self._by_cid.move_to_end(ann.cid)
-        if len(peers) < limits.MAX_HOLDERS_PER_CID:
-            peers.add(signer)
+        if signer in peers or len(peers) < limits.MAX_HOLDERS_PER_CID:
+            peers[signer] = None if ann.layers is None else frozenset(ann.layers)
         while len(self._by_cid) > limits.MAX_HOLDER_TABLE_CIDS:
             self._by_cid.popitem(last=False)
 
     def forget(self, peer: str) -> None:
         for peers in self._by_cid.values():
-            peers.discard(peer)
+            peers.pop(peer, None)
 
-    def holders(self, cid: CID) -> set[str]:
-        return set(self._by_cid.get(cid, ()))
+    def holders(self, cid: CID, layer: str | None = None) -> set[str]:
+        """Peers that hold every block of ``cid``; with ``layer``, also those that hold that
+        layer of it (partial holders naming it)."""
+        return {
+            peer
+            for peer, layers in self._by_cid.get(cid, {}).items()
+            if layers is None or (layer is not None and layer in layers)
+        }
+
+    def announced(self, cid: CID) -> dict[str, frozenset[str] | None]:
+        """Every peer that announced ``cid``, with the layers it named (None: all of them)."""
+        return dict(self._by_cid.get(cid, {}))

@@ -158,6 +158,10 @@ class P2PNode:
         self._topics: dict[str, tuple[EnvelopeValidator, list[Subscription]]] = {}
         self._validated: collections.OrderedDict[bytes, Opened] = collections.OrderedDict()
         self._counter = 0
+        # Manifests announced with announce_hold (and their layers), re-announced on a timer.
+        self._holding: collections.OrderedDict[CID, tuple[str, ...] | None] = (
+            collections.OrderedDict()
+        )
         self.peer_id: str = identity.peer_id_str
         self.listen_addrs: list[str] = [str(a) for a in host.get_addrs()]
 
@@ -189,9 +193,10 @@ class P2PNode:
             raise DialError(f"cannot open a block stream to {peer[-8:]}: {exc}") from exc
         return Libp2pStream(raw, peer)
 
-    def holders(self, cid: CID) -> set[str]:
-        """Peers that announced they hold ``cid`` (and have not departed)."""
-        return self._table.holders(cid)
+    def holders(self, cid: CID, layer: str | None = None) -> set[str]:
+        """Peers that announced they hold every block of ``cid`` (and have not departed);
+        with ``layer``, also those that announced holding that layer of it."""
+        return self._table.holders(cid, layer)
 
     async def fetch(
         self,
@@ -202,8 +207,9 @@ class P2PNode:
     ) -> FetchReport:
         """Fetch ``root`` and every block it needs that the store lacks; verify each.
 
-        Holders: ``holders`` plus those announced for ``root``; if both are empty, every
-        connected peer. Loops fetch / ``missing_blocks`` until nothing is missing.
+        Holders: ``holders`` plus every peer that announced ``root``, partial holders included
+        (they answer LACKING for what they lack, and are not asked for it again); if both are
+        empty, every connected peer. Loops fetch / ``missing_blocks`` until nothing is missing.
 
         Error handling: FetchError when some block cannot be had from any holder; every block
         stored until then stays stored, so calling fetch again resumes.
@@ -250,10 +256,11 @@ class P2PNode:
         return transfer.report(cids[0])
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
-        """``holders`` plus those announced for ``cids``; if none, every connected peer."""
+        """``holders`` plus all that announced ``cids`` (partial holders too); if none, every
+        connected peer."""
         peers = set(holders or ())
         for cid in cids:
-            peers |= self.holders(cid)
+            peers |= set(self._table.announced(cid))
         if not peers:
             peers = set(self.connected_peers())
         peers.discard(self.peer_id)
@@ -353,16 +360,41 @@ class P2PNode:
         await self.publish(announce_topic(run), seal(self.identity, PAYLOAD_TYPE, ann.to_payload()))
 
     async def announce_hold(self, root: CID, layers: Sequence[str] | None = None) -> None:
-        """Tell the run we hold manifest ``root`` (all its blocks, or only ``layers``)."""
-        await self._announce(Kind.HOLD, cid=root, layers=None if layers is None else tuple(layers))
+        """Tell the run we hold manifest ``root`` (all its blocks, or only ``layers``).
+
+        The node repeats it every REANNOUNCE_HOLD_S while the store still has ``root``, so
+        peers that join later learn of it too (the MAX_REANNOUNCED_HOLDS latest manifests).
+        """
+        held = None if layers is None else tuple(layers)
+        self._holding[root] = held
+        self._holding.move_to_end(root)
+        while len(self._holding) > limits.MAX_REANNOUNCED_HOLDS:
+            self._holding.popitem(last=False)
+        await self._announce(Kind.HOLD, cid=root, layers=held)
 
     async def announce_update(self, update: CID, round: int) -> None:
         """Tell the run we hold update ``update`` for round ``round``."""
         await self._announce(Kind.UPDATE, cid=update, round=round)
 
     async def announce_departure(self) -> None:
-        """Tell the run we are leaving (peers forget us as a holder)."""
+        """Tell the run we are leaving (peers forget us as a holder; we stop re-announcing)."""
+        self._holding.clear()
         await self._announce(Kind.DEPARTURE)
+
+    async def _reannounce_holds(self) -> None:
+        # Gossipsub keeps no history: a peer that joins after an announcement never sees it.
+        # Each repeat is a new announcement (new counter and clock), so replay guards pass it.
+        while True:
+            await trio.sleep(limits.REANNOUNCE_HOLD_S)
+            for root, layers in list(self._holding.items()):
+                if not await trio.to_thread.run_sync(self.store.has, root):
+                    self._holding.pop(root, None)
+                    log.info("hold_no_longer_announced", manifest=str(root), reason="not in store")
+                    continue
+                try:
+                    await self._announce(Kind.HOLD, cid=root, layers=layers)
+                except P2PError as exc:
+                    log.info("reannounce_failed", manifest=str(root), error=str(exc))
 
     async def _follow_announcements(self, run: str, allow: Callable[[str], bool]) -> None:
         # Our own announcements pass our own validator too (py-libp2p validates local
@@ -440,6 +472,7 @@ async def open_p2p_node(
                     log.warning("bootstrap_peer_unreachable", address=address, error=str(exc))
             if settings.run_id is not None:
                 nursery.start_soon(node._follow_announcements, settings.run_id, allow)
+                nursery.start_soon(node._reannounce_holds)
             try:
                 yield node
             finally:

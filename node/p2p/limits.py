@@ -46,6 +46,11 @@ MAX_ANNOUNCED_LAYERS = 1024
 MAX_ANNOUNCE_STRING = 512
 # An announcement older (or newer) than this many seconds by its own clock is dropped.
 MAX_ANNOUNCE_SKEW_S = 600
+# A node repeats its "hold" announcements this often, so peers that joined since learn of them
+# (gossipsub keeps no history). Each repeat is a fresh announcement: new counter, new clock.
+REANNOUNCE_HOLD_S = 30.0
+# Most manifests a node keeps re-announcing (the latest announced; older ones stop).
+MAX_REANNOUNCED_HOLDS = 16
 # Most CIDs tracked in the holder table (oldest forgotten first), and holders per CID.
 MAX_HOLDER_TABLE_CIDS = 4096
 MAX_HOLDERS_PER_CID = 256

@@ -57,9 +57,31 @@ def test_valid_hold_updates_table() -> None:
     assert ann.kind is AnnounceKind.HOLD and ann.layers == ("a", "b")
     table = HolderTable()
     table.apply(opened.signer, ann)
-    assert table.holders(ROOT) == {HOLDER.peer_id_str}
+    assert table.holders(ROOT, layer="a") == {HOLDER.peer_id_str}
+    assert table.holders(ROOT) == set()  # layers a and b only: not a holder of the whole
     table.apply(opened.signer, Announcement(RUN, AnnounceKind.DEPARTURE, 2, NOW))
+    assert table.holders(ROOT, layer="a") == set()
+    assert table.announced(ROOT) == {}
+
+
+def test_partial_holder_holds_only_its_layers() -> None:
+    table = HolderTable()
+    full, partial = HOLDER.peer_id_str, STRANGER.peer_id_str
+    table.apply(partial, Announcement(RUN, AnnounceKind.HOLD, 1, NOW, cid=ROOT, layers=("a",)))
     assert table.holders(ROOT) == set()
+    assert table.holders(ROOT, layer="a") == {partial}
+    assert table.holders(ROOT, layer="b") == set()
+    table.apply(full, Announcement(RUN, AnnounceKind.HOLD, 1, NOW, cid=ROOT))
+    assert table.holders(ROOT) == {full}
+    assert table.holders(ROOT, layer="b") == {full}
+    assert table.announced(ROOT) == {partial: frozenset({"a"}), full: None}
+    # A signer's latest announcement replaces its earlier one, both ways.
+    table.apply(partial, Announcement(RUN, AnnounceKind.HOLD, 2, NOW, cid=ROOT))
+    table.apply(full, Announcement(RUN, AnnounceKind.HOLD, 2, NOW, cid=ROOT, layers=("b",)))
+    assert table.holders(ROOT) == {partial}
+    assert table.holders(ROOT, layer="b") == {partial, full}
+    table.forget(partial)
+    assert table.announced(ROOT) == {full: frozenset({"b"})}
 
 
 def test_update_round_trip() -> None:
@@ -145,6 +167,43 @@ def test_gossip_builds_holder_table_and_drops_strangers(tmp_path: Path) -> None:
     assert any(
         "allowlist" in str(e["reason"]) and e["source"] == c_id.peer_id_str[-8:] for e in drops
     )
+
+
+def test_late_peer_learns_existing_holders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """B starts after A announced: A's timed re-announcements tell B, partial layers kept.
+    A stops re-announcing a manifest that left its store."""
+    monkeypatch.setattr(limits, "REANNOUNCE_HOLD_S", 0.5)
+    a_id, b_id = Identity.generate(), Identity.generate()
+    settings = P2PSettings(run_id=RUN)
+    store_a = BlockStore(tmp_path / "a")
+    full_root = store_a.put_new(b"manifest")
+    partial_root = store_a.put_new(b"another manifest")
+
+    async def main() -> list[Any]:
+        with structlog.testing.capture_logs() as logs:
+            async with open_p2p_node(a_id, store_a, settings, allow=lambda _p: True) as a:
+                await a.announce_hold(full_root)
+                await a.announce_hold(partial_root, layers=["h.0.w"])
+                await trio.sleep(0.2)  # published to nobody
+                store_b = BlockStore(tmp_path / "b")
+                async with open_p2p_node(b_id, store_b, settings, allow=lambda _p: True) as b:
+                    assert not b.holders(full_root)
+                    await b.connect(a.listen_addrs[0])
+                    await _eventually(lambda: b.holders(full_root) == {a.peer_id}, "A, late")
+                    await _eventually(
+                        lambda: b.holders(partial_root, layer="h.0.w") == {a.peer_id}, "A, part"
+                    )
+                    assert b.holders(partial_root) == set()  # not a holder of the whole
+                    assert b.holders(partial_root, layer="h.1.w") == set()
+                    store_a.delete(partial_root)
+                    await _eventually(
+                        lambda: any(e["event"] == "hold_no_longer_announced" for e in logs),
+                        "A stops announcing what it no longer holds",
+                    )
+        return logs
+
+    logs = trio.run(main)
+    assert not [e for e in logs if e["event"] == "pubsub_message_dropped"]
 
 
 def test_bridge_calls_node_from_asyncio(tmp_path: Path) -> None:
