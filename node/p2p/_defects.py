@@ -27,6 +27,13 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
    closed nursery: ``RuntimeError: Nursery is closed to new arrivals`` at exit, wrapped with
    whatever error really ended the block. :func:`clean_group` drops that noise and unwraps a
    lone real error, so callers (and the CLI) see e.g. a FetchError, not an ExceptionGroup.
+9. A dial that fails on every address puts the peer in the swarm's negative cache
+   (``Swarm._negative_peer_cache``, a 60 s TTL): for the next minute every dial to that peer
+   fails at once ("recently failed all addresses (negative cache)") without trying, even once
+   the peer is up again (restarted, or its listener was not ready yet). A node that missed a
+   member once could not fetch from it for a minute. :func:`forget_failed_dial` lifts the
+   entry (the library's own ``Swarm.unblock_peer``) before each of our dials: callers bound
+   and retry dials themselves (``trio.fail_after``), so a real attempt is always wanted.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network import swarm as _swarm_module
+from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_V10
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11 as GOSSIPSUB_V11
 from libp2p.pubsub.gossipsub import GossipSub
@@ -246,3 +254,15 @@ def gossipsub_router() -> GossipSub:
 def publish_interval() -> float:
     """Seconds between two of our own publishes (pacing under the 32-message peer queue)."""
     return 0.0 if math.isinf(limits.PUBLISH_MAX_PER_S) else 1.0 / limits.PUBLISH_MAX_PER_S
+
+
+# -- 9. a failed dial blocks every dial to that peer for 60 s -----------------------------------
+
+
+def forget_failed_dial(swarm: Any, peer_id: ID) -> None:
+    """Let the next dial to ``peer_id`` really try, whatever an earlier failed dial cached.
+
+    ``swarm`` is the host's ``Swarm``. Call it right before ``host.connect`` or
+    ``host.new_stream`` (which dials when no connection is open).
+    """
+    swarm.unblock_peer(peer_id)

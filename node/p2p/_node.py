@@ -177,6 +177,7 @@ class P2PNode:
             info = info_from_p2p_addr(multiaddr.Multiaddr(address))
         except (ValueError, multiaddr.exceptions.Error, BaseLibp2pError) as exc:
             raise DialError(f"bad peer address {address!r}: {exc}") from exc
+        _defects.forget_failed_dial(self._host.get_network(), info.peer_id)
         try:
             await self._host.connect(info)
         except BaseLibp2pError as exc:
@@ -188,7 +189,9 @@ class P2PNode:
 
     async def _open_stream(self, peer: str) -> Libp2pStream:
         try:
-            raw = await self._host.new_stream(ID.from_base58(peer), [TProtocol(PROTOCOL_ID)])
+            peer_id = ID.from_base58(peer)
+            _defects.forget_failed_dial(self._host.get_network(), peer_id)
+            raw = await self._host.new_stream(peer_id, [TProtocol(PROTOCOL_ID)])
         except (BaseLibp2pError, ValueError) as exc:
             raise DialError(f"cannot open a block stream to {peer[-8:]}: {exc}") from exc
         return Libp2pStream(raw, peer)

@@ -23,6 +23,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network import swarm as swarm_module
 from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pubsub import Pubsub
@@ -396,3 +397,69 @@ def test_error_in_node_block_comes_out_unwrapped(tmp_path: Path) -> None:
 
     with pytest.raises(FetchError, match="could not be fetched from any holder"):
         trio.run(main)
+
+
+# -- 9. a failed dial makes every dial to that peer fail for 60 s -------------------------------
+
+
+async def _redial_after_peer_comes_up(fix: bool) -> bool:
+    """Dial a peer before it listens (fails), start it, dial again: True if the redial works."""
+    port = _free_port()
+    server_kp = create_new_key_pair()
+    client = _host()
+    server = new_host(
+        key_pair=server_kp,
+        sec_opt=defects.secure_transports(server_kp),
+        muxer_opt=defects.muxers(),
+    )
+    server_id = ID.from_pubkey(server_kp.public_key)
+    info = _info(f"/ip4/127.0.0.1/tcp/{port}/p2p/{server_id}")
+    async with client.run(LOOPBACK):
+        with pytest.raises(BaseLibp2pError), trio.fail_after(10):
+            await client.connect(info)  # nothing listens there yet
+        async with server.run([multiaddr.Multiaddr(f"/ip4/127.0.0.1/tcp/{port}")]):
+            if fix:
+                defects.forget_failed_dial(client.get_network(), server_id)
+            try:
+                with trio.fail_after(10):
+                    await client.connect(info)
+            except BaseLibp2pError as exc:
+                assert "negative cache" in str(exc)
+                return False
+            return client.get_network().get_connections(server_id) != []
+
+
+def test_dial_negative_cache_canary() -> None:
+    assert trio.run(_redial_after_peer_comes_up, False) is False
+
+
+def test_dial_negative_cache_forgotten() -> None:
+    assert trio.run(_redial_after_peer_comes_up, True) is True
+
+
+def test_node_reaches_peer_that_was_down(tmp_path: Path) -> None:
+    """connect and fetch (which dials on its own) both work once the peer is up again."""
+    port = _free_port()
+    b_id = Identity.generate()
+    b_settings = P2PSettings(listen=(f"/ip4/127.0.0.1/tcp/{port}",))
+    b_store = BlockStore(tmp_path / "b")
+    cid = b_store.put_new(b"a block the joiner wants")
+    address = f"/ip4/127.0.0.1/tcp/{port}/p2p/{b_id.peer_id_str}"
+
+    async def main() -> None:
+        a_store = BlockStore(tmp_path / "a")
+        async with open_p2p_node(Identity.generate(), a_store, P2PSettings(), allow=bool) as a:
+            with pytest.raises(DialError), trio.fail_after(10):
+                await a.connect(address)  # B is down
+            async with open_p2p_node(b_id, b_store, b_settings, allow=bool):
+                with trio.fail_after(10):
+                    report = await a.fetch_blocks([cid], [b_id.peer_id_str])  # dials inside
+                assert report.blocks == 1 and a_store.has(cid)
+        async with open_p2p_node(Identity.generate(), a_store, P2PSettings(), allow=bool) as a:
+            with pytest.raises(DialError), trio.fail_after(10):
+                await a.connect(address)
+            async with open_p2p_node(b_id, b_store, b_settings, allow=bool):
+                with trio.fail_after(10):
+                    assert await a.connect(address) == b_id.peer_id_str
+
+    trio.run(main)
