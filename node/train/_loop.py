@@ -343,23 +343,66 @@ class _Session:
             await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, pinned)
             self.reporter.event("resumed", round=self.trainer.round, manifest=str(pinned))
 
-    async def _catch_up(self, client: CoordinatorClient, node: P2PNode, round_: int) -> None:
-        """Make the state that of round ``round_ - 1``: fetch the coordinator's checkpoint."""
-        need = round_ - 1
-        began = time.monotonic()
+    async def _checkpoint_for(
+        self, client: CoordinatorClient, need: int
+    ) -> CheckpointRecord | None:
+        """The coordinator's checkpoint of round ``need``, or the latest (None: none yet) if
+        none of ``need`` will come.
+
+        A checkpoint of ``need`` comes when ``need`` is a multiple of ``checkpoint_every`` (the
+        coordinator's Cooldown waits for it); for other rounds there is none to wait for.
+        """
         with trio.fail_after(limits.CATCH_UP_FETCH_S):
             while True:
                 state = await client.run_state()
+                self.banned = {b.peer for b in state.bans}
                 record = state.checkpoint
-                if record is not None and record.round >= need:
-                    break
+                if need % self.every or (record is not None and record.round >= need):
+                    return record
                 await trio.sleep(limits.POLL_INTERVAL_S)
-        self.banned = {b.peer for b in state.bans}
-        if record.round != need:
-            raise CatchUpError(
-                f"round {round_} needs the state of round {need}; "
-                f"the current checkpoint is of round {record.round}"
-            )
+
+    async def _catch_up(self, client: CoordinatorClient, node: P2PNode, round_: int) -> int:
+        """Get the state a round needs; return the round to train (not always ``round_``).
+
+        Round ``round_`` needs the state of ``round_ - 1``. When the coordinator holds no
+        checkpoint of that round (``checkpoint_every`` > 1, or the swarm moved on meanwhile),
+        the node leaves ``round_``, waits for the next checkpoint and joins the round after it
+        (its Warmup lets joiners in): it waits rather than replays, see
+        specs/training.md#late-join.
+        """
+        for _ in range(limits.CATCH_UP_ATTEMPTS):
+            record = await self._checkpoint_for(client, round_ - 1)
+            if record is not None and record.round == round_ - 1:
+                await self._fetch_checkpoint(node, record)
+                return round_
+            with trio.move_on_after(5):
+                try:
+                    await client.leave(round_)
+                except CoordinatorRejected as exc:  # e.g. the round is over already
+                    log.info("leave_refused", round=round_, error=str(exc))
+            have = -1 if record is None else record.round
+            # Older: wait for the next checkpoint round. Newer (the swarm moved on while this
+            # node waited): join the current round at once, it needs that checkpoint.
+            want = have if have >= round_ - 1 else -(-(round_ - 1) // self.every) * self.every
+            self.reporter.event("waiting_for_checkpoint", round=round_, have=have, want=want)
+            log.info("waiting_for_checkpoint", round=round_, have=have, want=want)
+            with trio.fail_after(limits.CHECKPOINT_WAIT_S):
+                while have < want:
+                    await trio.sleep(limits.POLL_INTERVAL_S * 5)
+                    state = await client.run_state()
+                    self.banned = {b.peer for b in state.bans}
+                    have = -1 if state.checkpoint is None else state.checkpoint.round
+            round_ = await client.join_round()
+            bind_context(round=round_)
+        raise CatchUpError(
+            f"no checkpoint matched the round this node was placed in after "
+            f"{limits.CATCH_UP_ATTEMPTS} tries (last: round {round_})"
+        )
+
+    async def _fetch_checkpoint(self, node: P2PNode, record: CheckpointRecord) -> None:
+        """Fetch ``record``'s checkpoint from peers (the Hub as fallback), verify, adopt."""
+        began = time.monotonic()
+        need = record.round
         cid = CID.parse(record.manifest)
         # Blocks are verified whoever serves them, but banned peers are not asked at all.
         peers = [p for p in node.connected_peers() if p not in self.banned]
@@ -442,7 +485,10 @@ class _Session:
             await client.leave(round_)  # joined too late for the rounds it was asked to train
             return True
         if round_ != trainer.round + 1:
-            await self._catch_up(client, node, round_)
+            round_ = self.current_round = await self._catch_up(client, node, round_)
+            if stop and round_ > stop:
+                await client.leave(round_)
+                return True
         began = time.monotonic()
         info: RoundInfo | None = None
         own = await trio.to_thread.run_sync(trainer.train, round_)

@@ -32,6 +32,11 @@ FETCH_RETRY_S = 0.5
 ROUND_FETCH_S = 60.0
 # Seconds a joining node spends fetching the current checkpoint from its holders.
 CATCH_UP_FETCH_S = 120.0
+# Times a joining node leaves the round it was placed in to wait for a checkpoint it can start
+# from (a run with checkpoint_every > 1 has none for most rounds), then joins again.
+CATCH_UP_ATTEMPTS = 3
+# Seconds it waits for that next checkpoint (checkpoint_every rounds, at most).
+CHECKPOINT_WAIT_S = 900.0
 # Seconds a node waits for the coordinator to record the checkpoint it compares its own with.
 AGREE_WAIT_S = 30.0
 # Seconds a node started with --join-after-round waits for that round (late-join testing).

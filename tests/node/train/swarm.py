@@ -88,6 +88,7 @@ class Swarm:
         min_participants: int,
         round_timeout_s: float = 20.0,
         hf_endpoint: str | None = None,
+        checkpoint_every: int = 1,
     ) -> None:
         self.tmp = tmp
         self.hf_endpoint = hf_endpoint  # the (fake) Hub of the coordinator and of every node
@@ -108,7 +109,7 @@ class Swarm:
             "rounds": {
                 "min_participants": min_participants,
                 "round_timeout_s": round_timeout_s,
-                "checkpoint_every": 1,
+                "checkpoint_every": checkpoint_every,
                 "cooldown_s": 20.0,
                 # Time for every member to join the next round before its list can close.
                 "warmup_s": 1.0,

@@ -1,0 +1,48 @@
+"""Late join in a run that checkpoints every second round: the joiner cannot start from the
+round it was first placed in (no checkpoint of the round before), so it leaves it, waits for the
+next checkpoint, joins the round after it, and ends bit-identical with the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .swarm import Swarm, final_states
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def swarm(tmp_path: Path) -> Iterator[Swarm]:
+    made = Swarm(tmp_path, ["a", "b", "late"], min_participants=2, checkpoint_every=2)
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_a_joiner_waits_for_the_next_checkpoint_and_agrees(swarm: Swarm) -> None:
+    rounds = 5
+    a = swarm.start("a", rounds=rounds, checkpointer=True)
+    b = swarm.start("b", rounds=rounds)
+    late = swarm.start("late", "--join-after-round", "1", rounds=rounds)
+    for node in (a, b, late):
+        assert swarm.wait_exit(node, timeout=240) == 0, swarm.describe()
+
+    # Checkpoints exist for rounds 2 and 4 only.
+    assert [e["manifest"] is not None for e in a.events("round")] == [
+        False, True, False, True, False,
+    ]  # fmt: skip
+    # The joiner was placed in a round whose parent had no checkpoint, waited, and caught up
+    # from the checkpoint of round 2 (or 4, had it waited longer).
+    waits = late.events("waiting_for_checkpoint")
+    assert waits and waits[0]["want"] % 2 == 0, late.events()
+    (caught,) = late.events("caught_up")
+    assert caught["round"] in (2, 4) and caught["source"] == "peers"
+    assert late.events("round")[0]["round"] == caught["round"] + 1
+    finals = final_states([a, b, late])
+    assert {r for r, _ in finals.values()} == {rounds}, finals
+    assert len({cid for _, cid in finals.values()}) == 1, finals
