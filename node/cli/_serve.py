@@ -22,6 +22,7 @@ import trio
 
 from cnode.auth import AuthError, Identity, load_identity
 from cnode.node._config import IDENTITY_FILE, NodeConfig, default_home, load_config
+from cnode.node._logging import bind_context
 from cnode.node.p2p import P2PError, P2PSettings, open_p2p_node
 from cnode.storage import CID, BlockStore, InvalidCIDError
 
@@ -41,17 +42,23 @@ def add_home(parser: argparse.ArgumentParser) -> None:
 
 
 def open_home(args: argparse.Namespace) -> tuple[Path, NodeConfig, Identity, BlockStore]:
-    """The home folder, its config, the node identity (ephemeral if none) and block store."""
+    """The home folder, its config, the node identity (ephemeral if none) and block store.
+
+    Binds the node's peer id into the log context: every log line after this carries it.
+    """
     home = Path(args.home).expanduser()
     config = load_config(home)
     key = home / IDENTITY_FILE
-    if key.exists():
+    ephemeral = not key.exists()
+    if ephemeral:
+        identity = Identity.generate()
+    else:
         try:
             identity = load_identity(key)
         except AuthError as exc:
             raise P2PCommandError(f"cannot load {key}: {exc}") from exc
-    else:
-        identity = Identity.generate()
+    bind_context(peer=identity.peer_id_str)
+    if ephemeral:
         log.info("ephemeral_identity", reason=f"no {key}; run `cnode init` for a lasting one")
     return home, config, identity, BlockStore(config.blocks_dir(home))
 

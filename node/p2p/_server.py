@@ -38,6 +38,8 @@ class BlockServer:
 
     Error handling: a bad request gets an ERROR frame and the stream is closed; a broken
     stream is logged and reset. Nothing escapes to the host (see _defects.guard_handler).
+    Log lines name the remote side ``requester``: ``peer`` is the node's own id, bound to the
+    log context by the process (``cnode.node._logging.bind_context``).
     """
 
     def __init__(
@@ -64,7 +66,7 @@ class BlockServer:
             await self._serve(stream, peer)
             await stream.close()
         except StreamBroken as exc:
-            log.info("serve_stream_broken", peer=peer[-8:], error=str(exc))
+            log.info("serve_stream_broken", requester=peer[-8:], error=str(exc))
             await stream.reset()
         finally:
             self._open[peer] -= 1
@@ -72,7 +74,7 @@ class BlockServer:
                 del self._open[peer]
 
     async def _refuse(self, stream: Libp2pStream, peer: str, status: Status, text: str) -> None:
-        log.warning("serve_refused", peer=peer[-8:], status=status.name, reason=text)
+        log.warning("serve_refused", requester=peer[-8:], status=status.name, reason=text)
         await stream.write(Error(status, text).encode())
 
     async def _serve(self, stream: Libp2pStream, peer: str) -> None:
@@ -115,7 +117,10 @@ class BlockServer:
         await stream.write(End().encode())
         self.requests_served += 1
         log.debug(
-            "served", peer=peer[-8:], sent=len(frame.cids) - len(lacking), lacking=len(lacking)
+            "served",
+            requester=peer[-8:],
+            sent=len(frame.cids) - len(lacking),
+            lacking=len(lacking),
         )
 
     async def _send_block(self, stream: Libp2pStream, header: bytes, data: bytes) -> None:

@@ -207,3 +207,24 @@ def test_upload_rate_cap_holds_end_to_end(tmp_path: Path, running: Procs) -> Non
     assert floor >= 1.5
     assert floor <= seconds < 10 * total / rate, summary
     assert sum(1 for _ in BlockStore(joiner / "blocks").iter_cids()) == 3
+
+
+def test_every_log_line_carries_the_own_peer(tmp_path: Path, running: Procs) -> None:
+    """serve and fetch bind their own peer id to the log context; the remote side of a
+    served request is ``requester``, so it never hides the own ``peer``."""
+    home, root, _total = _small_checkpoint(tmp_path, 100_000)
+    holder, addr = running.holder(home, "--open")
+    fetch = running.start(
+        "checkpoint", "fetch", str(root), "--home", str(tmp_path / "j"), "--quiet", "--peer", addr
+    )
+    assert fetch.wait(60) == 0, fetch.describe()
+    fetched = fetch.log_events()
+    assert fetched and {e.get("peer") for e in fetched} == {fetched[0]["peer"]}, fetched
+    joiner = fetched[0]["peer"]
+    assert joiner != _peer(addr)[-8:]
+    holder.stop()
+    served = holder.log_events()
+    assert served and all(e.get("peer") == _peer(addr)[-8:] for e in served), served
+    assert any(e["event"] == "ephemeral_identity" for e in served)
+    stopped = next(e for e in served if e["event"] == "serve_stopped")
+    assert stopped["requests"] >= 1
