@@ -17,7 +17,7 @@ import torch
 
 from . import limits
 from ._exceptions import NotEnoughUpdatesError
-from ._kernels import Stack, select_rows, tree_sum
+from ._kernels import Chunk, Stack, select_rows, tree_sum, tree_sum_rows_
 
 __all__ = ["RULES", "RuleOutput", "default_f"]
 
@@ -41,14 +41,16 @@ def default_f(n: int) -> int:
 
 
 def _weighted_sum(
-    stack: Stack, coef: torch.Tensor | None, divisor: float
+    stack: Stack, coef: list[float] | None, divisor: float
 ) -> dict[str, torch.Tensor]:
     """tree_sum over peers of coef_i * x_i (x_i when coef is None), divided by ``divisor``."""
     v = stack.new_vector()
-    col = None if coef is None else coef.reshape(-1, 1)
-    for chunk, x in stack.iter_chunks():
-        vc = v[chunk.name][chunk.start : chunk.stop]
-        torch.div(tree_sum(x if col is None else x * col, 0), divisor, out=vc)
+    col = None if coef is None else torch.tensor(coef, dtype=torch.float64).reshape(-1, 1)
+    for tile, x in stack.iter_tiles():
+        if col is not None:
+            x.mul_(col)
+        vc = v[tile.name][tile.start : tile.stop]
+        torch.div(tree_sum_rows_(x), divisor, out=vc)
     return v
 
 
@@ -63,23 +65,44 @@ def _weighted_mean(
     stack: Stack, weights: list[float], params: Mapping[str, Any], previous: Any
 ) -> RuleOutput:
     total = math.fsum(weights)  # exactly rounded: independent of order
-    v = _weighted_sum(stack, torch.tensor(weights, dtype=torch.float64), total)
+    v = _weighted_sum(stack, weights, total)
     return RuleOutput(v, [1.0] * stack.n)
 
 
+def _order_stats(
+    stack: Stack, block: Chunk, gathered: torch.Tensor, ranks: tuple[int, ...]
+) -> list[torch.Tensor]:
+    """The rank-r values of every column of ``gathered`` (left intact), for r in ranks.
+
+    Works on a canonicalised copy (-0.0 -> +0.0: min/max cannot then pick a zero's sign) in
+    reused buffers; the returned rows are valid until the next call.
+    """
+    net = stack.buffer("net", block.size, gathered.dtype)
+    torch.add(gathered, 0.0, out=net)
+    spare = stack.buffer("spare", block.size, gathered.dtype, rows=1)[0]
+    return select_rows(net, ranks, spare)
+
+
 def _median_into(stack: Stack, v: dict[str, torch.Tensor], acc: torch.Tensor | None = None) -> None:
-    """Coordinate-wise median into ``v``; with ``acc``, also the squared distances to it."""
+    """Coordinate-wise median into ``v``; with ``acc``, also the squared distances to it.
+
+    One pass: each chunk is gathered once, for the median and then for the distances.
+    """
     n = stack.n
+    ranks = ((n - 1) // 2, n // 2)
     for chunk in stack.chunks:
-        lo, hi = select_rows(stack.load_narrow(chunk), ((n - 1) // 2, n // 2))
+        gathered = stack.gather(chunk)
+        lo, hi = _order_stats(stack, chunk, gathered, ranks)
         vc = v[chunk.name][chunk.start : chunk.stop]
-        if n % 2:
-            vc.copy_(lo)
-        else:
-            torch.add(lo.double(), hi.double(), out=vc)
+        vc.copy_(lo)  # exact: float32 (or float64) into float64
+        if n % 2 == 0:
+            vc.add_(hi)  # in float64, as lo.double() + hi.double()
             vc.mul_(0.5)
         if acc is not None:
-            stack.accumulate_sq(acc, stack.load(chunk) - vc)
+            for tile in stack.tiles(chunk):
+                x = stack.widen(gathered, chunk, tile)
+                x.sub_(vc[tile.pos : tile.pos + tile.size])
+                stack.accumulate_sq(acc, x, tile)
 
 
 def _median(
@@ -101,8 +124,10 @@ def _trimmed_mean(
         )
     v = stack.new_vector()
     for chunk in stack.chunks:
-        kept = torch.stack(select_rows(stack.load_narrow(chunk), tuple(range(f, n - f)))).double()
-        v[chunk.name][chunk.start : chunk.stop] = tree_sum(kept, 0) / float(n - 2 * f)
+        kept = _order_stats(stack, chunk, stack.gather(chunk), tuple(range(f, n - f)))
+        v[chunk.name][chunk.start : chunk.stop] = tree_sum(torch.stack(kept).double(), 0) / float(
+            n - 2 * f
+        )
     return RuleOutput(v, [None] * n, params={"f": f})
 
 
@@ -115,9 +140,9 @@ def _krum(
     if neighbours < 1 and n > 1:
         raise NotEnoughUpdatesError(f"Krum with f={f} needs at least {f + 3} updates, got {n}")
     accs = [stack.new_accumulator() for _ in range(n)]  # n x (n x W): Krum is for small n
-    for _chunk, x in stack.iter_chunks():
+    for tile, x in stack.iter_tiles():
         for i in range(n):
-            stack.accumulate_sq(accs[i], x - x[i])
+            stack.accumulate_sq(accs[i], x - x[i], tile)
     pair = torch.stack([stack.reduce(a) for a in accs])
     rows = pair.tolist()
     scores = []
@@ -126,8 +151,8 @@ def _krum(
         scores.append(math.fsum(others[:neighbours]))
     chosen = min(range(n), key=lambda i: (scores[i], i))  # ties: lowest peer id
     v = stack.new_vector()
-    for chunk, x in stack.iter_chunks():
-        v[chunk.name][chunk.start : chunk.stop] = x[chosen]
+    for tile, x in stack.iter_tiles():
+        v[tile.name][tile.start : tile.stop] = x[chosen]
     return RuleOutput(
         v,
         [1.0 if i == chosen else 0.0 for i in range(n)],
@@ -189,8 +214,7 @@ def _centered_clip(
     share = [w / total for w in weights]
     iterations = 0
     step = 0.0
-    work = torch.empty((stack.n, stack.width), dtype=torch.float64)
-    step_acc = torch.empty((1, stack.width), dtype=torch.float64)
+    step_acc = stack.new_accumulator(rows=1)
     if tau > 0.0:
         for _ in range(max_iter):
             clip = _clip_weights(dist, tau, reject)
@@ -201,16 +225,16 @@ def _centered_clip(
             col = torch.tensor(coef, dtype=torch.float64).reshape(-1, 1)
             acc.zero_()
             step_acc.zero_()
-            for chunk, x in stack.iter_chunks():
-                vc = v[chunk.name][chunk.start : chunk.stop]
-                d = work[:, : chunk.size]
+            for tile, x in stack.iter_tiles():
+                vc = v[tile.name][tile.start : tile.stop]
+                d = stack.buffer("work", tile.size)
                 torch.sub(x, vc, out=d)
                 d.mul_(col)
-                delta = tree_sum(d, 0)
-                vc.add_(delta)  # in place: v now holds the new point for this chunk
-                stack.accumulate_sq(step_acc, delta.reshape(1, -1))
-                torch.sub(x, vc, out=d)
-                stack.accumulate_sq(acc, d)
+                delta = tree_sum_rows_(d)  # a view of d[0]
+                vc.add_(delta)  # in place: v now holds the new point for this tile
+                stack.accumulate_sq(step_acc, delta.reshape(1, -1), tile)
+                x.sub_(vc)  # x is this tile's own copy
+                stack.accumulate_sq(acc, x, tile)
             sq = stack.reduce(acc)
             dist = [math.sqrt(d) for d in sq.tolist()]
             iterations += 1

@@ -13,6 +13,15 @@ CHUNK_ELEMENTS = 1 << 16  # W for n <= 16
 MIN_CHUNK_ELEMENTS = 1 << 10  # W for n >= 1024
 WORK_ELEMENTS = 1 << 20
 
+# Tile: how many columns of a chunk are processed at once. NOT part of the result (every
+# operation is element-wise along columns, and column j of a tile adds into its own accumulator
+# column), only of the speed: one n x tile float64 block of TILE_WORK_ELEMENTS (512 KiB) stays
+# in a core's L2 cache. tile = the largest power of two <= TILE_WORK_ELEMENTS / n, clamped to
+# [MIN_TILE_ELEMENTS, TILE_ELEMENTS] and to W.
+TILE_ELEMENTS = 1 << 13
+MIN_TILE_ELEMENTS = 1 << 10
+TILE_WORK_ELEMENTS = 1 << 16
+
 # Most updates one aggregate() call accepts (the run's member list is bounded far below this).
 # Working memory is about 6 blocks of max(n x W, ...) float64: 48 MiB up to n = 1024.
 MAX_UPDATES = 4096

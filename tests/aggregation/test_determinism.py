@@ -108,3 +108,28 @@ def test_chunk_width_depends_on_n_only() -> None:
     assert chunk_width(17) == limits.CHUNK_ELEMENTS // 2
     assert chunk_width(4096) == limits.MIN_CHUNK_ELEMENTS
     assert all(chunk_width(n) * n <= limits.WORK_ELEMENTS for n in range(1, 1025))
+
+
+@pytest.mark.parametrize("name", sorted(AGGREGATORS))
+def test_tile_width_does_not_change_bits(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tiles (limits.TILE_*) decide speed only: narrow, default and whole-chunk tiles agree."""
+    updates = make_updates(7, spec=BIG, seed=9)
+    updates["peer06"] = {k: -20 * v for k, v in updates["peer06"].items()}
+    weights = {p: float(i + 2) for i, p in enumerate(sorted(updates))}
+    digests = set()
+    for tile, work in ((1 << 10, 1 << 10), (1 << 13, 1 << 16), (1 << 16, 1 << 30)):
+        monkeypatch.setattr(limits, "TILE_ELEMENTS", tile)
+        monkeypatch.setattr(limits, "MIN_TILE_ELEMENTS", min(tile, limits.MIN_TILE_ELEMENTS))
+        monkeypatch.setattr(limits, "TILE_WORK_ELEMENTS", work)
+        res = _run(name, updates, BIG, weights)
+        digests.add((digest(res), tuple(r.distance for r in res.records.values())))
+    assert len(digests) == 1
+
+
+def test_tree_sum_rows_in_place_matches_tree_sum() -> None:
+    from cnode.aggregation._kernels import tree_sum_rows_
+
+    g = torch.Generator().manual_seed(2)
+    for rows in (1, 2, 3, 5, 7, 16, 17):
+        x = torch.randn(rows, 1001, generator=g, dtype=torch.float64)
+        assert torch.equal(tree_sum_rows_(x.clone()), tree_sum(x, 0))
