@@ -39,7 +39,10 @@ CLIP_TOLERANCE = 1e-4  # stop when the step length is below CLIP_TOLERANCE * tau
 # recomputed each round. See specs/aggregation.md "Choosing tau" for the reasoning.
 CLIP_TAU_SCALE = 1.0
 # A peer farther from the current centre than CLIP_REJECT_SCORE x the median distance gets clip
-# weight 0 (0 turns this off). Part of the result. Same scale as OUTLIER_SCORE on purpose.
+# weight 0 (0 turns this off). Part of the result. The same unit as OUTLIER_SCORE (a multiple of
+# a median distance), not the same value: 1.5 was chosen on bench/robustness.py (specs/
+# aggregation.md), OUTLIER_SCORE = 3.0 marks ban evidence. A peer scoring between the two is left
+# out of that round's aggregate but does not count towards a ban.
 CLIP_REJECT_SCORE = 1.5
 
 # Ban evidence: a peer is an outlier in a round when its distance to the aggregate exceeds
