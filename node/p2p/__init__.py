@@ -1,8 +1,8 @@
 """cnode.node.p2p: the libp2p host, block exchange, multi-holder fetch and announcements.
 
-Protocols: ``/cnode/blocks/1.0.0`` (specs/blocks.md) and signed announcements over gossipsub
-(specs/announce.md). The py-libp2p 0.8.1 workarounds live in ``_defects.py``; the asyncio
-bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
+Protocols: ``/cnode/blocks/1.0.0`` and ``/cnode/admit/1.0.0`` (specs/blocks.md) and signed
+announcements over gossipsub (specs/announce.md). The py-libp2p 0.8.1 workarounds live in
+``_defects.py``; the asyncio bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
 
 Trio callers::
 
@@ -12,6 +12,7 @@ Trio callers::
 """
 
 from . import limits as limits
+from ._admission import PeerAdmission as PeerAdmission
 from ._announce import PAYLOAD_TYPE as ANNOUNCE_PAYLOAD_TYPE
 from ._announce import Announcement as Announcement
 from ._announce import EnvelopeValidator as EnvelopeValidator
@@ -39,9 +40,11 @@ from ._node import Subscription as Subscription
 from ._node import open_p2p_node as open_p2p_node
 from ._scheduler import FetchProgress as FetchProgress
 from ._scheduler import FetchReport as FetchReport
+from ._wire import ADMIT_PROTOCOL_ID as ADMIT_PROTOCOL_ID
 from ._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_exports.py)
+    "ADMIT_PROTOCOL_ID",
     "ANNOUNCE_PAYLOAD_TYPE",
     "AnnounceKind",
     "Announcement",
@@ -59,6 +62,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "P2PError",
     "P2PNode",
     "P2PSettings",
+    "PeerAdmission",
     "PeerProtocolError",
     "RejectedMessage",
     "RemoteRefusedError",

@@ -34,6 +34,11 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
    member once could not fetch from it for a minute. :func:`forget_failed_dial` lifts the
    entry (the library's own ``Swarm.unblock_peer``) before each of our dials: callers bound
    and retry dials themselves (``trio.fail_after``), so a real attempt is always wanted.
+10. ``host.connect(PeerInfo(peer, [addr]))`` adds ``addr`` to the addresses it already holds
+    for the peer (kept 120 s) and dials the old ones first; with defect 2's head start gone,
+    the stale address's failure ends the dial, so a peer that came back on another port is
+    unreachable for two minutes. :func:`dial_given_address` clears the peer's stored addresses
+    before we connect to the address a caller names.
 """
 
 from __future__ import annotations
@@ -266,3 +271,17 @@ def forget_failed_dial(swarm: Any, peer_id: ID) -> None:
     ``host.new_stream`` (which dials when no connection is open).
     """
     swarm.unblock_peer(peer_id)
+
+
+# -- 10. a peer's old address hides the one we were given -----------------------------------------
+
+
+def dial_given_address(host: Any, peer_id: ID) -> None:
+    """Make the next ``host.connect(PeerInfo(peer_id, [addr]))`` dial ``addr``.
+
+    py-libp2p keeps every address it learned for a peer (120 s) and its dial tries the old ones
+    first: a peer that came back on another port is unreachable until they expire. When the
+    caller names an address, that is the one to dial: the peer's stored addresses are cleared
+    first (connect adds the given one back).
+    """
+    host.get_peerstore().clear_addrs(peer_id)

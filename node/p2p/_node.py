@@ -18,6 +18,7 @@ import multiaddr
 import structlog
 import trio
 from libp2p import new_host
+from libp2p.abc import INetStream
 from libp2p.crypto.keys import KeyPair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
@@ -32,6 +33,7 @@ from cnode.node._config import NodeConfig
 from cnode.storage import CID, BlockStore, missing_blocks
 
 from . import _defects, limits
+from ._admission import PeerAdmission, present_token, serve_admit
 from ._announce import (
     PAYLOAD_TYPE,
     Announcement,
@@ -42,11 +44,20 @@ from ._announce import (
     announcement_validator,
 )
 from ._bucket import TokenBucket
-from ._exceptions import AnnouncementError, DialError, ListenError, P2PError, RejectedMessage
+from ._exceptions import (
+    AnnouncementError,
+    DialError,
+    ListenError,
+    P2PError,
+    PeerProtocolError,
+    RejectedMessage,
+    RemoteRefusedError,
+    StreamBroken,
+)
 from ._scheduler import FetchReport, ProgressFn, Transfer
 from ._server import BlockServer
 from ._stream import Libp2pStream
-from ._wire import PROTOCOL_ID
+from ._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
 
 log = structlog.get_logger(__name__)
 
@@ -145,8 +156,10 @@ class P2PNode:
         pubsub: Pubsub,
         server: BlockServer,
         nursery: trio.Nursery,
+        admission: PeerAdmission | None = None,
     ) -> None:
         self.identity = identity
+        self.admission = admission
         self.store = store
         self.settings = settings
         self.server = server
@@ -178,6 +191,7 @@ class P2PNode:
         except (ValueError, multiaddr.exceptions.Error, BaseLibp2pError) as exc:
             raise DialError(f"bad peer address {address!r}: {exc}") from exc
         _defects.forget_failed_dial(self._host.get_network(), info.peer_id)
+        _defects.dial_given_address(self._host, info.peer_id)
         try:
             await self._host.connect(info)
         except BaseLibp2pError as exc:
@@ -187,14 +201,42 @@ class P2PNode:
     def connected_peers(self) -> list[str]:
         return [str(p) for p in self._host.get_connected_peers()]
 
-    async def _open_stream(self, peer: str) -> Libp2pStream:
+    async def _new_stream(self, peer: str, protocol: str) -> Libp2pStream:
         try:
             peer_id = ID.from_base58(peer)
             _defects.forget_failed_dial(self._host.get_network(), peer_id)
-            raw = await self._host.new_stream(peer_id, [TProtocol(PROTOCOL_ID)])
+            raw = await self._host.new_stream(peer_id, [TProtocol(protocol)])
         except (BaseLibp2pError, ValueError) as exc:
-            raise DialError(f"cannot open a block stream to {peer[-8:]}: {exc}") from exc
+            raise DialError(f"cannot open a {protocol} stream to {peer[-8:]}: {exc}") from exc
         return Libp2pStream(raw, peer)
+
+    async def _open_stream(self, peer: str) -> Libp2pStream:
+        if self.admission is not None:
+            await self._show_token(peer, self.admission)
+        return await self._new_stream(peer, PROTOCOL_ID)
+
+    async def _show_token(self, holder: str, admission: PeerAdmission) -> None:
+        """Show ``holder`` our access token, once per token (specs/blocks.md#admission).
+
+        Error handling: DialError when the holder refuses it or the exchange fails (the
+        scheduler then treats the holder as unreachable for this transfer).
+        """
+        async with admission.lock(holder):
+            live = self._host.get_network().get_connections(ID.from_base58(holder))
+            token = admission.to_show(holder, live)
+            if token is None:
+                return
+            stream = await self._new_stream(holder, ADMIT_PROTOCOL_ID)
+            try:
+                expires_at = await present_token(stream, holder, token)
+                await stream.close()
+            except (RemoteRefusedError, PeerProtocolError, StreamBroken) as exc:
+                await stream.reset()
+                raise DialError(f"{holder[-8:]} did not admit us: {exc}") from exc
+            except trio.TooSlowError as exc:
+                await stream.reset()
+                raise DialError(f"{holder[-8:]} did not answer our access token") from exc
+            admission.shown(holder, expires_at, stream.raw.muxed_conn)
 
     def holders(self, cid: CID, layer: str | None = None) -> set[str]:
         """Peers that announced they hold every block of ``cid`` (and have not departed);
@@ -415,6 +457,7 @@ async def open_p2p_node(
     settings: P2PSettings,
     *,
     allow: Callable[[str], bool],
+    admission: PeerAdmission | None = None,
 ) -> AsyncIterator[P2PNode]:
     """Run a node for the duration of the ``async with`` block (trio only).
 
@@ -423,7 +466,10 @@ async def open_p2p_node(
         store: blocks served to others and filled by ``fetch``.
         settings: listen addresses, bootstrap peers, upload cap, run id.
         allow: ``allow(peer_id) -> bool``: who may fetch blocks from us and whose
-            announcements we accept (wire it to the coordinator's allowlist/tokens).
+            announcements we accept (e.g. not banned).
+        admission: in a run, the access-token policy: peers must also show a valid token
+            (``/cnode/admit/1.0.0``) before they fetch, and this node shows its own to every
+            holder before it fetches. None: ``allow`` alone decides (``cnode checkpoint serve``).
 
     Resource handling: the host, pubsub, and every background task live in a nursery that
     closes with the block; a departure is announced (best effort, 1 s) on the way out.
@@ -440,15 +486,31 @@ async def open_p2p_node(
         muxer_opt=_defects.muxers(),
     )
     _defects.release_inbound_slots(host.get_network())
+    may_fetch = allow
+    if admission is not None:
+        may_fetch = lambda peer: allow(peer) and admission.allow(peer)  # noqa: E731
     server = BlockServer(
         store,
-        allow=allow,
+        allow=may_fetch,
         bucket=TokenBucket(settings.upload_rate_bytes_per_s),
         corrupt_for_tests=settings.corrupt_uploads_for_tests,
     )
     host.set_stream_handler(
         TProtocol(PROTOCOL_ID), _defects.guard_handler(PROTOCOL_ID, server.handle)
     )
+    if admission is not None:
+
+        async def handle_admit(raw: INetStream) -> None:
+            stream = Libp2pStream(raw, str(raw.muxed_conn.peer_id))
+            try:
+                await serve_admit(stream, stream.peer, admission)
+                await stream.close()
+            except StreamBroken:
+                await stream.reset()
+
+        host.set_stream_handler(
+            TProtocol(ADMIT_PROTOCOL_ID), _defects.guard_handler(ADMIT_PROTOCOL_ID, handle_admit)
+        )
     router = _defects.gossipsub_router()
     pubsub = Pubsub(host, router, strict_signing=True)
     try:
@@ -465,7 +527,7 @@ async def open_p2p_node(
             trio.open_nursery() as nursery,
         ):
             await pubsub.wait_until_ready()
-            node = P2PNode(identity, store, settings, host, pubsub, server, nursery)
+            node = P2PNode(identity, store, settings, host, pubsub, server, nursery, admission)
             log.info("p2p_node_started", peer=node.peer_id[-8:], listen=node.listen_addrs)
             for address in settings.bootstrap:
                 try:

@@ -20,6 +20,8 @@ from . import limits
 from ._exceptions import FrameTooLargeError, PeerProtocolError
 
 PROTOCOL_ID = "/cnode/blocks/1.0.0"
+# Same framing, its own protocol: a peer shows its access token (specs/blocks.md#admission).
+ADMIT_PROTOCOL_ID = "/cnode/admit/1.0.0"
 _HEADER = struct.Struct(">BI")
 HEADER_SIZE = _HEADER.size
 
@@ -32,6 +34,8 @@ class Kind(enum.IntEnum):
     LACKING = 3  # S -> C: requested CIDs S does not hold
     END = 4  # S -> C: every requested CID was answered by BLOCK or LACKING
     ERROR = 5  # S -> C: the request is refused; status and text say why
+    ADMIT = 6  # C -> S (/cnode/admit/1.0.0): C's access token, signed by the run's coordinator
+    ADMITTED = 7  # S -> C: the token is accepted until expires_at (Unix seconds)
 
 
 class Status(enum.IntEnum):
@@ -189,13 +193,47 @@ class Error:
         return cls(status, body[1:].decode("utf-8", errors="replace"))
 
 
-Frame = Request | Block | Lacking | End | Error
+@dataclass(frozen=True)
+class Admit:
+    """C shows S its access token (an auth envelope, at most MAX_ADMIT_TOKEN bytes)."""
+
+    token: bytes
+
+    def encode(self) -> bytes:
+        return _frame(Kind.ADMIT, self.token)
+
+    @classmethod
+    def decode(cls, body: bytes) -> Admit:
+        if not body or len(body) > limits.MAX_ADMIT_TOKEN:
+            raise PeerProtocolError(f"ADMIT frame of {len(body)} bytes (1..MAX_ADMIT_TOKEN)")
+        return cls(body)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """S accepts C's token: C may fetch blocks until ``expires_at`` (Unix seconds)."""
+
+    expires_at: int
+
+    def encode(self) -> bytes:
+        return _frame(Kind.ADMITTED, struct.pack(">Q", self.expires_at))
+
+    @classmethod
+    def decode(cls, body: bytes) -> Admitted:
+        if len(body) != 8:
+            raise PeerProtocolError("ADMITTED frame must hold 8 bytes")
+        return cls(struct.unpack(">Q", body)[0])
+
+
+Frame = Request | Block | Lacking | End | Error | Admit | Admitted
 _DECODERS: dict[Kind, Callable[[bytes], Frame]] = {
     Kind.REQUEST: Request.decode,
     Kind.BLOCK: Block.decode,
     Kind.LACKING: Lacking.decode,
     Kind.END: End.decode,
     Kind.ERROR: Error.decode,
+    Kind.ADMIT: Admit.decode,
+    Kind.ADMITTED: Admitted.decode,
 }
 
 

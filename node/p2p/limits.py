@@ -5,6 +5,7 @@ Every size or count read from a peer is checked against one of these before it i
 
 from __future__ import annotations
 
+from cnode.auth.limits import MAX_TOKEN_SIZE
 from cnode.storage.limits import MAX_BLOCK_SIZE
 
 # -- /cnode/blocks/1.0.0 (specs/blocks.md#limits) ------------------------------------------------
@@ -35,6 +36,19 @@ NO_PROGRESS_TIMEOUT_S = 10.0
 REQUEST_READ_TIMEOUT_S = 10.0
 # Pieces in which a block is written to a stream (and taken from the upload token bucket).
 SEND_PIECE = 64 * 1024
+
+# -- /cnode/admit/1.0.0 (specs/blocks.md#admission) ----------------------------------------------
+
+# Largest ADMIT frame body: one access token (auth's own bound on a token).
+MAX_ADMIT_TOKEN = MAX_TOKEN_SIZE
+# Peers a node remembers as admitted (the least recently admitted are forgotten first; they
+# show their token again).
+MAX_ADMITTED_PEERS = 4096
+# A token shown to a holder is shown again when it has less than this many seconds left (the
+# coordinator client renews its token a minute before expiry).
+ADMIT_RENEW_S = 30.0
+# Seconds a holder waits for the ADMIT frame, and a requester for the answer.
+ADMIT_TIMEOUT_S = 10.0
 
 # -- announcements over gossipsub (specs/announce.md#limits) -------------------------------------
 

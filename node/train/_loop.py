@@ -45,6 +45,7 @@ from cnode.node.p2p import (
     P2PError,
     P2PNode,
     P2PSettings,
+    PeerAdmission,
     RejectedMessage,
     open_p2p_node,
 )
@@ -302,7 +303,17 @@ class _Session:
             upload_rate_bytes_per_s=self.settings.upload_rate_bytes_per_s,
             run_id=self.run_id,
         )
-        async with open_p2p_node(identity, store, p2p, allow=self.allow) as node:
+        # Blocks go only to peers that show an access token of this run's coordinator, and
+        # this node shows its own to every holder it fetches from (specs/blocks.md#admission).
+        admission = PeerAdmission(
+            coordinator=run_config.coordinator,
+            run=self.run_id,
+            credential=lambda: client.token,
+            refused=lambda peer: peer in self.banned,
+        )
+        async with open_p2p_node(
+            identity, store, p2p, allow=self.allow, admission=admission
+        ) as node:
             self.reporter.event("listening", addrs=node.listen_addrs)
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_headers, node)

@@ -463,3 +463,40 @@ def test_node_reaches_peer_that_was_down(tmp_path: Path) -> None:
                     assert await a.connect(address) == b_id.peer_id_str
 
     trio.run(main)
+
+
+# -- 10. a peer's old address hides the one we were given ----------------------------------------
+
+
+def _connect_after_peer_moved(tmp_path: Path) -> bool:
+    """A node connects to a peer, the peer restarts on another port, the node connects to the
+    new address: True if that works. (Seen through P2PNode: its dials have no head start.)"""
+    moving = Identity.generate()
+    ok = True
+
+    async def main() -> None:
+        nonlocal ok
+        store = BlockStore(tmp_path / "blocks")
+        async with open_p2p_node(Identity.generate(), store, P2PSettings(), allow=bool) as node:
+            for _ in range(2):
+                async with open_p2p_node(moving, store, P2PSettings(), allow=bool) as peer:
+                    try:
+                        with trio.fail_after(10):
+                            await node.connect(peer.listen_addrs[0])
+                    except DialError:
+                        ok = False
+                with trio.fail_after(10):  # the old connection is gone before the peer returns
+                    while moving.peer_id_str in node.connected_peers():
+                        await trio.sleep(0.05)
+
+    trio.run(main)
+    return ok
+
+
+def test_moved_peer_canary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(defects, "dial_given_address", lambda host, peer_id: None)
+    assert _connect_after_peer_moved(tmp_path) is False
+
+
+def test_moved_peer_dialed_at_the_given_address(tmp_path: Path) -> None:
+    assert _connect_after_peer_moved(tmp_path) is True

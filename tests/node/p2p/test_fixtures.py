@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from cnode.auth import verify_access_token
 from cnode.node.p2p import (
     Announcement,
     BadBlockError,
@@ -15,7 +16,17 @@ from cnode.node.p2p import (
     limits,
 )
 from cnode.node.p2p._exchange import request_blocks
-from cnode.node.p2p._wire import Block, End, Error, FrameReader, Lacking, Request, decode_frame
+from cnode.node.p2p._wire import (
+    Admit,
+    Admitted,
+    Block,
+    End,
+    Error,
+    FrameReader,
+    Lacking,
+    Request,
+    decode_frame,
+)
 from cnode.storage import CID
 
 SPECS = Path(__file__).resolve().parents[3] / "specs" / "fixtures"
@@ -119,3 +130,19 @@ def test_frame_reader_reads_whole_response() -> None:
         return kinds
 
     assert trio.run(main) == ["Block", "Lacking", "End"]
+
+
+def test_admission_frames_match_description() -> None:
+    desc = json.loads((BLOCKS / "fixtures.json").read_text())
+    admit = _one("admit.bin")
+    assert isinstance(admit, Admit)
+    token = verify_access_token(
+        admit.token,
+        coordinator_peer_id=desc["admit.bin"]["coordinator"],
+        run=desc["admit.bin"]["run"],
+        now=desc["admit.bin"]["expires_at"] - 1,
+    )
+    assert token.peer_id == desc["admit.bin"]["peer"]
+    assert _one("admitted.bin") == Admitted(desc["admitted.bin"]["expires_at"])
+    for name in ("admit.bin", "admitted.bin"):
+        assert _one(name).encode() == (BLOCKS / name).read_bytes()  # type: ignore[attr-defined]

@@ -72,6 +72,15 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     assert caught["round"] >= 2
     assert len([h for h, n in caught["bytes_per_holder"].items() if n > 0]) >= 2
     assert late.events("round")[0]["round"] == caught["round"] + 1
+    # ... each of which first checked its access token (/cnode/admit/1.0.0).
+    for holder_id in (h for h, n in caught["bytes_per_holder"].items() if n > 0):
+        (holder,) = [n for n in honest if n.peer == holder_id]
+        admitted = [
+            line
+            for line in holder.log.read_text().splitlines()
+            if '"event": "admitted"' in line and late.peer[-8:] in line
+        ]
+        assert admitted, holder.name
 
     # The final checkpoint recomputes from its parent and the signed updates.
     home = a.home
