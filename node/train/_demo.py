@@ -205,7 +205,12 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
         key_file, run_config = _coordinator_files(work, procs, settings)
         console.print(f"[bold]cnode demo[/bold]: working in {work}")
         coordinator = CoordinatorProcess(
-            run_config, work / "coordinator.db", key_file, log_path=work / "coordinator.log"
+            run_config,
+            work / "coordinator.db",
+            key_file,
+            log_path=work / "coordinator.log",
+            # The coordinator also gossips its signed state: nodes learn of bans at once.
+            p2p_listen="/ip4/127.0.0.1/tcp/0",
         )
         with console.status("starting the coordinator"):
             coordinator.start()

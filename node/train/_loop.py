@@ -24,12 +24,16 @@ from cnode.auth import Identity, Opened, load_identity
 from cnode.node._config import IDENTITY_FILE
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
+    BadRunState,
     CheckpointRecord,
     CoordinatorClient,
     CoordinatorRejected,
     RoundInfo,
     RunConfig,
+    RunState,
     load_run_config,
+    run_state_topic,
+    run_state_validator,
 )
 from cnode.node.hub import (
     HubError,
@@ -318,6 +322,7 @@ class _Session:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_headers, node)
                 nursery.start_soon(self._republish_headers, node)
+                nursery.start_soon(self._follow_run_state, client, node, run_config.coordinator)
                 with trio.CancelScope() as rounds:
                     nursery.start_soon(self._leave_on_signal, rounds)
                     await self._resume_from_store()
@@ -341,6 +346,36 @@ class _Session:
                     await node.publish(updates_topic(self.run_id), self.own_header[0])
                 except P2PError as exc:
                     log.info("header_republish_failed", error=str(exc))
+
+    async def _follow_run_state(
+        self, client: CoordinatorClient, node: P2PNode, coordinator: str
+    ) -> None:
+        """Take bans from the coordinator's signed state on gossip as soon as it publishes them.
+
+        Without this a node learns of bans when it reads the state at the end of its round;
+        over gossip a ban stops a banned peer's block requests and headers at once. The state
+        counts only when signed by the pinned coordinator (the topic validator checks it).
+        """
+        addrs = (await client.run_state()).p2p_addrs
+        for address in addrs:  # the coordinator's gossip node, when it runs one
+            try:
+                with trio.fail_after(10):
+                    await node.connect(address)
+            except (P2PError, trio.TooSlowError) as exc:
+                log.info("coordinator_gossip_unreachable", address=address, error=str(exc))
+        validator = run_state_validator(self.run_id, coordinator)
+        async with node.subscribe(run_state_topic(self.run_id), validator) as states:
+            async for opened in states:
+                try:
+                    banned = {b.peer for b in RunState.from_payload(opened.payload).bans}
+                except BadRunState as exc:  # signed, yet malformed: ignore it, polling goes on
+                    log.warning("bad_run_state_on_gossip", error=str(exc))
+                    continue
+                if banned - self.banned:
+                    new = sorted(banned - self.banned)
+                    log.info("bans_from_gossip", peers=[p[-8:] for p in new])
+                    self.reporter.event("ban_seen", peers=new, via="gossip")
+                self.banned = banned
 
     async def _drain_headers(self, node: P2PNode) -> None:
         async with node.subscribe(updates_topic(self.run_id), self.headers) as sub:

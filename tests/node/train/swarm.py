@@ -124,6 +124,7 @@ class Swarm:
             tmp / "coordinator.db",
             tmp / "coordinator.key",
             hf_endpoint=hf_endpoint,
+            p2p_listen="/ip4/127.0.0.1/tcp/0",  # it gossips its signed state; nodes follow it
         )
         self.coordinator.start()
 

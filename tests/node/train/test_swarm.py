@@ -63,6 +63,9 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     assert bans[0].by.startswith("majority")
     assert evil.proc.wait(timeout=30) == 1
     assert "banned" in evil.events("stopped")[-1]["reason"]
+    # Nodes still training learned of the ban from the coordinator's gossip, not only by polling.
+    seen = [e for n in honest for e in n.events("ban_seen")]
+    assert seen and all(e["peers"] == [evil.peer] and e["via"] == "gossip" for e in seen)
     # ... and no honest peer was ever reported.
     reported = {e["accused"] for n in honest for e in n.events("ban_reported")}
     assert reported == {evil.peer}
@@ -74,7 +77,7 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     assert late.events("round")[0]["round"] == caught["round"] + 1
     # ... each of which first checked its access token (/cnode/admit/1.0.0).
     for holder_id in (h for h, n in caught["bytes_per_holder"].items() if n > 0):
-        (holder,) = [n for n in honest if n.peer == holder_id]
+        (holder,) = [n for n in swarm.nodes.values() if n.peer == holder_id]
         admitted = [
             line
             for line in holder.log.read_text().splitlines()
