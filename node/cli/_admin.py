@@ -47,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     status = subparsers.add_parser("status", help="show a run's verified state: phase, round, bans")
     _common(status, admin=False)
     status.add_argument("--json", action="store_true", help="print the state as JSON")
+    status.add_argument(
+        "--checkpoints",
+        action="store_true",
+        help="also list every checkpoint the coordinator recorded (signed history)",
+    )
     status.set_defaults(handler=_status)
 
 
@@ -139,10 +144,17 @@ def _unban(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     with _client(args) as c:
         state = c.run_state()
+        history = c.checkpoints() if args.checkpoints else None
     if args.json:
-        print(json.dumps(state.to_payload() | {"config": state.config}, indent=2))
+        out = state.to_payload() | {"config": state.config}
+        if history is not None:
+            out["checkpoints"] = [ck.to_payload() for ck in history]
+        print(json.dumps(out, indent=2))
         return 0
     print(format_status(state))
+    for ck in history or []:
+        hub = f"  hf {ck.hf_repo}@{ck.hf_revision}" if ck.hf_repo else ""
+        print(f"  round {ck.round} (epoch {ck.epoch}) {ck.manifest}{hub}")
     return 0
 
 

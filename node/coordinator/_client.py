@@ -28,6 +28,7 @@ from ._protocol import (
     STATE_TYPE,
     BanRecord,
     BanReport,
+    CheckpointHistory,
     CheckpointRecord,
     JoinResult,
     Op,
@@ -136,6 +137,12 @@ class _Core:
         except ValueError as exc:
             raise BadRunState(f"coordinator sent no signed state: {exc}") from exc
         return verify_state_envelope(data, run=self.run, coordinator=self.coordinator)
+
+    def checkpoints(self, body: dict[str, Any], after: int) -> list[CheckpointRecord]:
+        history = CheckpointHistory.from_payload(self.signed(body))
+        if history.after != after:
+            raise BadRunState("signed checkpoint history is for another page")
+        return history.checkpoints
 
     def run_state(self, body: dict[str, Any]) -> RunState:
         state = RunState.from_payload(self.signed(body))
@@ -296,6 +303,13 @@ class CoordinatorClient:
                 return info
             await anyio.sleep(0)  # a checkpoint for cancellation between long polls
 
+    async def checkpoints(
+        self, *, after: int = -1, limit: int = limits.MAX_CHECKPOINT_PAGE
+    ) -> list[CheckpointRecord]:
+        """The signed history: checkpoints of rounds > ``after``, oldest first (one page)."""
+        body = await self._get("checkpoints", {"after": str(after), "limit": str(limit)})
+        return self._core.checkpoints(body, after)
+
     async def current_checkpoint(self) -> CheckpointRecord | None:
         return (await self.run_state()).checkpoint
 
@@ -357,6 +371,17 @@ class SyncCoordinatorClient:
 
     def run_state(self) -> RunState:
         return self._core.run_state(self._send("GET", "state"))
+
+    def checkpoints(self, *, after: int = -1) -> list[CheckpointRecord]:
+        """Every recorded checkpoint of a round > ``after``, oldest first (all pages)."""
+        out: list[CheckpointRecord] = []
+        while True:
+            params = {"after": str(after), "limit": str(limits.MAX_CHECKPOINT_PAGE)}
+            page = self._core.checkpoints(self._send("GET", "checkpoints", params=params), after)
+            out += page
+            if len(page) < limits.MAX_CHECKPOINT_PAGE:
+                return out
+            after = page[-1].round
 
     def join(self, *, hf_binding: bytes | None = None, hf_token: str | None = None) -> JoinResult:
         args: dict[str, Any] = {}

@@ -19,6 +19,7 @@ from ._config import RunConfig
 from ._exceptions import RequestRefused
 from ._protocol import (
     BanRecord,
+    CheckpointHistory,
     CheckpointRecord,
     Phase,
     RoundInfo,
@@ -305,6 +306,11 @@ class RunMachine:
             ms(row["deadline"]) if status is RoundStatus.CLOSED else None,
             headers,
         )
+
+    def checkpoint_history(self, after: int, limit: int) -> CheckpointHistory:
+        """Every recorded checkpoint of a round after ``after`` (a page of at most ``limit``)."""
+        rows = self.store.checkpoint_rows(after, limit)
+        return CheckpointHistory(self.config.run, after, [_checkpoint(r) for r in rows])
 
     def run_state(self, now: float) -> RunState:
         s = self.store

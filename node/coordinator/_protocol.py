@@ -24,6 +24,7 @@ __all__ = [
     "STATE_TYPE",
     "BanRecord",
     "BanReport",
+    "CheckpointHistory",
     "CheckpointRecord",
     "JoinResult",
     "Op",
@@ -149,6 +150,36 @@ class CheckpointRecord:
             _opt(p, "hf_revision", str),
             _get(p, "submitter", str),
             _get(p, "at_ms", int),
+        )
+
+
+@dataclass(frozen=True)
+class CheckpointHistory:
+    """A page of the run's checkpoint records, oldest first (signed, kind "checkpoints")."""
+
+    run: str
+    after: int  # the page holds checkpoints of rounds > after
+    checkpoints: list[CheckpointRecord]
+
+    def to_payload(self) -> dict[str, Any]:
+        return {
+            "kind": "checkpoints",
+            "run": self.run,
+            "after": self.after,
+            "checkpoints": [c.to_payload() for c in self.checkpoints],
+        }
+
+    @classmethod
+    def from_payload(cls, p: Mapping[str, Any]) -> CheckpointHistory:
+        if p.get("kind") != "checkpoints":
+            raise BadRunState("signed record is not a checkpoint history")
+        records = _get(p, "checkpoints", list)
+        if not all(isinstance(r, dict) for r in records):
+            raise BadRunState("checkpoint history entries must be maps")
+        return cls(
+            _get(p, "run", str),
+            _get(p, "after", int),
+            [CheckpointRecord.from_payload(r) for r in records],
         )
 
 

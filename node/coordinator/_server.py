@@ -129,6 +129,7 @@ class CoordinatorServer:
                 web.get("/v1/health", self._health),
                 web.get(f"{base}/state", self._state),
                 web.get(f"{base}/rounds/{{round}}", self._round),
+                web.get(f"{base}/checkpoints", self._checkpoints),
                 *(web.post(f"{base}/{op}", self._post) for op in Op),
             ]
         )
@@ -231,6 +232,21 @@ class CoordinatorServer:
                 while len(self._round_cache) > limits.ROUND_CACHE:
                     del self._round_cache[min(self._round_cache)]
         return web.Response(text=cached, content_type="application/json")
+
+    async def _checkpoints(self, request: web.Request) -> web.Response:
+        self._check_run(request)
+        try:
+            after = int(request.query.get("after", "-1"))
+            limit = int(request.query.get("limit", str(limits.MAX_CHECKPOINT_PAGE)))
+        except ValueError as exc:
+            raise RequestRefused(400, "bad_request", "after and limit must be integers") from exc
+        if after < -1 or not 1 <= limit <= limits.MAX_CHECKPOINT_PAGE:
+            raise RequestRefused(
+                400, "bad_request", f"after >= -1 and limit in [1, {limits.MAX_CHECKPOINT_PAGE}]"
+            )
+        history = self.machine.checkpoint_history(after, limit)
+        envelope = seal(self.identity, STATE_TYPE, history.to_payload())
+        return web.json_response({"envelope": b64encode(envelope)})
 
     # -- signed requests ------------------------------------------------------------------------
 

@@ -312,3 +312,9 @@ class Store:
 
     def latest_checkpoint(self) -> sqlite3.Row | None:
         return self.db.execute("SELECT * FROM checkpoints ORDER BY round DESC LIMIT 1").fetchone()
+
+    def checkpoint_rows(self, after: int, limit: int) -> list[sqlite3.Row]:
+        """Checkpoints of rounds > ``after``, oldest first, at most ``limit``."""
+        return self.db.execute(
+            "SELECT * FROM checkpoints WHERE round > ? ORDER BY round LIMIT ?", (after, limit)
+        ).fetchall()

@@ -40,6 +40,8 @@ MAX_ROUND_MEMBERS = 10_000
 MAX_ALLOWLIST = 100_000
 # Change-log entries returned by one admin.log request.
 MAX_LOG_PAGE = 1000
+# Checkpoint records one signed history page holds (GET .../checkpoints).
+MAX_CHECKPOINT_PAGE = 256
 
 # Seconds between two gossipsub publications of the run state (changes in between coalesce): stays
 # under py-libp2p's per-topic spam limit (10 msg/s) with room for everyone else.

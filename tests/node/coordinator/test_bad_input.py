@@ -261,3 +261,14 @@ def test_join_flood_is_rate_limited(running: Running, peers: list[Identity]) -> 
     # Another peer is not affected by this one's flood.
     assert post(running, "join", body(peers[1], "join")).status_code == 200
     assert running.state()["version"] == before["version"] + 1
+
+
+@pytest.mark.parametrize(
+    "query", ["after=x", "after=-2", "limit=0", f"limit={limits.MAX_CHECKPOINT_PAGE + 1}"]
+)
+def test_bad_checkpoint_history_queries(running: Running, query: str) -> None:
+    before = running.state()
+    run = running.server.run
+    answer = httpx.get(f"{running.url}/v1/runs/{run}/checkpoints?{query}")
+    refused(answer, 400, "bad_request", "after")
+    assert running.state() == before

@@ -174,6 +174,16 @@ def test_checkpoints_epochs_and_cooldown(serve: Any, peers: Any) -> None:
             await a.submit_checkpoint(epoch=1, round=3, manifest=cid2)
         assert err.value.code == "round_not_published"
         assert (await a.current_checkpoint()) == record
+        # The history is signed too, oldest first, paged by round.
+        for n in (3, 4):
+            assert await a.join_round() == n
+            await a.ready(n)
+            with trio.fail_after(10):
+                await a.wait_members(n)
+        record4 = await a.submit_checkpoint(epoch=1, round=4, manifest=cid2)
+        assert await a.checkpoints() == [record, record4]
+        assert await a.checkpoints(after=2) == [record4]
+        assert await a.checkpoints(limit=1) == [record]
         await a.aclose()
 
     run_trio(main)
