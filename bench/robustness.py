@@ -7,7 +7,14 @@ worker momentum of deltas, --momentum); the f attackers replace theirs with an a
 cnode.aggregation.ATTACKS; the global model adds the aggregate. Shards are iid or non-iid
 (Dirichlet(alpha=0.5) class mix per peer). Prints final test accuracy (mean over seeds) for
 every attack x aggregator at f in {0, 2, 4}, and the worst gap of the default aggregator to the
-no-attack run at f = 4 (goal: <= 5 points).
+no-attack run at f = 4 (goal: <= 5 points; "absent", the f peers sending nothing, is the
+honest-only ceiling and not counted as an attack).
+
+Rows: the rules of cnode.aggregation; "centered_clip" is the default as node/train calls it (no
+weights), "centered_clip_weighted" the same rule given weights = shard sizes (a sender's own
+claim). --start, --tau-scale and --reject-score change CenteredClip's parameters; --pre nnm or
+--pre bucket2 mix the updates before aggregation (bench-only experiments, see
+specs/aggregation.md "Non-iid shards").
 
     .venv/bin/python bench/robustness.py            # full table (a few minutes on 2 cores)
     .venv/bin/python bench/robustness.py --quick    # f=4 only, one seed, fewer rounds
@@ -45,8 +52,24 @@ BATCH = 32
 LR = 0.3
 CLASSES = 10
 DIRICHLET_ALPHA = 0.5
-AGGREGATORS = ["mean", "weighted_mean", "median", "trimmed_mean", "krum", "centered_clip"]
+AGGREGATORS = [
+    "mean",
+    "weighted_mean",
+    "median",
+    "trimmed_mean",
+    "krum",
+    "centered_clip",
+    "centered_clip_weighted",
+]
+# The default aggregator as node/train calls it: AggregatorConfig() and no weights.
 DEFAULT = "centered_clip"
+# Rows given weights = shard sizes (samples processed; the other rules ignore weights). A weight
+# is the sender's own claim: "centered_clip_weighted" shows what trusting it costs.
+WEIGHTED = {"weighted_mean", "centered_clip_weighted"}
+
+
+def rule_name(row: str) -> str:
+    return "centered_clip" if row == "centered_clip_weighted" else row
 
 
 @dataclass(frozen=True)
@@ -56,6 +79,7 @@ class Setting:
     f: int
     shards: str  # "iid" | "noniid"
     seed: int
+    pre: str = "none"  # bench-only transform before aggregate(): "none" | "nnm" | "bucketS"
 
 
 def load_data(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -136,6 +160,50 @@ def accuracy(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> fl
     return float((logits.argmax(1) == y).float().mean()) * 100
 
 
+def _flat(update: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([update[k].double().reshape(-1) for k in sorted(update)])
+
+
+def _unflat(vec: torch.Tensor, like: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out, off = {}, 0
+    for k in sorted(like):
+        t = like[k]
+        out[k] = vec[off : off + t.numel()].reshape(t.shape).to(t.dtype)
+        off += t.numel()
+    return out
+
+
+def nnm(updates: dict[str, dict[str, torch.Tensor]]) -> dict[str, dict[str, torch.Tensor]]:
+    """Nearest neighbour mixing (Allouah et al. 2023): each update becomes the mean of its n - f
+    nearest updates (itself included; ties by peer id), f = the most below n/2 (the aggregator
+    does not know the true f). Bench-only experiment; not deterministic across thread counts."""
+    ids = sorted(updates)
+    x = torch.stack([_flat(updates[p]) for p in ids])
+    keep = len(ids) - (len(ids) - 1) // 2
+    out = {}
+    for i, p in enumerate(ids):
+        d = ((x - x[i]) ** 2).sum(1).tolist()
+        near = sorted(range(len(ids)), key=lambda j: (d[j], j))[:keep]
+        out[p] = _unflat(x[near].mean(0), updates[p])
+    return out
+
+
+def bucket(
+    updates: dict[str, dict[str, torch.Tensor]], size: int, seed: int
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Bucketing (Karimireddy, He & Jaggi 2022): a permutation seeded by public round data
+    (here the round number) cuts the sorted peers into buckets of ``size``; each bucket's mean is
+    one input of the robust rule. Bench-only experiment."""
+    ids = sorted(updates)
+    perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed)).tolist()
+    out = {}
+    for b in range(0, len(ids), size):
+        group = [ids[i] for i in perm[b : b + size]]
+        mean = torch.stack([_flat(updates[p]) for p in group]).mean(0)
+        out[f"bucket{b // size:02d}"] = _unflat(mean, updates[group[0]])
+    return out
+
+
 def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float:
     xtr, ytr, xte, yte = load_data(s.seed)
     shards = make_shards(ytr, s.shards, s.seed)
@@ -155,7 +223,7 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
     rng = torch.Generator().manual_seed(6000 + s.seed)
     momenta: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
     prev = None
-    for _ in range(rounds):
+    for rnd in range(rounds):
         deltas = local_deltas(glob, xs, ys, g)
         if beta > 0:
             momenta = [worker_momentum(m, d, beta) for m, d in zip(momenta, deltas, strict=True)]
@@ -166,19 +234,23 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
         for a in attackers if not absent else []:
             sent[a] = attacks[a](honest, sent[a], rng, N_PEERS, s.f)
         present = [i for i in range(N_PEERS) if not (absent and i in attackers)]
+        received = {ids[i]: sent[i] for i in present}
+        use = {p: weights[p] for p in received} if s.aggregator in WEIGHTED else None
+        if s.pre == "nnm":
+            received = nnm(received)
+        elif s.pre.startswith("bucket"):
+            received, use = bucket(received, int(s.pre.removeprefix("bucket")), rnd), None
         try:
-            res = aggregate(
-                {ids[i]: sent[i] for i in present},
-                expected=spec,
-                config=config,
-                weights=weights,
-                previous=prev,
-            )
+            res = aggregate(received, expected=spec, config=config, weights=use, previous=prev)
         except NotEnoughUpdatesError:  # the model diverged: honest updates are NaN too
             break
         prev = res.tensors
         glob = {k: glob[k] + res.tensors[k] for k in glob}
     return accuracy(glob, xte, yte)
+
+
+def _or_default(value: object) -> object:
+    return "default" if value is None else value
 
 
 def main() -> int:
@@ -189,6 +261,10 @@ def main() -> int:
     ap.add_argument("--momentum", type=float, default=0.0, help="worker momentum beta (0 = off)")
     ap.add_argument("--tau-scale", type=float, default=None, help="CenteredClip tau_scale")
     ap.add_argument("--reject-score", type=float, default=None, help="CenteredClip reject_score")
+    ap.add_argument("--start", default=None, help="CenteredClip start: median | previous")
+    ap.add_argument(
+        "--pre", default="none", help="bench-only transform before aggregation: nnm | bucketS"
+    )
     ap.add_argument("--aggregators", default=",".join(AGGREGATORS))
     ap.add_argument("--attacks", default=",".join(["absent", *sorted(ATTACKS)]))
     ap.add_argument("--shards", default="iid,noniid")
@@ -204,12 +280,15 @@ def main() -> int:
     attacks = args.attacks.split(",")
     shard_kinds = args.shards.split(",")
 
-    def cfg(name: str) -> AggregatorConfig:
-        params: dict[str, float] = {}
+    def cfg(row: str) -> AggregatorConfig:
+        name = rule_name(row)
+        params: dict[str, float | str] = {}
         if name == "centered_clip" and args.tau_scale is not None:
             params["tau_scale"] = args.tau_scale
         if name == "centered_clip" and args.reject_score is not None:
             params["reject_score"] = args.reject_score
+        if name == "centered_clip" and args.start is not None:
+            params["start"] = args.start
         return AggregatorConfig(name, params)
 
     t0 = time.perf_counter()
@@ -219,7 +298,12 @@ def main() -> int:
             rows = [("none", 0)] + [(a, f) for f in fs for a in attacks]
             for attack, f in rows:
                 accs = [
-                    run(Setting(agg, attack, f, shards, sd), rounds, cfg(agg), args.momentum)
+                    run(
+                        Setting(agg, attack, f, shards, sd, args.pre),
+                        rounds,
+                        cfg(agg),
+                        args.momentum,
+                    )
                     for sd in seeds
                 ]
                 table[(shards, agg, f, attack)] = statistics.fmean(accs)
@@ -227,17 +311,20 @@ def main() -> int:
 
     print(
         f"# final test accuracy %, n={N_PEERS}, rounds={rounds}, seeds={len(seeds)}, "
-        f"momentum={args.momentum}, tau_scale={args.tau_scale or 'default'}"
+        f"momentum={args.momentum}, tau_scale={_or_default(args.tau_scale)}, "
+        f"reject_score={_or_default(args.reject_score)}, start={_or_default(args.start)}, "
+        f"pre={args.pre}"
     )
     for shards in shard_kinds:
         for f in fs:
             print(f"\n## {shards}, f={f} (no-attack column: f=0)\n")
             print("| aggregator | no attack | " + " | ".join(attacks) + " | worst gap |")
+            real = [a for a in attacks if a != "absent"]  # "absent" is a ceiling, not an attack
             print("|---" * (len(attacks) + 3) + "|")
             for agg in aggs:
                 base = table[(shards, agg, 0, "none")]
                 vals = [table[(shards, agg, f, a)] for a in attacks]
-                gap = base - min(vals)
+                gap = base - min(table[(shards, agg, f, a)] for a in real)
                 cells = " | ".join(f"{v:.1f}" for v in vals)
                 mark = "**" if agg == DEFAULT else ""
                 print(f"| {mark}{agg}{mark} | {base:.1f} | {cells} | {gap:.1f} |")
@@ -247,16 +334,19 @@ def main() -> int:
         if DEFAULT not in aggs:
             break
         base = table[(shards, DEFAULT, 0, "none")]
-        worst = min(attacks, key=lambda a: table[(shards, DEFAULT, max(fs), a)])
+        real = [a for a in attacks if a != "absent"]
+        worst = min(real, key=lambda a: table[(shards, DEFAULT, max(fs), a)])
         gap = base - table[(shards, DEFAULT, max(fs), worst)]
         ok &= gap <= 5.0
+        ceiling = table.get((shards, DEFAULT, max(fs), "absent"))
         print(
             f"{DEFAULT} {shards} f={max(fs)}: no-attack {base:.1f}, worst {worst} "
             f"{table[(shards, DEFAULT, max(fs), worst)]:.1f}, gap {gap:.1f} points (goal <= 5)"
+            + ("" if ceiling is None else f"; honest-only (absent) {ceiling:.1f}")
         )
         mean_base = table[(shards, "mean", 0, "none")] if "mean" in aggs else None
         if mean_base is not None:
-            worst_m = min(attacks, key=lambda a: table[(shards, "mean", max(fs), a)])
+            worst_m = min(real, key=lambda a: table[(shards, "mean", max(fs), a)])
             print(
                 f"  baseline mean {shards} f={max(fs)}: no-attack {mean_base:.1f}, worst {worst_m} "
                 f"{table[(shards, 'mean', max(fs), worst_m)]:.1f}"
