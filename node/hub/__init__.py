@@ -1,9 +1,12 @@
 """cnode.node.hub: checkpoints on a Hugging Face Hub repo, uploaded and downloaded verified.
 
-See specs/training.md#hugging-face-fallback. Errors: ``_exceptions.py``.
+Also :func:`download_file`, the bounded download of one file at one commit that the checkpoint
+download and a Hub training corpus share. See specs/training.md#hugging-face-fallback. Errors:
+``_exceptions.py``.
 """
 
 from . import limits as limits
+from ._download import download_file as download_file
 from ._exceptions import HubError as HubError
 from ._exceptions import HubLoginError as HubLoginError
 from ._exceptions import HubUnavailable as HubUnavailable
@@ -20,6 +23,7 @@ __all__ = [
     "HubRevision",
     "HubUnavailable",
     "download_checkpoint",
+    "download_file",
     "limits",
     "load_hub_login",
     "upload_checkpoint",

@@ -14,19 +14,15 @@ request (headers included) travels with it.
 
 from __future__ import annotations
 
-import os
 import stat
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
-from huggingface_hub import HfApi, get_hf_file_metadata, hf_hub_download, hf_hub_url
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub import HfApi
 
-from cnode.auth import HF_TRANSPORT_ERRORS, resolve_hf_endpoint
+from cnode.auth import resolve_hf_endpoint
 from cnode.storage import (
     CID,
     HF_MANIFEST_CAR,
@@ -37,7 +33,8 @@ from cnode.storage import (
 )
 
 from . import limits
-from ._exceptions import HubError, HubLoginError, HubUnavailable
+from ._download import download_file, hub_errors
+from ._exceptions import HubLoginError
 
 __all__ = ["HubLogin", "HubRevision", "download_checkpoint", "load_hub_login", "upload_checkpoint"]
 
@@ -95,23 +92,6 @@ def load_hub_login(home: Path) -> HubLogin | None:
     return HubLogin(token, binding)
 
 
-@contextmanager
-def _hub_errors(url: str, what: str) -> Iterator[None]:
-    """Translate huggingface_hub's and the HTTP library's errors into HubUnavailable."""
-    try:
-        yield
-    except HfHubHTTPError as exc:
-        status = exc.response.status_code if exc.response is not None else "?"
-        reason = exc.response.headers.get("X-Error-Message", "") if exc.response is not None else ""
-        raise HubUnavailable(
-            f"the Hub at {url} refused to {what} (HTTP {status}{': ' + reason if reason else ''})"
-        ) from None
-    except HF_TRANSPORT_ERRORS as exc:
-        raise HubUnavailable(
-            f"cannot reach the Hub at {url} to {what}: {type(exc).__name__}"
-        ) from None
-
-
 def upload_checkpoint(
     store: BlockStore,
     manifest: CID,
@@ -135,7 +115,7 @@ def upload_checkpoint(
     Path(workdir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=workdir, prefix="hf-upload-") as tmp:
         folder = export_hf(store, manifest, Path(tmp) / "checkpoint")
-        with _hub_errors(url, f"create or write {repo}"):
+        with hub_errors(url, f"create or write {repo}"):
             api.create_repo(repo, exist_ok=True)
             info = api.upload_folder(repo_id=repo, folder_path=folder, commit_message=message[:200])
     revision = HubRevision(repo, str(info.oid))
@@ -147,25 +127,15 @@ def _download(
     url: str, where: HubRevision, filename: str, folder: Path, max_bytes: int, token: str | None
 ) -> None:
     """Fetch one file of ``where`` into ``folder``, refusing it if the Hub says it is too big."""
-    what = f"serve {filename} of {where.repo}@{where.revision[:12]}"
-    with _hub_errors(url, what):
-        file_url = hf_hub_url(where.repo, filename, revision=where.revision, endpoint=url)
-        meta = get_hf_file_metadata(file_url, token=token or False)
-        if meta.size is None or meta.size > max_bytes:
-            raise HubError(
-                f"{filename} of {where.repo} is {meta.size} bytes, over the {max_bytes} this "
-                "checkpoint can need"
-            )
-        path = hf_hub_download(
-            where.repo,
-            filename,
-            revision=where.revision,
-            endpoint=url,
-            local_dir=folder,
-            token=token or False,
-        )
-    if os.path.getsize(path) > max_bytes:  # a Hub whose HEAD and GET disagree
-        raise HubError(f"{filename} of {where.repo} came larger than announced")
+    download_file(
+        where.repo,
+        filename,
+        revision=where.revision,
+        max_bytes=max_bytes,
+        folder=folder,
+        endpoint=url,
+        token=token or False,
+    )
 
 
 def download_checkpoint(
