@@ -5,14 +5,18 @@ so tests exercise the client's real requests and error handling. Only what cnode
 
 * ``GET /api/whoami-v2``: users, their orgs, access tokens, revocation
   (:meth:`FakeHub.add_user`, :meth:`FakeHub.revoke`).
-* Model repos, as ``HfApi.create_repo``, ``upload_folder`` / ``create_commit`` and
-  ``hf_hub_download`` use them: ``POST /api/repos/create``, ``POST
-  /api/models/{repo}/preupload/{rev}`` (every file "regular": its bytes travel base64 inside the
-  commit, a mode the real Hub uses for small files), ``POST /api/models/{repo}/commit/{rev}``
-  (NDJSON), ``GET /api/models/{repo}/revision/{rev}`` and ``HEAD``/``GET
-  /{repo}/resolve/{rev}/{path}``. Writes need a write token of the namespace's user or of a member
-  of its org; repos are public to read. :meth:`FakeHub.tamper` changes a stored file in place
-  (a Hub that serves wrong bytes).
+* Model and dataset repos, as ``HfApi.create_repo``, ``upload_file`` / ``upload_folder`` /
+  ``create_commit``, ``hf_hub_download`` and ``transformers``' ``from_pretrained`` use them:
+  ``POST /api/repos/create`` (``"type": "dataset"`` for a dataset), ``POST
+  /api/{kind}/{repo}/preupload/{rev}`` (every file "regular": its bytes travel base64 inside the
+  commit, a mode the real Hub uses for small files), ``POST /api/{kind}/{repo}/commit/{rev}``
+  (NDJSON), ``GET /api/{kind}/{repo}`` and ``GET /api/{kind}/{repo}/revision/{rev}`` (repo info;
+  the first is the main branch), and ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` (models) or
+  ``/datasets/{repo}/resolve/{rev}/{path}``, where ``{kind}`` is ``models`` or ``datasets``. Model
+  repos live in ``hub.repos``, dataset repos in ``hub.datasets`` (the Hub keeps the two apart: a
+  model and a dataset may share a name). Writes need a write token of the namespace's user or of
+  a member of its org; repos are public to read. :meth:`FakeHub.tamper` changes a stored file in
+  place (a Hub that serves wrong bytes).
 
 Adding endpoints: write a handler
 ``def handle(hub: FakeHub, req: Request) -> Response`` and register it with
@@ -67,9 +71,10 @@ class Token:
 
 @dataclass
 class Repo:
-    """A model repo: commits oldest first, each the whole tree of files after it."""
+    """A model or dataset repo: commits oldest first, each the whole tree of files after it."""
 
     repo_id: str
+    kind: str = "models"  # "models" | "datasets", as in the API's paths
     commits: list[tuple[str, dict[str, bytes]]] = field(default_factory=list)
     branches: dict[str, str] = field(default_factory=dict)  # branch -> commit sha
 
@@ -148,10 +153,13 @@ def whoami(hub: FakeHub, req: Request) -> Response:
 
 _REPO = r"(?P<repo>[\w.-]+/[\w.-]+)"
 _REV = r"(?P<rev>[^/]+)"
+_KIND = r"(?P<kind>models|datasets)"
+# The Hub's word for each kind: in create_repo's "type", and in its messages.
+_TYPE_OF_KIND = {"models": "model", "datasets": "dataset"}
 
 
 def _repo(hub: FakeHub, req: Request) -> Repo:
-    repo = hub.repos.get(req.params["repo"])
+    repo = hub.repos_of(req.params.get("kind") or "models").get(req.params["repo"])
     if repo is None:
         raise HubRefusal(Response.error(404, "Repository not found"))
     return repo
@@ -178,21 +186,25 @@ def create_repo(hub: FakeHub, req: Request) -> Response:
     body = json.loads(req.body or b"{}")
     namespace = body.get("organization") or user.name
     repo_id = f"{namespace}/{body.get('name')}"
+    kind = {"model": "models", "dataset": "datasets"}.get(body.get("type") or "model")
+    if kind is None:
+        return Response.error(400, f"the fake Hub has no {body.get('type')!r} repos")
     _require_writer(hub, req, namespace)
     if not re.fullmatch(_REPO, repo_id):
         return Response.error(400, f"bad repo id {repo_id!r}")
-    if repo_id in hub.repos:
+    repos = hub.repos_of(kind)
+    # The client reads the url to learn the repo's type: datasets' urls have "/datasets/".
+    url = f"{hub.url}/{repo_id}" if kind == "models" else f"{hub.url}/{kind}/{repo_id}"
+    if repo_id in repos:
         # The Hub's conflict answer names the repo's url too (the client reads it on exist_ok).
-        message = "You already created this model repo"
-        return Response.json(
-            {"error": message, "url": f"{hub.url}/{repo_id}"}, 409, **{"X-Error-Message": message}
-        )
-    repo = Repo(repo_id)
+        message = f"You already created this {_TYPE_OF_KIND[kind]} repo"
+        return Response.json({"error": message, "url": url}, 409, **{"X-Error-Message": message})
+    repo = Repo(repo_id, kind)
     sha = hub.new_sha()
     repo.commits.append((sha, {".gitattributes": b""}))
     repo.branches["main"] = sha
-    hub.repos[repo_id] = repo
-    return Response.json({"url": f"{hub.url}/{repo_id}", "name": repo_id, "id": hub.new_sha()})
+    repos[repo_id] = repo
+    return Response.json({"url": url, "name": repo_id, "id": hub.new_sha()})
 
 
 def preupload(hub: FakeHub, req: Request) -> Response:
@@ -222,27 +234,32 @@ def commit(hub: FakeHub, req: Request) -> Response:
     sha = hub.new_sha()
     repo.commits.append((sha, files))
     repo.branches[branch] = sha
+    prefix = "" if repo.kind == "models" else f"/{repo.kind}"
     return Response.json(
         {
             "success": True,
             "commitOid": sha,
-            "commitUrl": f"{hub.url}/{repo.repo_id}/commit/{sha}",
+            "commitUrl": f"{hub.url}{prefix}/{repo.repo_id}/commit/{sha}",
             "pullRequestUrl": None,
         }
     )
 
 
 def revision_info(hub: FakeHub, req: Request) -> Response:
+    """``HfApi.repo_info``: ``/api/{kind}/{repo}/revision/{rev}``, or without it for main."""
+    req.params.setdefault("rev", "main")
     repo, sha, files = _tree(hub, req)
-    return Response.json(
+    info: dict[str, Any] = {"id": repo.repo_id, "author": repo.repo_id.split("/")[0]}
+    if repo.kind == "models":
+        info["modelId"] = repo.repo_id  # the Hub sends this legacy key for models only
+    info.update(
         {
-            "id": repo.repo_id,
-            "modelId": repo.repo_id,
             "sha": sha,
             "private": False,
             "siblings": [{"rfilename": name} for name in sorted(files)],
         }
     )
+    return Response.json(info)
 
 
 def resolve(hub: FakeHub, req: Request) -> Response:
@@ -267,9 +284,12 @@ def _locked(handler: Handler) -> Handler:
 _DEFAULT_ROUTES: list[tuple[str, str, Handler]] = [
     ("GET", r"/api/whoami-v2", whoami),
     ("POST", r"/api/repos/create", _locked(create_repo)),
-    ("POST", rf"/api/models/{_REPO}/preupload/{_REV}", _locked(preupload)),
-    ("POST", rf"/api/models/{_REPO}/commit/{_REV}", _locked(commit)),
-    ("GET", rf"/api/models/{_REPO}/revision/{_REV}", _locked(revision_info)),
+    ("POST", rf"/api/{_KIND}/{_REPO}/preupload/{_REV}", _locked(preupload)),
+    ("POST", rf"/api/{_KIND}/{_REPO}/commit/{_REV}", _locked(commit)),
+    ("GET", rf"/api/{_KIND}/{_REPO}", _locked(revision_info)),
+    ("GET", rf"/api/{_KIND}/{_REPO}/revision/{_REV}", _locked(revision_info)),
+    ("GET", rf"/(?P<kind>datasets)/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
+    ("HEAD", rf"/(?P<kind>datasets)/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
     ("GET", rf"/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
     ("HEAD", rf"/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
 ]
@@ -283,7 +303,8 @@ class FakeHub:
         self.users: dict[str, User] = {}
         self.tokens: dict[str, Token] = {}
         self.requests: list[tuple[str, str, str | None]] = []
-        self.repos: dict[str, Repo] = {}
+        self.repos: dict[str, Repo] = {}  # model repos
+        self.datasets: dict[str, Repo] = {}  # dataset repos
         # (method, path regex) -> status: answer every matching request with this error.
         self.failures: dict[tuple[str, str], int] = {}
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []
@@ -310,17 +331,25 @@ class FakeHub:
     def new_sha(self) -> str:
         return secrets.token_hex(20)
 
-    def file(self, repo_id: str, path: str, revision: str = "main") -> bytes:
+    def repos_of(self, kind: str) -> dict[str, Repo]:
+        """The repos of ``kind`` ("models" or "datasets"), by id."""
+        return self.datasets if kind == "datasets" else self.repos
+
+    def file(
+        self, repo_id: str, path: str, revision: str = "main", *, kind: str = "models"
+    ) -> bytes:
         """A file as the Hub holds it (KeyError if absent)."""
         with self.lock:
-            found = self.repos[repo_id].tree(revision)
+            found = self.repos_of(kind)[repo_id].tree(revision)
             assert found is not None, revision
             return found[1][path]
 
-    def tamper(self, repo_id: str, path: str, data: bytes, revision: str = "main") -> None:
+    def tamper(
+        self, repo_id: str, path: str, data: bytes, revision: str = "main", *, kind: str = "models"
+    ) -> None:
         """Replace a stored file's bytes, keeping its commit (a Hub that serves wrong bytes)."""
         with self.lock:
-            found = self.repos[repo_id].tree(revision)
+            found = self.repos_of(kind)[repo_id].tree(revision)
             assert found is not None, revision
             found[1][path] = data
 
