@@ -7,15 +7,64 @@ model that ``cnode demo`` trains on two cores.
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from . import limits
 from ._exceptions import TrainingConfigError
 
-__all__ = ["DataConfig", "ModelConfig", "TrainingConfig"]
+__all__ = ["DataConfig", "HubCorpus", "ModelConfig", "TrainingConfig", "parse_hub_corpus"]
 
 BUILTIN_CORPUS = "builtin:stdlib-docstrings"
+HUB_CORPUS_PREFIX = "hf://datasets/"
+_HUB_NAME = re.compile(r"[\w.-]+")
+_COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
+
+
+@dataclass(frozen=True)
+class HubCorpus:
+    """A training corpus that is one file of a Hub dataset repo, at one commit."""
+
+    repo: str  # "owner/name"
+    path: str  # the file's path in the repo
+    revision: str  # a full commit sha: every peer trains on the same bytes
+
+
+def parse_hub_corpus(corpus: str) -> HubCorpus | None:
+    """The dataset file ``corpus`` names, or None when ``corpus`` is not an ``hf://`` name.
+
+    Takes ``hf://datasets/OWNER/NAME/PATH@COMMIT`` and huggingface_hub's own spelling
+    ``hf://datasets/OWNER/NAME@COMMIT/PATH``. Raises :class:`TrainingConfigError` for any other
+    ``hf://`` name, and for a revision that is not a full 40-hex commit sha (a branch moves, and
+    peers that read it at different times would train on different text).
+    """
+    if not corpus.startswith("hf://"):
+        return None
+    where = f"training.data.corpus {corpus!r}"
+    parts = corpus.removeprefix(HUB_CORPUS_PREFIX).split("/", 2)
+    if not corpus.startswith(HUB_CORPUS_PREFIX) or len(parts) != 3:
+        raise TrainingConfigError(
+            f"{where}: a Hub corpus is hf://datasets/OWNER/NAME/PATH@COMMIT (one file of a dataset)"
+        )
+    owner, name, path = parts
+    revision = ""
+    if "@" in name:
+        name, revision = name.split("@", 1)
+    elif "@" in path:
+        path, revision = path.rsplit("@", 1)
+    segments = path.split("/")
+    if not (_HUB_NAME.fullmatch(owner) and _HUB_NAME.fullmatch(name)) or any(
+        s in ("", ".", "..") for s in segments
+    ):
+        raise TrainingConfigError(f"{where}: not a dataset repo id and file path")
+    if not _COMMIT_SHA.fullmatch(revision):
+        pinned = f"{HUB_CORPUS_PREFIX}{owner}/{name}/{path}@<40-hex commit sha>"
+        said = f"revision {revision!r} is not a commit" if revision else "no revision"
+        raise TrainingConfigError(
+            f"{where}: {said}; pin a commit ({pinned}) so every peer trains on the same bytes"
+        )
+    return HubCorpus(f"{owner}/{name}", path, revision)
 
 
 @dataclass(frozen=True)
@@ -50,7 +99,9 @@ class ModelConfig:
 class DataConfig:
     """Where the text comes from and how it is cut."""
 
-    corpus: str = BUILTIN_CORPUS  # or a path to a UTF-8 text file present on every node
+    # BUILTIN_CORPUS, a path to a UTF-8 text file present on every node, or one file of a Hub
+    # dataset at a commit: "hf://datasets/OWNER/NAME/PATH@COMMIT" (see parse_hub_corpus).
+    corpus: str = BUILTIN_CORPUS
     seq_len: int = 64  # tokens per training sequence (<= model n_positions)
     n_shards: int = 8  # the corpus is cut into this many shards; a peer's id picks its shard
     eval_sequences: int = 64  # held-out sequences (the same on every node) for the loss report
@@ -107,6 +158,7 @@ class TrainingConfig:
                 )
             if d.seq_len > m.n_positions:
                 raise TrainingConfigError("training.data.seq_len must be <= model.n_positions")
+        parse_hub_corpus(d.corpus)  # a malformed or unpinned Hub corpus fails before any download
         if d.seq_len < 2 or d.n_shards < 1 or d.eval_sequences < 1:
             raise TrainingConfigError(
                 "training.data needs seq_len >= 2, n_shards >= 1, eval_sequences >= 1"

@@ -6,6 +6,11 @@ they change between Python versions, and peers must cut the same sequences from 
 the text is shipped rather than read from the running interpreter. The byte-level BPE tokenizer is
 trained locally with ``tokenizers`` from that text (deterministic; ~0.2 s) and also shipped as
 ``data/tokenizer.json``; a test retrains it and checks it is the same.
+
+A corpus may also be one file of a Hugging Face dataset repo pinned to a commit
+(``hf://datasets/OWNER/NAME/PATH@COMMIT``), downloaded once into huggingface_hub's cache by
+:func:`cnode.node.hub.download_file`: the Hub says the size before any byte is fetched, so a file
+over ``MAX_CORPUS_BYTES`` is never downloaded.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.implementations import ByteLevelBPETokenizer
 
+from cnode.node.hub import HubError, download_file
+
 from . import limits
-from ._config import BUILTIN_CORPUS, DataConfig, ModelConfig
+from ._config import BUILTIN_CORPUS, DataConfig, HubCorpus, ModelConfig, parse_hub_corpus
 from ._exceptions import TrainingConfigError
 
 __all__ = ["TextData", "load_corpus_text", "load_tokenizer", "shard_of", "train_tokenizer"]
@@ -34,7 +41,15 @@ BUILTIN_VOCAB_SIZE = 1024
 
 
 def load_corpus_text(corpus: str) -> str:
-    """The training text named by ``corpus``: the shipped corpus or a local UTF-8 file."""
+    """The training text named by ``corpus``: the shipped corpus, a local or a Hub UTF-8 file.
+
+    Raises :class:`TrainingConfigError` (one line, naming ``corpus``) when the text cannot be
+    had: a missing file, not UTF-8, over ``MAX_CORPUS_BYTES``, an unpinned Hub revision, a Hub
+    that cannot be reached or answers an error (404: no such dataset, commit or file).
+    """
+    hub = parse_hub_corpus(corpus)
+    if hub is not None:
+        return _hub_corpus_text(corpus, hub)
     if corpus == BUILTIN_CORPUS:
         raw = CORPUS_FILE.read_text(encoding="utf-8")
         # The file opens with a few '# ' header lines (source, licence) that are not trained on.
@@ -54,6 +69,28 @@ def load_corpus_text(corpus: str) -> str:
         raise TrainingConfigError(f"cannot read corpus {path}: {exc}") from exc
 
 
+def _hub_corpus_text(corpus: str, hub: HubCorpus) -> str:
+    try:
+        path = download_file(
+            hub.repo,
+            hub.path,
+            repo_type="dataset",
+            revision=hub.revision,
+            max_bytes=limits.MAX_CORPUS_BYTES,
+        )
+        return path.read_bytes().decode("utf-8")
+    except HubError as exc:  # its message carries the status, never the client's text or token
+        raise TrainingConfigError(f"cannot load corpus {corpus}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise TrainingConfigError(
+            f"cannot load corpus {corpus}: not UTF-8 text (byte {exc.start})"
+        ) from None
+    except OSError as exc:  # the downloaded file vanished or cannot be read
+        raise TrainingConfigError(
+            f"cannot read corpus {corpus} from the Hub cache: {exc.strerror}"
+        ) from None
+
+
 def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:
     """Train a byte-level BPE tokenizer on ``text``; the same text gives the same tokenizer."""
     bpe = ByteLevelBPETokenizer()
@@ -67,8 +104,11 @@ def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:
     return Tokenizer.from_str(bpe.to_str())
 
 
-def load_tokenizer(data: DataConfig, model: ModelConfig) -> Tokenizer:
-    """The run's tokenizer: a Hub model's own, the shipped one, or one trained here."""
+def load_tokenizer(data: DataConfig, model: ModelConfig, text: str | None = None) -> Tokenizer:
+    """The run's tokenizer: a Hub model's own, the shipped one, or one trained here.
+
+    ``text`` is the corpus if the caller has it already (else it is loaded when needed).
+    """
     if model.pretrained:
         try:
             return Tokenizer.from_pretrained(model.pretrained)
@@ -78,7 +118,9 @@ def load_tokenizer(data: DataConfig, model: ModelConfig) -> Tokenizer:
             ) from exc
     if data.corpus == BUILTIN_CORPUS and model.vocab_size == BUILTIN_VOCAB_SIZE:
         return Tokenizer.from_file(str(TOKENIZER_FILE))
-    tokenizer = train_tokenizer(load_corpus_text(data.corpus), model.vocab_size)
+    if text is None:
+        text = load_corpus_text(data.corpus)
+    tokenizer = train_tokenizer(text, model.vocab_size)
     if tokenizer.get_vocab_size() > model.vocab_size:
         raise TrainingConfigError("tokenizer vocabulary is larger than model.vocab_size")
     return tokenizer
@@ -130,8 +172,9 @@ class TextData:
 
 @lru_cache(maxsize=4)
 def _build_cached(data: DataConfig, model: ModelConfig) -> TextData:
-    tokenizer = load_tokenizer(data, model)
-    ids = tokenizer.encode(load_corpus_text(data.corpus)).ids
+    text = load_corpus_text(data.corpus)  # once: a Hub corpus is not asked for twice
+    tokenizer = load_tokenizer(data, model, text)
+    ids = tokenizer.encode(text).ids
     n = len(ids) // data.seq_len
     if n < data.eval_sequences + data.n_shards:
         raise TrainingConfigError(
