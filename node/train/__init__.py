@@ -15,6 +15,7 @@ from ._config import DataConfig as DataConfig
 from ._config import ModelConfig as ModelConfig
 from ._config import TrainingConfig as TrainingConfig
 from ._data import TextData as TextData
+from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
 from ._exceptions import PeerUpdateError as PeerUpdateError
 from ._exceptions import ReplayMismatchError as ReplayMismatchError
@@ -40,6 +41,7 @@ from ._state import state_cid_from_layers as state_cid_from_layers
 from ._trainer import NodeTrainer as NodeTrainer
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_exports.py)
+    "BannedError",
     "CatchUpError",
     "DataConfig",
     "LocalResult",

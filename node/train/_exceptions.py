@@ -9,6 +9,7 @@ The tree::
           ├── StateMismatchError       this node's state differs from the one the swarm agreed on
           ├── ReplayMismatchError      recomputing a checkpoint gives other layers than its manifest
           ├── RoundStalledError        the coordinator published no member list in time
+          ├── BannedError              the coordinator banned this node (the reason inside)
           └── CatchUpError             the state needed to join could not be fetched or rebuilt
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 from cnode import CnodeError
 
 __all__ = [
+    "BannedError",
     "CatchUpError",
     "PeerUpdateError",
     "ReplayMismatchError",
@@ -75,3 +77,11 @@ class RoundStalledError(TrainingError):
 
 class CatchUpError(TrainingError):
     """Raised when a joining node cannot fetch or rebuild the state it needs to join a round."""
+
+
+class BannedError(TrainingError):
+    """Raised by the training loop when the run's signed state bans this very node.
+
+    Its peers refuse its block requests and updates from then on; the message carries the
+    coordinator's reason (as ``cnode status`` shows it).
+    """

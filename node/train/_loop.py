@@ -25,6 +25,7 @@ from cnode.node._config import IDENTITY_FILE
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     BadRunState,
+    BanRecord,
     CheckpointRecord,
     CoordinatorClient,
     CoordinatorRejected,
@@ -58,6 +59,7 @@ from cnode.storage import CID, BlockStore, HFFolderError
 from . import limits
 from ._config import TrainingConfig
 from ._exceptions import (
+    BannedError,
     CatchUpError,
     PeerUpdateError,
     RoundStalledError,
@@ -258,6 +260,7 @@ class _Session:
         self.every = every
         self.run_id = settings.run
         self.banned: set[str] = set()
+        self.ban_reasons: dict[str, str] = {}
         self.headers = _HeaderValidator(settings.run, self.allow)
         self.done = False  # every asked-for round is finished (set before the host shuts down)
         self.left = False  # SIGTERM/SIGINT: leave the current round and stop
@@ -367,15 +370,15 @@ class _Session:
         async with node.subscribe(run_state_topic(self.run_id), validator) as states:
             async for opened in states:
                 try:
-                    banned = {b.peer for b in RunState.from_payload(opened.payload).bans}
+                    bans = RunState.from_payload(opened.payload).bans
                 except BadRunState as exc:  # signed, yet malformed: ignore it, polling goes on
                     log.warning("bad_run_state_on_gossip", error=str(exc))
                     continue
-                if banned - self.banned:
-                    new = sorted(banned - self.banned)
+                new = sorted({b.peer for b in bans} - self.banned)
+                if new:
                     log.info("bans_from_gossip", peers=[p[-8:] for p in new])
                     self.reporter.event("ban_seen", peers=new, via="gossip")
-                self.banned = banned
+                self._take_bans(bans)
 
     async def _drain_headers(self, node: P2PNode) -> None:
         async with node.subscribe(updates_topic(self.run_id), self.headers) as sub:
@@ -401,7 +404,7 @@ class _Session:
         with trio.fail_after(limits.CATCH_UP_FETCH_S):
             while True:
                 state = await client.run_state()
-                self.banned = {b.peer for b in state.bans}
+                self._take_bans(state.bans)
                 record = state.checkpoint
                 if need % self.every or (record is not None and record.round >= need):
                     return record
@@ -436,7 +439,7 @@ class _Session:
                 while have < want:
                     await trio.sleep(limits.POLL_INTERVAL_S * 5)
                     state = await client.run_state()
-                    self.banned = {b.peer for b in state.bans}
+                    self._take_bans(state.bans)
                     have = -1 if state.checkpoint is None else state.checkpoint.round
             round_ = await client.join_round()
             bind_context(round=round_)
@@ -557,6 +560,9 @@ class _Session:
         members = sorted(info.members)[: limits.MAX_ROUND_MEMBERS]
         began = time.monotonic()
         headers, dropped = await self._fetch_updates(node, round_, members)
+        if any("FORBIDDEN" in why for why in dropped.values()):
+            await self._refresh_bans(client)  # refused by holders: banned, and not told yet?
+        self.check_not_banned()  # peers refuse a banned node's fetches: say why, not "0 updates"
         trainer.check_agreement(round_, {peer: header for peer, (_, header) in headers.items()})
         t_fetch = time.monotonic() - began
         began = time.monotonic()
@@ -739,5 +745,17 @@ class _Session:
         )
 
     async def _refresh_bans(self, client: CoordinatorClient) -> None:
-        state = await client.run_state()
-        self.banned = {b.peer for b in state.bans}
+        self._take_bans((await client.run_state()).bans)
+
+    def _take_bans(self, bans: list[BanRecord]) -> None:
+        """The signed state's bans replace ours; a ban of this very node ends its run."""
+        self.banned = {b.peer for b in bans}
+        self.ban_reasons = {b.peer: b.reason for b in bans}
+
+    def check_not_banned(self) -> None:
+        """Raise BannedError if the coordinator banned this node (peers refuse it from then on)."""
+        if self.trainer.peer in self.banned:
+            raise BannedError(
+                f"the coordinator banned this node from run {self.run_id!r}: "
+                f"{self.ban_reasons.get(self.trainer.peer, 'no reason given')}"
+            )

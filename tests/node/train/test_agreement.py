@@ -77,6 +77,7 @@ def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Pat
                     trainer,
                     Reporter(None, peer=who.peer_id_str),
                     1,
+                    None,
                 )
                 with pytest.raises(StateMismatchError) as raised:
                     await session._agree(client, round_, info.epoch, mine)
