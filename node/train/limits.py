@@ -12,7 +12,7 @@ MAX_REPLAY_ROUNDS = 1000
 MAX_MODEL_PARAMETERS = 200_000_000
 # Local optimizer steps per round; more is a misconfigured run, not a bigger experiment.
 MAX_LOCAL_STEPS = 10_000
-# Bytes of a training corpus read from a local file.
+# Bytes of a training corpus read from a local file or downloaded from a Hub dataset.
 MAX_CORPUS_BYTES = 512 * 1024 * 1024
 
 # Seconds a node waits for the coordinator to publish a round's member list after it is ready.
