@@ -67,6 +67,26 @@ def parse_hub_corpus(corpus: str) -> HubCorpus | None:
     return HubCorpus(f"{owner}/{name}", path, revision)
 
 
+def parse_pretrained(pretrained: str) -> tuple[str, str]:
+    """``"OWNER/NAME@COMMIT"`` -> (repo id, commit); TrainingConfigError for anything else.
+
+    The commit is required for the same reason as a Hub corpus's: every peer must start from
+    the same weights, and a branch moves between peers that load it at different times.
+    """
+    where = f"training.model.pretrained {pretrained!r}"
+    repo, _, revision = pretrained.partition("@")
+    owner, _, name = repo.partition("/")
+    if not (_HUB_NAME.fullmatch(owner) and _HUB_NAME.fullmatch(name)):
+        raise TrainingConfigError(f"{where}: a Hub model is OWNER/NAME@COMMIT")
+    if not _COMMIT_SHA.fullmatch(revision):
+        said = f"revision {revision!r} is not a commit" if revision else "no revision"
+        raise TrainingConfigError(
+            f"{where}: {said}; pin a commit ({repo}@<40-hex commit sha>) so every peer "
+            "starts from the same weights"
+        )
+    return repo, revision
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A GPT-2-style decoder built from these fields (no download), or a Hub model id."""
@@ -76,7 +96,7 @@ class ModelConfig:
     n_head: int = 2
     n_positions: int = 64
     vocab_size: int = 1024  # must equal the tokenizer's vocabulary
-    pretrained: str = ""  # a Hugging Face model id; empty = build from the fields above
+    pretrained: str = ""  # a Hub model "OWNER/NAME@COMMIT"; empty = build from the fields above
 
     def to_gpt2_kwargs(self) -> dict[str, Any]:
         # Dropout off: a round's update then depends on (state, data, seed) only.
@@ -144,7 +164,9 @@ class TrainingConfig:
     def check(self) -> None:
         """Raise :class:`TrainingConfigError` for values no run can train with."""
         m, d = self.model, self.data
-        if not m.pretrained:
+        if m.pretrained:
+            parse_pretrained(m.pretrained)
+        else:
             if min(m.n_layer, m.n_embd, m.n_head, m.n_positions, m.vocab_size) < 1:
                 raise TrainingConfigError("training.model sizes must be positive")
             if m.n_embd % m.n_head:

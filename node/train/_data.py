@@ -27,7 +27,14 @@ from tokenizers.implementations import ByteLevelBPETokenizer
 from cnode.node.hub import HubError, download_file
 
 from . import limits
-from ._config import BUILTIN_CORPUS, DataConfig, HubCorpus, ModelConfig, parse_hub_corpus
+from ._config import (
+    BUILTIN_CORPUS,
+    DataConfig,
+    HubCorpus,
+    ModelConfig,
+    parse_hub_corpus,
+    parse_pretrained,
+)
 from ._exceptions import TrainingConfigError
 
 __all__ = ["TextData", "load_corpus_text", "load_tokenizer", "shard_of", "train_tokenizer"]
@@ -110,8 +117,9 @@ def load_tokenizer(data: DataConfig, model: ModelConfig, text: str | None = None
     ``text`` is the corpus if the caller has it already (else it is loaded when needed).
     """
     if model.pretrained:
+        repo, revision = parse_pretrained(model.pretrained)
         try:
-            return Tokenizer.from_pretrained(model.pretrained)
+            return Tokenizer.from_pretrained(repo, revision=revision)
         except OSError as exc:  # huggingface_hub errors (not found, offline) are OSErrors
             raise TrainingConfigError(
                 f"cannot load the tokenizer of {model.pretrained!r} from the Hub: {exc}"

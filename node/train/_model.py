@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
-from ._config import ModelConfig, TrainingConfig
+from ._config import ModelConfig, TrainingConfig, parse_pretrained
 from ._exceptions import TrainingConfigError
 
 __all__ = ["build_model", "load_state", "model_state"]
@@ -26,8 +26,9 @@ def build_model(config: TrainingConfig) -> PreTrainedModel:
     if model_config.pretrained:
         from transformers import AutoModelForCausalLM
 
+        repo, revision = parse_pretrained(model_config.pretrained)
         try:
-            model = AutoModelForCausalLM.from_pretrained(model_config.pretrained)
+            model = AutoModelForCausalLM.from_pretrained(repo, revision=revision)
         except OSError as exc:
             raise TrainingConfigError(
                 f"cannot load model {model_config.pretrained!r} from the Hub: {exc}"

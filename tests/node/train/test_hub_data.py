@@ -91,6 +91,16 @@ def test_an_unpinned_or_malformed_hub_corpus_is_refused_before_any_download() ->
         _config(f"hf://datasets/{DATASET}/../x.txt@{'0' * 40}")
 
 
+def test_an_unpinned_or_malformed_hub_model_is_refused_before_any_download() -> None:
+    for pretrained, message in (
+        ("acme/tiny-gpt2", "no revision; pin a commit"),
+        ("acme/tiny-gpt2@main", "revision 'main' is not a commit"),
+        ("tiny-gpt2@" + "0" * 40, "a Hub model is OWNER/NAME@COMMIT"),
+    ):
+        with pytest.raises(TrainingConfigError, match=message):
+            TrainingConfig.from_dict({"model": {"pretrained": pretrained}})
+
+
 @pytest.mark.parametrize(
     ("where", "message"),
     [
@@ -197,11 +207,11 @@ def test_a_hub_model_id_loads_its_weights_and_tokenizer(
     PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(folder)
     api = HfApi(endpoint=hf_hub.url, token=hf_hub.add_user("alice", orgs=["acme"]))
     api.create_repo("acme/tiny-gpt2")
-    api.upload_folder(repo_id="acme/tiny-gpt2", folder_path=folder)
+    model_sha = api.upload_folder(repo_id="acme/tiny-gpt2", folder_path=folder).oid
     sha = _upload_text(hf_hub, TEXT.encode())
 
     training = {
-        "model": {"pretrained": "acme/tiny-gpt2"},
+        "model": {"pretrained": f"acme/tiny-gpt2@{model_sha}"},
         "data": {"corpus": f"hf://datasets/{DATASET}/data/corpus.txt@{sha}", "eval_sequences": 4},
         "local_steps": 1,
         "batch_size": 2,
