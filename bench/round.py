@@ -72,7 +72,8 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
     from cnode.auth import Identity
     from cnode.node.p2p import P2PSettings, open_p2p_node
     from cnode.node.train import TrainingConfig
-    from cnode.node.train._loop import _HeaderValidator, updates_topic
+    from cnode.node.train._headers import HeaderCollector
+    from cnode.node.train._loop import updates_topic
     from cnode.node.train._round import header_cid
     from cnode.node.train._trainer import NodeTrainer
     from cnode.storage import BlockStore
@@ -83,7 +84,7 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
     trainer = await trio.to_thread.run_sync(
         lambda: NodeTrainer(config, run="bench", identity=identity, store=store)
     )
-    headers = _HeaderValidator("bench", lambda _peer: True)
+    headers = HeaderCollector("bench", lambda _peer: True)
     settings = P2PSettings(listen=("/ip4/127.0.0.1/tcp/0",), run_id="bench")
     timings: list[dict[str, Any]] = []
     async with open_p2p_node(identity, store, settings, allow=lambda _p: True) as node:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -20,13 +19,11 @@ import structlog
 import trio
 
 from cnode.aggregation import BanRecommendation
-from cnode.auth import Identity, Opened, load_identity
+from cnode.auth import Identity, load_identity
 from cnode.node._config import IDENTITY_FILE
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     BadRunState,
-    BanRecord,
-    CheckpointRecord,
     CoordinatorClient,
     CoordinatorRejected,
     RoundInfo,
@@ -36,38 +33,25 @@ from cnode.node.coordinator import (
     run_state_topic,
     run_state_validator,
 )
-from cnode.node.hub import (
-    HubError,
-    HubLogin,
-    HubRevision,
-    download_checkpoint,
-    load_hub_login,
-    upload_checkpoint,
-)
+from cnode.node.hub import HubLogin, load_hub_login
 from cnode.node.p2p import (
-    EnvelopeValidator,
     FetchError,
     P2PError,
     P2PNode,
     P2PSettings,
     PeerAdmission,
-    RejectedMessage,
     open_p2p_node,
 )
-from cnode.storage import CID, BlockStore, HFFolderError
+from cnode.storage import CID, BlockStore
 
 from . import limits
+from ._bans import KnownBans
+from ._catch_up import CatchUp
 from ._config import TrainingConfig
-from ._exceptions import (
-    BannedError,
-    CatchUpError,
-    PeerUpdateError,
-    RoundStalledError,
-    StateMismatchError,
-    TrainingConfigError,
-)
+from ._exceptions import RoundStalledError, StateMismatchError, TrainingConfigError
+from ._headers import HeaderCollector
 from ._report import Reporter
-from ._round import UPDATE_HEADER_TYPE, UpdateHeader, header_cid, open_update_header
+from ._round import UpdateHeader, header_cid
 from ._trainer import NodeTrainer
 
 __all__ = ["TrainSettings", "run_node"]
@@ -200,48 +184,6 @@ def _only_leaf(group: BaseExceptionGroup, *, done: bool) -> Exception | None:
     return None
 
 
-# Rounds ahead of the oldest round still wanted for which headers are kept (a joiner that
-# catches up can be a round or two behind the swarm).
-_HEADER_WINDOW = 4
-
-
-class _HeaderValidator(EnvelopeValidator):
-    """Accepts signed update headers of this run and keeps each envelope's bytes.
-
-    The pubsub layer hands subscribers the opened payload only; the checkpoint must name the
-    signed bytes by their CID, so the bytes are kept here, keyed by (round, signer).
-    """
-
-    def __init__(self, run: str, allow: Callable[[str], bool]) -> None:
-        super().__init__(UPDATE_HEADER_TYPE, allow=allow)
-        self.run = run
-        self.seen: dict[tuple[int, str], tuple[bytes, UpdateHeader]] = {}
-        self.lowest = 1  # headers of earlier rounds are refused (see forget_before)
-        self.arrived = trio.Event()
-
-    def validate(self, data: bytes, source: str) -> Opened:
-        opened = super().validate(data, source)
-        try:
-            header = open_update_header(data, run=self.run, signer=source)
-        except PeerUpdateError as exc:
-            raise RejectedMessage(exc.reason) from exc
-        # Bounded memory: only rounds near the node's own, at most MAX_ROUND_MEMBERS each.
-        if not self.lowest <= header.round <= self.lowest + _HEADER_WINDOW:
-            raise RejectedMessage(f"header for round {header.round}, outside the window")
-        if (header.round, header.peer) not in self.seen:
-            if sum(1 for r, _ in self.seen if r == header.round) >= limits.MAX_ROUND_MEMBERS:
-                raise RejectedMessage(f"round {header.round} already has MAX_ROUND_MEMBERS headers")
-            self.seen[(header.round, header.peer)] = (data, header)
-        self.arrived.set()
-        return opened
-
-    def forget_before(self, round_: int) -> None:
-        """Drop headers of rounds before ``round_`` and refuse them from now on."""
-        self.lowest = max(self.lowest, round_)
-        for key in [k for k in self.seen if k[0] < round_]:
-            del self.seen[key]
-
-
 class _Session:
     """The round loop of one node (see the module docstring)."""
 
@@ -259,9 +201,18 @@ class _Session:
         self.reporter = reporter
         self.every = every
         self.run_id = settings.run
-        self.banned: set[str] = set()
-        self.ban_reasons: dict[str, str] = {}
-        self.headers = _HeaderValidator(settings.run, self.allow)
+        self.bans = KnownBans()
+        self.headers = HeaderCollector(settings.run, self.allow)
+        self.catch_up = CatchUp(
+            run=settings.run,
+            trainer=trainer,
+            reporter=reporter,
+            bans=self.bans,
+            every=every,
+            workdir=settings.home / "tmp",
+            login=login,
+            hf_repo=settings.hf_repo,
+        )
         self.done = False  # every asked-for round is finished (set before the host shuts down)
         self.left = False  # SIGTERM/SIGINT: leave the current round and stop
         self.current_round: int | None = None  # joined and not yet aggregated
@@ -289,7 +240,7 @@ class _Session:
         self.reporter.event("left", round=round_)
 
     def allow(self, peer: str) -> bool:
-        return peer not in self.banned
+        return peer not in self.bans
 
     async def run(
         self,
@@ -316,7 +267,7 @@ class _Session:
             coordinator=run_config.coordinator,
             run=self.run_id,
             credential=lambda: client.token,
-            refused=lambda peer: peer in self.banned,
+            refused=lambda peer: peer in self.bans,
         )
         async with open_p2p_node(
             identity, store, p2p, allow=self.allow, admission=admission
@@ -374,11 +325,10 @@ class _Session:
                 except BadRunState as exc:  # signed, yet malformed: ignore it, polling goes on
                     log.warning("bad_run_state_on_gossip", error=str(exc))
                     continue
-                new = sorted({b.peer for b in bans} - self.banned)
+                new = self.bans.take(bans)
                 if new:
                     log.info("bans_from_gossip", peers=[p[-8:] for p in new])
                     self.reporter.event("ban_seen", peers=new, via="gossip")
-                self._take_bans(bans)
 
     async def _drain_headers(self, node: P2PNode) -> None:
         async with node.subscribe(updates_topic(self.run_id), self.headers) as sub:
@@ -391,135 +341,6 @@ class _Session:
         if pinned is not None:
             await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, pinned)
             self.reporter.event("resumed", round=self.trainer.round, manifest=str(pinned))
-
-    async def _checkpoint_for(
-        self, client: CoordinatorClient, need: int
-    ) -> CheckpointRecord | None:
-        """The coordinator's checkpoint of round ``need``, or the latest (None: none yet) if
-        none of ``need`` will come.
-
-        A checkpoint of ``need`` comes when ``need`` is a multiple of ``checkpoint_every`` (the
-        coordinator's Cooldown waits for it); for other rounds there is none to wait for.
-        """
-        with trio.fail_after(limits.CATCH_UP_FETCH_S):
-            while True:
-                state = await client.run_state()
-                self._take_bans(state.bans)
-                record = state.checkpoint
-                if need % self.every or (record is not None and record.round >= need):
-                    return record
-                await trio.sleep(limits.POLL_INTERVAL_S)
-
-    async def _catch_up(self, client: CoordinatorClient, node: P2PNode, round_: int) -> int:
-        """Get the state a round needs; return the round to train (not always ``round_``).
-
-        Round ``round_`` needs the state of ``round_ - 1``. When the coordinator holds no
-        checkpoint of that round (``checkpoint_every`` > 1, or the swarm moved on meanwhile),
-        the node leaves ``round_``, waits for the next checkpoint and joins the round after it
-        (its Warmup lets joiners in): it waits rather than replays, see
-        specs/training.md#late-join.
-        """
-        for _ in range(limits.CATCH_UP_ATTEMPTS):
-            record = await self._checkpoint_for(client, round_ - 1)
-            if record is not None and record.round == round_ - 1:
-                await self._fetch_checkpoint(node, record)
-                return round_
-            with trio.move_on_after(5):
-                try:
-                    await client.leave(round_)
-                except CoordinatorRejected as exc:  # e.g. the round is over already
-                    log.info("leave_refused", round=round_, error=str(exc))
-            have = -1 if record is None else record.round
-            # Older: wait for the next checkpoint round. Newer (the swarm moved on while this
-            # node waited): join the current round at once, it needs that checkpoint.
-            want = have if have >= round_ - 1 else -(-(round_ - 1) // self.every) * self.every
-            self.reporter.event("waiting_for_checkpoint", round=round_, have=have, want=want)
-            log.info("waiting_for_checkpoint", round=round_, have=have, want=want)
-            with trio.fail_after(limits.CHECKPOINT_WAIT_S):
-                while have < want:
-                    await trio.sleep(limits.POLL_INTERVAL_S * 5)
-                    state = await client.run_state()
-                    self._take_bans(state.bans)
-                    have = -1 if state.checkpoint is None else state.checkpoint.round
-            round_ = await client.join_round()
-            bind_context(round=round_)
-        raise CatchUpError(
-            f"no checkpoint matched the round this node was placed in after "
-            f"{limits.CATCH_UP_ATTEMPTS} tries (last: round {round_})"
-        )
-
-    async def _fetch_checkpoint(self, node: P2PNode, record: CheckpointRecord) -> None:
-        """Fetch ``record``'s checkpoint from peers (the Hub as fallback), verify, adopt."""
-        began = time.monotonic()
-        need = record.round
-        cid = CID.parse(record.manifest)
-        # Blocks are verified whoever serves them, but banned peers are not asked at all.
-        peers = [p for p in node.connected_peers() if p not in self.banned]
-        fetched: dict[str, object] = {}
-        try:
-            with trio.fail_after(limits.CATCH_UP_FETCH_S):
-                report = await node.fetch(cid, holders=peers)
-            fetched = {
-                "source": "peers",
-                "fetch_seconds": report.seconds,
-                "bytes": report.bytes,
-                "bytes_per_holder": dict(report.per_holder_bytes),
-                "dropped": dict(report.dropped),
-            }
-        except (FetchError, trio.TooSlowError) as exc:
-            if record.hf_repo is None:
-                raise CatchUpError(f"cannot fetch checkpoint {cid} of round {need}: {exc}") from exc
-            log.warning("catch_up_from_hub", manifest=str(cid), peers_error=str(exc))
-            fetched = await self._download_from_hub(cid, record, reason=str(exc))
-        await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, cid)
-        await node.announce_hold(cid)
-        self.reporter.event(
-            "caught_up",
-            round=need,
-            manifest=str(cid),
-            seconds=time.monotonic() - began,
-            **fetched,
-        )
-
-    async def _download_from_hub(
-        self, cid: CID, record: CheckpointRecord, *, reason: str
-    ) -> dict[str, object]:
-        """The fallback when no peer serves the checkpoint: the Hub commit the coordinator named.
-
-        The bytes are checked slice by slice against ``cid`` (signed by the coordinator), so
-        the Hub is trusted for availability only.
-        """
-        assert record.hf_repo is not None and record.hf_revision is not None
-        where = HubRevision(record.hf_repo, record.hf_revision)
-        token = self.login.token if self.login is not None else None
-
-        def download() -> int:
-            workdir = self.settings.home / "tmp"
-            return download_checkpoint(self.trainer.store, cid, where, workdir=workdir, token=token)
-
-        began = time.monotonic()
-        try:
-            with trio.fail_after(limits.CATCH_UP_FETCH_S):
-                # Abandoned on timeout: what it stores later is verified, and harmless. (mypy
-                # cannot match a keyword after trio's Unpack[Ts] *args: hence the ignore.)
-                size = await trio.to_thread.run_sync(
-                    download,
-                    abandon_on_cancel=True,  # type: ignore[call-arg]
-                )
-        except (HubError, HFFolderError, trio.TooSlowError) as exc:
-            raise CatchUpError(
-                f"cannot fetch checkpoint {cid}: no peer served it ({reason}), and from "
-                f"{where.repo}@{where.revision[:12]}: {exc}"
-            ) from exc
-        return {
-            "source": "hub",
-            "hub": f"{where.repo}@{where.revision}",
-            "fetch_seconds": time.monotonic() - began,
-            "bytes": size,
-            "bytes_per_holder": {},
-            "dropped": {},
-            "peers_error": reason,
-        }
 
     async def _one_round(self, client: CoordinatorClient, node: P2PNode) -> bool:
         """Play one round; True when the node is done."""
@@ -534,7 +355,7 @@ class _Session:
             await client.leave(round_)  # joined too late for the rounds it was asked to train
             return True
         if round_ != trainer.round + 1:
-            round_ = self.current_round = await self._catch_up(client, node, round_)
+            round_ = self.current_round = await self.catch_up.state_for(client, node, round_)
             if stop and round_ > stop:
                 await client.leave(round_)
                 return True
@@ -562,7 +383,8 @@ class _Session:
         headers, dropped = await self._fetch_updates(node, round_, members)
         if any("FORBIDDEN" in why for why in dropped.values()):
             await self._refresh_bans(client)  # refused by holders: banned, and not told yet?
-        self.check_not_banned()  # peers refuse a banned node's fetches: say why, not "0 updates"
+        # Peers refuse a banned node's fetches: say why, not "no valid update".
+        self.bans.check_not_banned(trainer.peer, self.run_id)
         trainer.check_agreement(round_, {peer: header for peer, (_, header) in headers.items()})
         t_fetch = time.monotonic() - began
         began = time.monotonic()
@@ -661,7 +483,7 @@ class _Session:
         different manifest for the same round means a different state, and that is fatal.
         """
         if self.settings.checkpointer:
-            hub = await self._upload_to_hub(round_, manifest)
+            hub = await self.catch_up.archive(round_, manifest)
             try:
                 await client.submit_checkpoint(
                     epoch=epoch,
@@ -691,41 +513,6 @@ class _Session:
                 await trio.sleep(limits.POLL_INTERVAL_S)
         log.warning("checkpoint_not_confirmed", round=round_, manifest=str(manifest))
 
-    async def _upload_to_hub(self, round_: int, manifest: CID) -> HubRevision | None:
-        """With ``--hf-repo``: upload the checkpoint; a Hub failure is logged, never fatal.
-
-        The swarm does not need the Hub (peers serve checkpoints); a checkpoint without its Hub
-        copy only loses the fallback for joiners that find no peer.
-        """
-        repo = self.settings.hf_repo
-        if repo is None or self.login is None:
-            return None
-        began = time.monotonic()
-        try:
-            where = await trio.to_thread.run_sync(
-                partial(
-                    upload_checkpoint,
-                    self.trainer.store,
-                    manifest,
-                    repo=repo,
-                    token=self.login.token,
-                    message=f"cnode run {self.run_id} round {round_}: {manifest}",
-                    workdir=self.settings.home / "tmp",
-                )
-            )
-        except HubError as exc:
-            log.warning("hub_upload_failed", round=round_, repo=repo, error=str(exc))
-            self.reporter.event("hub_upload_failed", round=round_, repo=repo, error=str(exc))
-            return None
-        self.reporter.event(
-            "hub_uploaded",
-            round=round_,
-            repo=repo,
-            revision=where.revision,
-            seconds=time.monotonic() - began,
-        )
-        return where
-
     async def _report_ban(self, client: CoordinatorClient, ban: BanRecommendation) -> None:
         payload = ban.to_payload()
         try:
@@ -745,17 +532,4 @@ class _Session:
         )
 
     async def _refresh_bans(self, client: CoordinatorClient) -> None:
-        self._take_bans((await client.run_state()).bans)
-
-    def _take_bans(self, bans: list[BanRecord]) -> None:
-        """The signed state's bans replace ours; a ban of this very node ends its run."""
-        self.banned = {b.peer for b in bans}
-        self.ban_reasons = {b.peer: b.reason for b in bans}
-
-    def check_not_banned(self) -> None:
-        """Raise BannedError if the coordinator banned this node (peers refuse it from then on)."""
-        if self.trainer.peer in self.banned:
-            raise BannedError(
-                f"the coordinator banned this node from run {self.run_id!r}: "
-                f"{self.ban_reasons.get(self.trainer.peer, 'no reason given')}"
-            )
+        self.bans.take((await client.run_state()).bans)
