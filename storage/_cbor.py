@@ -1,15 +1,12 @@
 """Strict canonical DAG-CBOR: the one encode and one decode path for structured blocks.
 
-See specs/manifest.md#dag-cbor. Size is bounded first; then :func:`_scan` walks the item heads
-iteratively (no recursion, no values built) to bound nesting depth and to make sure exactly one
-complete item fills the bytes. Only then does the ``dag_cbor`` package decode (it refuses
-NaN/Infinity, 16/32-bit floats, non-minimal integers, unsorted or non-string map keys and tags
-other than 42); the result is re-encoded and the bytes compared, so exactly one encoding of any
-value is accepted. Errors of ``dag_cbor`` and ``multiformats`` stay inside this module: they
-become CBORDecodeError.
-
-``_scan`` is the same walk as ``cnode.auth._cbor._scan`` (which also counts items); the two layers
-do not import each other, so each keeps its copy.
+See specs/manifest.md#dag-cbor. Size is bounded first; then ``cnode._cbor_scan.scan_items`` (the
+walk ``auth`` runs too) checks the item heads iteratively (no recursion, no values built) to
+bound nesting depth and to make sure exactly one complete item fills the bytes. Only then does
+the ``dag_cbor`` package decode (it refuses NaN/Infinity, 16/32-bit floats, non-minimal
+integers, unsorted or non-string map keys and tags other than 42); the result is re-encoded and
+the bytes compared, so exactly one encoding of any value is accepted. Errors of ``dag_cbor`` and
+``multiformats`` stay inside this module: they become CBORDecodeError.
 """
 
 from __future__ import annotations
@@ -20,6 +17,8 @@ import dag_cbor
 import multiformats
 from dag_cbor.decoding.err import CBORDecodingError
 from dag_cbor.encoding.err import CBOREncodingError
+
+from cnode._cbor_scan import CBORShapeError, dag_cbor_error_summary, scan_items
 
 from . import limits
 from ._cid import CID, from_ipld, to_ipld
@@ -45,7 +44,7 @@ def _to_ipld(value: Any, depth: int) -> Any:
 
 
 def _from_ipld(value: Any) -> Any:
-    """Links to :class:`CID`; recursion is bounded because :func:`_scan` bounded the depth."""
+    """Links to :class:`CID`; recursion is bounded because ``scan_items`` bounded the depth."""
     if isinstance(value, multiformats.CID):
         try:
             return from_ipld(value)
@@ -56,69 +55,6 @@ def _from_ipld(value: Any) -> Any:
     if isinstance(value, list):
         return [_from_ipld(v) for v in value]
     return value
-
-
-def _scan(data: bytes) -> None:
-    """Check the item structure of ``data`` without building values; CBORDecodeError if bad.
-
-    Refuses truncation, bytes after the item, indefinite lengths and reserved heads, and arrays
-    or maps nested deeper than MAX_CBOR_DEPTH (empty ones open no level).
-    """
-    pos, n = 0, len(data)
-    stack: list[int] = []  # items still to read in each open array/map (maps count 2 per entry)
-    while True:
-        if pos >= n:
-            raise CBORDecodeError("malformed DAG-CBOR: truncated, the data ends inside an item")
-        major, info = data[pos] >> 5, data[pos] & 0x1F
-        pos += 1
-        if info < 24:
-            arg = info
-        elif info <= 27:
-            size = 1 << (info - 24)
-            if pos + size > n:
-                raise CBORDecodeError("malformed DAG-CBOR: truncated inside an item head")
-            arg = int.from_bytes(data[pos : pos + size], "big")
-            pos += size
-        else:
-            raise CBORDecodeError("malformed DAG-CBOR: indefinite-length or reserved item head")
-        if major in (2, 3):  # byte string, text string
-            if arg > n - pos:
-                raise CBORDecodeError("malformed DAG-CBOR: truncated, a string runs past the end")
-            pos += arg
-        elif major in (4, 5):  # array, map
-            count = arg * (2 if major == 5 else 1)
-            if count > n - pos:  # every item takes at least one byte
-                raise CBORDecodeError(
-                    "malformed DAG-CBOR: truncated, a container claims more items than bytes"
-                )
-            if count:
-                if len(stack) >= limits.MAX_CBOR_DEPTH:
-                    raise CBORDecodeError(
-                        f"DAG-CBOR nested deeper than MAX_CBOR_DEPTH {limits.MAX_CBOR_DEPTH}"
-                    )
-                stack.append(count)
-                continue
-        elif major == 6:  # tag: the tagged item follows as the next item
-            continue
-        while stack:  # a complete item ended: close the containers it completes
-            stack[-1] -= 1
-            if stack[-1]:
-                break
-            stack.pop()
-        if not stack:
-            break
-    if pos != n:
-        raise CBORDecodeError(f"malformed DAG-CBOR: {n - pos} bytes after the end of the item")
-
-
-def _summary(exc: Exception) -> str:
-    """The prose lines of a dag_cbor error, without its byte-dump lines."""
-    lines = [
-        line.strip()
-        for line in str(exc).splitlines()
-        if line.strip() and "^" not in line and not line.strip().startswith(("At byte", "Key at"))
-    ]
-    return " ".join(lines)[:300] or type(exc).__name__
 
 
 def encode(value: Any) -> bytes:
@@ -146,11 +82,14 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
             f"DAG-CBOR node of {len(data)} bytes exceeds MAX_BLOCK_SIZE {limits.MAX_BLOCK_SIZE}"
         )
     raw = bytes(data)
-    _scan(raw)
+    try:
+        scan_items(raw, max_depth=limits.MAX_CBOR_DEPTH)
+    except CBORShapeError as exc:
+        raise CBORDecodeError(f"malformed DAG-CBOR: {exc}") from exc
     try:
         value = dag_cbor.decode(raw)
     except CBORDecodingError as exc:
-        first = _summary(exc)
+        first = dag_cbor_error_summary(exc)
         if "canonical" in str(exc) or "would have been enough" in str(exc):
             raise NonCanonicalCBORError(f"non-canonical DAG-CBOR: {first}") from exc
         raise CBORDecodeError(f"malformed DAG-CBOR: {first}") from exc
