@@ -26,7 +26,7 @@ import shutil
 import struct
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import structlog
 
@@ -116,6 +116,14 @@ def export_hf(
         shutil.rmtree(tmp, ignore_errors=True)
     log.info("hf_exported", manifest=str(manifest_cid), path=str(out_dir))
     return out_dir
+
+
+def _open(path: Path) -> BinaryIO:
+    """``path`` opened for reading; HFFolderError naming it if it cannot be."""
+    try:
+        return open(path, "rb")
+    except OSError as exc:
+        raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
 
 
 def _read_small(path: Path, limit: int) -> bytes:
@@ -242,11 +250,7 @@ def import_hf(
     plans = []
     seen: set[str] = set()
     for path in weights:
-        try:
-            f = open(path, "rb")  # noqa: SIM115 - closed right below
-        except OSError as exc:
-            raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
-        with f:
+        with _open(path) as f:
             start, entries = _st_entries(path, f)
         for name, *_ in entries:
             if name in seen:
@@ -281,14 +285,10 @@ def read_hf_manifest(store: BlockStore, folder: Path, manifest_cid: CID) -> Mani
     to fetch (and how large each file may be) before fetching it. Raises HFFolderError.
     """
     path = Path(folder) / MANIFEST_CAR
-    try:
-        size = path.stat().st_size
+    with _open(path) as f:
+        size = os.fstat(f.fileno()).st_size
         if size > limits.MAX_MANIFEST_SIZE + limits.MAX_CAR_HEADER_SIZE:
             raise HFFolderError(f"{path.name} is {size} bytes, over MAX_MANIFEST_SIZE")
-        f = open(path, "rb")  # noqa: SIM115 - closed right below
-    except OSError as exc:
-        raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
-    with f:
         try:
             root = read_header(f)
             if root != manifest_cid:
@@ -352,11 +352,7 @@ def import_hf_verified(
     folder = Path(folder)
     manifest = read_hf_manifest(store, folder, manifest_cid)
     path = folder / WEIGHTS
-    try:
-        f = open(path, "rb")  # noqa: SIM115 - closed right below
-    except OSError as exc:
-        raise HFFolderError(f"cannot read {path}: {exc.strerror}") from exc
-    with f:
+    with _open(path) as f:
         start, entries = _st_entries(path, f)
         where = {name: (dtype, shape, begin, end) for name, dtype, shape, begin, end in entries}
         if set(where) != {layer.name for layer in manifest.layers}:
@@ -378,11 +374,7 @@ def import_hf_verified(
             if on_progress is not None:
                 on_progress(layer.nbytes)
     for name, ref in manifest.tokenizer_files.items():
-        try:
-            g = open(folder / name, "rb")  # noqa: SIM115 - closed right below
-        except OSError as exc:
-            raise HFFolderError(f"cannot read {folder / name}: {exc.strerror}") from exc
-        with g:
+        with _open(folder / name) as g:
             if os.fstat(g.fileno()).st_size != ref.size:
                 raise HFFolderError(f"{name} is not the manifest's ({ref.size} bytes)")
             _verified_chunks(store, g, ref.size, ref.chunks, name)
