@@ -22,10 +22,10 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
-from cnode.node.p2p import DialError, FetchProgress, FetchReport, P2PSettings, open_p2p_node
+from cnode.node.p2p import FetchProgress, FetchReport, P2PSettings, open_p2p_node
 from cnode.storage import limits as storage_limits
 
-from ._serve import P2PCommandError, add_home, open_home, parse_cid
+from ._serve import P2PCommandError, add_home, connect_all, open_home, parse_cid
 
 log = structlog.get_logger(__name__)
 
@@ -67,15 +67,7 @@ def _fetch(args: argparse.Namespace) -> int:
     async def main() -> FetchReport:
         # Nobody fetches from a fetch-only node; refuse them all.
         async with open_p2p_node(identity, store, settings, allow=lambda _peer: False) as node:
-            holders = []
-            for address in peers:
-                try:
-                    with trio.fail_after(10):
-                        holders.append(await node.connect(address))
-                except (DialError, trio.TooSlowError) as exc:
-                    log.warning("holder_unreachable", address=address, error=str(exc))
-            if not holders:
-                raise P2PCommandError(f"none of the {len(peers)} peers could be reached")
+            holders = await connect_all(node, peers)
             with progress:
                 task = progress.add_task("fetch", total=None, holders=0, pending="?")
 

@@ -16,15 +16,12 @@ import structlog
 import trio
 from rich.console import Console
 
-from cnode.node.p2p import DialError, FetchError, P2PNode, P2PSettings, open_p2p_node
+from cnode.node.p2p import FetchError, P2PSettings, open_p2p_node
 from cnode.storage import CID, BlockStore
 
-from ._serve import P2PCommandError, open_home
+from ._serve import P2PCommandError, connect_all, open_home
 
 log = structlog.get_logger(__name__)
-
-# Seconds to connect to one peer given with --peer.
-_CONNECT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -63,20 +60,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen", default="/ip4/127.0.0.1/tcp/0", help="our listen multiaddr (with --peer)"
     )
-
-
-async def connect_all(node: P2PNode, addresses: list[str]) -> list[str]:
-    """Dial every address (bounded each); return the peer ids reached. P2PCommandError if none."""
-    reached = []
-    for address in addresses:
-        try:
-            with trio.fail_after(_CONNECT_S):
-                reached.append(await node.connect(address))
-        except (DialError, trio.TooSlowError) as exc:
-            log.warning("peer_unreachable", address=address, error=str(exc))
-    if not reached:
-        raise P2PCommandError(f"none of the {len(addresses)} peers could be reached")
-    return reached
 
 
 def fetch_inputs(args: argparse.Namespace, store: BlockStore, manifest: CID) -> tuple[int, int]:

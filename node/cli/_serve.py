@@ -23,12 +23,14 @@ import trio
 from cnode.auth import AuthError, Identity, load_identity
 from cnode.node._config import IDENTITY_FILE, NodeConfig, default_home, load_config
 from cnode.node._logging import bind_context
-from cnode.node.p2p import P2PError, P2PSettings, open_p2p_node
+from cnode.node.p2p import DialError, P2PError, P2PNode, P2PSettings, open_p2p_node
 from cnode.storage import CID, BlockStore, InvalidCIDError
 
 log = structlog.get_logger(__name__)
 
 CORRUPT_ENV = "CNODE_TESTING_CORRUPT_UPLOADS"
+# Seconds to connect to one peer named with --peer (fetch, verify --replay).
+CONNECT_S = 10.0
 
 
 class P2PCommandError(P2PError):
@@ -61,6 +63,20 @@ def open_home(args: argparse.Namespace) -> tuple[Path, NodeConfig, Identity, Blo
     if ephemeral:
         log.info("ephemeral_identity", reason=f"no {key}; run `cnode init` for a lasting one")
     return home, config, identity, BlockStore(config.blocks_dir(home))
+
+
+async def connect_all(node: P2PNode, addresses: list[str]) -> list[str]:
+    """Dial every address (bounded each); return the peer ids reached. P2PCommandError if none."""
+    reached = []
+    for address in addresses:
+        try:
+            with trio.fail_after(CONNECT_S):
+                reached.append(await node.connect(address))
+        except (DialError, trio.TooSlowError) as exc:
+            log.warning("peer_unreachable", address=address, error=str(exc))
+    if not reached:
+        raise P2PCommandError(f"none of the {len(addresses)} peers could be reached")
+    return reached
 
 
 def parse_cid(text: str) -> CID:
