@@ -14,7 +14,7 @@ import pytest
 from tests.support.fixtures import hf_hub  # noqa: F401 (fixture)
 from tests.support.hf_hub import FakeHub
 
-from .swarm import Swarm, final_states
+from .swarm import Node, Swarm, final_states
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +30,21 @@ def swarm(tmp_path: Path, hf_hub: FakeHub) -> Iterator[Swarm]:  # noqa: F811
         made.close()
 
 
+def _train_and_upload(swarm: Swarm, hub: FakeHub, *, rounds: int) -> Node:
+    """a (a checkpointer uploading to REPO) and b train ``rounds`` rounds and exit; return a."""
+    swarm.hf_login("a", "alice", hub.add_user("alice", orgs=["acme"]))
+    a = swarm.start("a", "--hf-repo", REPO, rounds=rounds, checkpointer=True)
+    b = swarm.start("b", rounds=rounds)
+    for node in (a, b):
+        assert swarm.wait_exit(node, timeout=120) == 0, swarm.describe()
+    return a
+
+
 def test_new_nodes_catch_up_from_the_hub_when_no_peer_serves(
     swarm: Swarm,
     hf_hub: FakeHub,  # noqa: F811
 ) -> None:
-    swarm.hf_login("a", "alice", hf_hub.add_user("alice", orgs=["acme"]))
-    a = swarm.start("a", "--hf-repo", REPO, rounds=2, checkpointer=True)
-    b = swarm.start("b", rounds=2)
-    for node in (a, b):
-        assert swarm.wait_exit(node, timeout=120) == 0, swarm.describe()
+    a = _train_and_upload(swarm, hf_hub, rounds=2)
 
     # Each checkpoint went to the Hub, and the coordinator names the commit of the last one.
     uploads = a.events("hub_uploaded")
@@ -72,11 +78,7 @@ def test_a_hub_serving_other_bytes_is_refused_loudly(
     swarm: Swarm,
     hf_hub: FakeHub,  # noqa: F811
 ) -> None:
-    swarm.hf_login("a", "alice", hf_hub.add_user("alice", orgs=["acme"]))
-    a = swarm.start("a", "--hf-repo", REPO, rounds=1, checkpointer=True)
-    b = swarm.start("b", rounds=1)
-    for node in (a, b):
-        assert swarm.wait_exit(node, timeout=120) == 0, swarm.describe()
+    _train_and_upload(swarm, hf_hub, rounds=1)
     record = swarm.run_state().checkpoint
     weights = bytearray(hf_hub.file(REPO, "model.safetensors", record.hf_revision))
     weights[-1] ^= 0x01
