@@ -23,6 +23,7 @@ import structlog
 from huggingface_hub import HfApi
 
 from cnode.auth import resolve_hf_endpoint
+from cnode.node._config import HF_BINDING_FILE, HF_TOKEN_FILE
 from cnode.storage import (
     CID,
     HF_MANIFEST_CAR,
@@ -40,9 +41,6 @@ __all__ = ["HubLogin", "HubRevision", "download_checkpoint", "load_hub_login", "
 
 log = structlog.get_logger(__name__)
 
-# Written by `cnode init --hf-login` (node/_config.py names the same files).
-_TOKEN_FILE = "hf_token"
-_BINDING_FILE = "hf_binding.cbor"
 _WEIGHTS = "model.safetensors"
 
 
@@ -71,7 +69,7 @@ def load_hub_login(home: Path) -> HubLogin | None:
     Raises HubLoginError when the token file is readable by others than its owner, or empty, or
     the binding is missing (a half-written login).
     """
-    token_path, binding_path = Path(home) / _TOKEN_FILE, Path(home) / _BINDING_FILE
+    token_path, binding_path = Path(home) / HF_TOKEN_FILE, Path(home) / HF_BINDING_FILE
     if not token_path.exists():
         return None
     try:
