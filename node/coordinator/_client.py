@@ -268,9 +268,7 @@ class CoordinatorClient:
             await self.join(**self._core._join_args)
         return await self._retrying(str(op), lambda: self._post_once(op, args, token=token))
 
-    async def _post_once(
-        self, op: Op, args: Mapping[str, Any], *, token: bool
-    ) -> dict[str, Any]:
+    async def _post_once(self, op: Op, args: Mapping[str, Any], *, token: bool) -> dict[str, Any]:
         for attempt in range(2):
             async with self._lock:
                 body = self._core.request_body(op, args, with_token=token)

@@ -274,9 +274,7 @@ class RunMachine:
             s.set_run(phase=str(Phase.COOLDOWN), phase_until=now + r.cooldown_s)
             self._log(now, "phase", phase=str(Phase.COOLDOWN), epoch=epoch, last_round=n)
 
-    def _agree(
-        self, n: int, members: list[str], reports: dict[str, list[str]], now: float
-    ) -> None:
+    def _agree(self, n: int, members: list[str], reports: dict[str, list[str]], now: float) -> None:
         """Decide round ``n``'s input set, once, for every node (specs/coordinator.md#agreement).
 
         A member's update is in when a strict majority of the members that reported hold it

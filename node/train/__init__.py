@@ -17,6 +17,7 @@ from ._config import TrainingConfig as TrainingConfig
 from ._data import TextData as TextData
 from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
+from ._exceptions import MissingUpdatesError as MissingUpdatesError
 from ._exceptions import PeerUpdateError as PeerUpdateError
 from ._exceptions import ReplayMismatchError as ReplayMismatchError
 from ._exceptions import RoundStalledError as RoundStalledError
@@ -45,6 +46,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "CatchUpError",
     "DataConfig",
     "LocalResult",
+    "MissingUpdatesError",
     "ModelConfig",
     "NodeTrainer",
     "PeerUpdateError",
