@@ -65,9 +65,7 @@ def test_every_node_survives_a_coordinator_kill_and_restart(
     tmp_path: Path, swarms: list[Swarm]
 ) -> None:
     rounds = 5
-    swarm = Swarm(
-        tmp_path, ["a", "b", "c"], min_participants=3, coordinator_port=_free_port()
-    )
+    swarm = Swarm(tmp_path, ["a", "b", "c"], min_participants=3, coordinator_port=_free_port())
     swarms.append(swarm)
     nodes = [swarm.start("a", rounds=rounds, checkpointer=True)]
     nodes += [swarm.start(name, rounds=rounds) for name in ("b", "c")]

@@ -54,7 +54,9 @@ def test_three_nodes_from_the_readme_train_together_without_bootstrap(
     people = ["alice", "bob", "carol"]
     for name in people:
         token = hf_hub.add_user(name)
-        _cnode("init", "--home", f"home-{name}", "--hf-login", "--token", token, env=env, cwd=tmp_path)
+        _cnode(
+            "init", "--home", f"home-{name}", "--hf-login", "--token", token, env=env, cwd=tmp_path
+        )
     port = _port()
     url = f"http://127.0.0.1:{port}"
     _cnode(
@@ -90,9 +92,7 @@ def test_three_nodes_from_the_readme_train_together_without_bootstrap(
             if i == 0:
                 cmd.append("--checkpointer")
             with (tmp_path / f"{name}.log").open("wb") as log:
-                nodes.append(
-                    subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=log)
-                )
+                nodes.append(subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=log, stderr=log))
         for name, proc in zip(people, nodes, strict=True):
             try:
                 code = proc.wait(timeout=300)
