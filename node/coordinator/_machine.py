@@ -277,10 +277,12 @@ class RunMachine:
     def _agree(self, n: int, members: list[str], reports: dict[str, list[str]], now: float) -> None:
         """Decide round ``n``'s input set, once, for every node (specs/coordinator.md#agreement).
 
-        A member's update is in when a strict majority of the members that reported hold it
-        (its author counts when it reported): then most of the swarm has the verified blocks
+        A member's update is in when a strict majority of the round's members report holding
+        it (its author counts when it reported): then most of the swarm has the verified blocks
         and can serve them to the rest. A minority that claims to hold an update cannot force
-        it in, and a minority that claims to lack one cannot keep it out.
+        it in, a minority that claims to lack one cannot keep it out, and members that stay
+        silent (crashed, cut off, wedged) count as not holding it: a lone reporter can never
+        make its own update the round.
         """
         headers = self.store.headers(n)
         agreed: list[str] = []
@@ -292,11 +294,12 @@ class RunMachine:
                 excluded[peer] = "sent no update header"
             else:
                 holders = sum(1 for missing in reports.values() if peer not in missing)
-                if 2 * holders > len(reports):
+                if 2 * holders > len(members):
                     agreed.append(peer)
                 else:
                     excluded[peer] = (
-                        f"update held by {holders} of the {len(reports)} members that reported"
+                        f"update held by {holders} of the round's {len(members)} members "
+                        f"({len(reports)} reported)"
                     )
         self.store.set_round(
             n,

@@ -39,6 +39,14 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
     the stale address's failure ends the dial, so a peer that came back on another port is
     unreachable for two minutes. :func:`dial_given_address` clears the peer's stored addresses
     before we connect to the address a caller names.
+11. ``BasicHost.new_stream`` resets a stream it failed to open (a timeout, or the caller's
+    cancel scope) inside a *shielded* cancel scope. On a connection whose writes are wedged —
+    the peer vanished without FIN or RST (a cut link, a blackholed route) while a transfer to
+    it filled the send buffer — the reset waits for the connection's write lock forever, and
+    the shield makes every caller's timeout useless: a round hung on one unreachable member.
+    :func:`bound_stream_resets` gives each ``NetStream.reset`` STREAM_RESET_S to send its
+    frame; the stream is marked reset and removed either way (the connection's own teardown
+    deals with what was not sent).
 """
 
 from __future__ import annotations
@@ -59,6 +67,7 @@ from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network import swarm as _swarm_module
+from libp2p.network.stream.net_stream import NetStream, StreamState
 from libp2p.peer.id import ID
 from libp2p.pubsub.gossipsub import PROTOCOL_ID as GOSSIPSUB_V10
 from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11 as GOSSIPSUB_V11
@@ -289,3 +298,26 @@ def dial_given_address(host: Any, peer_id: ID) -> None:
     first (connect adds the given one back).
     """
     host.get_peerstore().clear_addrs(peer_id)
+
+
+# -- 11. a stream reset on a wedged connection hangs, shielded -------------------------------------
+
+
+def bound_stream_resets() -> None:
+    """Bound ``NetStream.reset``'s frame send to STREAM_RESET_S (idempotent)."""
+    if getattr(NetStream.reset, "_cnode_bounded", False):
+        return
+
+    async def reset(self: NetStream) -> None:
+        # Inside the library's shielded scope this inner deadline still fires.
+        with trio.move_on_after(limits.STREAM_RESET_S) as scope:
+            with contextlib.suppress(Exception):  # as the original: a failed reset still resets
+                await self.muxed_stream.reset()
+        if scope.cancelled_caught:
+            log.info("stream_reset_not_sent", peer=str(self.muxed_conn.peer_id)[-8:])
+        async with self._state_lock:
+            self._state = StreamState.RESET
+        await self.remove()
+
+    reset._cnode_bounded = True  # type: ignore[attr-defined]
+    NetStream.reset = reset  # type: ignore[method-assign]

@@ -480,6 +480,7 @@ async def open_p2p_node(
     bootstrap peers that cannot be reached are logged and skipped.
     """
     _defects.remove_dial_delay()
+    _defects.bound_stream_resets()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,

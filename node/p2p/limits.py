@@ -85,3 +85,7 @@ SUBSCRIBER_BUFFER = 1024
 
 # Inbound connections a listener keeps open at once (live ones; closed ones free their slot).
 MAX_INBOUND_CONNECTIONS = 512
+
+# Seconds a stream reset may spend sending its frame (defect 11: on a wedged connection it would
+# wait forever, inside a shielded scope that no caller's timeout can cancel).
+STREAM_RESET_S = 2.0

@@ -80,7 +80,7 @@ class CatchUp:
             log.info("waiting_for_checkpoint", round=round_, have=have, want=want)
             with trio.fail_after(limits.CHECKPOINT_WAIT_S):
                 while have < want:
-                    await trio.sleep(limits.POLL_INTERVAL_S * 5)
+                    await trio.sleep(limits.SLOW_POLL_S)
                     state = await client.run_state()
                     self.bans.take(state.bans)
                     have = -1 if state.checkpoint is None else state.checkpoint.round

@@ -60,9 +60,9 @@ class UpdateExchange:
 
     async def collect(self, info: RoundInfo, *, until: float) -> Collected:
         """Get every listed member's header and update, until trio time ``until`` at the latest."""
-        await self.finder.dial_listed(info.addrs)
         got = Collected({}, {}, {})
         with trio.move_on_at(until):
+            await self.finder.dial_listed(info.addrs)
             await self._wait_gossip(info)
         members = [m for m in info.members if m != self.me]
         with trio.move_on_at(until):
@@ -81,8 +81,8 @@ class UpdateExchange:
         lacking = [m for m in agreed.agreed if m != self.me and m in got.missing]
         if lacking:
             log.info("fetching_agreed_updates", round=agreed.round, members=_short(lacking))
-            await self.finder.dial_listed(agreed.addrs)
             with trio.move_on_at(until):
+                await self.finder.dial_listed(agreed.addrs)
                 async with trio.open_nursery() as nursery:
                     for member in lacking:
                         got.missing.pop(member, None)
@@ -103,7 +103,7 @@ class UpdateExchange:
         with trio.move_on_after(limits.HEADER_WAIT_S):
             while not all((info.round, m) in self.gossip.seen for m in info.headers):
                 self.gossip.arrived = trio.Event()
-                with trio.move_on_after(1.0):
+                with trio.move_on_after(limits.HEADER_CHECK_S):
                     await self.gossip.arrived.wait()
 
     async def _get_one(self, info: RoundInfo, member: str, got: Collected, everyone: bool) -> None:

@@ -135,7 +135,7 @@ async def _wait_for_round(client: CoordinatorClient, round_: int) -> None:
             last = (await client.run_state()).last_round
             if last is not None and last.round >= round_:
                 return
-            await trio.sleep(limits.POLL_INTERVAL_S * 5)
+            await trio.sleep(limits.SLOW_POLL_S)
 
 
 class _Session:

@@ -176,8 +176,15 @@ def aggregate_round(
 
     Deterministic: the aggregation orders peers by id and the apply is one elementwise float32
     add per layer, so every honest node gets the same bytes.
+
+    A round whose agreed set is empty (nobody's update was held by a majority of its members)
+    applies nothing: the state stays the parent's, on every node alike.
     """
     rule = AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
+    if not updates:
+        unchanged = {name: t.clone() for name, t in parent.items()}
+        nothing = AggregationResult({}, {}, {"rule": config.aggregator, "accepted": 0})
+        return RoundResult(unchanged, state_cid(unchanged), nothing)
     result = aggregate(updates, expected=expected_specs(parent), config=rule)
     new: State = {}
     for name, base in parent.items():

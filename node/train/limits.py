@@ -58,5 +58,9 @@ CHECKPOINT_WAIT_S = 900.0
 AGREE_WAIT_S = 30.0
 # Seconds a node started with --join-after-round waits for that round (late-join testing).
 JOIN_WAIT_S = 3600.0
-# Seconds between two polls of the coordinator while waiting (a poll is one small HTTP request).
+# Seconds between two polls of the coordinator while waiting (a poll is one small HTTP request),
+# and while waiting long (for a round to be published before a late join, for a checkpoint).
 POLL_INTERVAL_S = 0.2
+SLOW_POLL_S = 1.0
+# Seconds between two looks at the headers gossip brought in, while waiting for stragglers.
+HEADER_CHECK_S = 1.0

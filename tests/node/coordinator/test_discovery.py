@@ -155,7 +155,9 @@ def test_the_agreed_set_is_what_a_strict_majority_of_reporters_holds(
         with trio.fail_after(10):
             agreed = await cd.wait_agreed(1)
         assert agreed.agreed == sorted([a.peer_id_str, b.peer_id_str, c.peer_id_str])
-        assert agreed.excluded == {d.peer_id_str: "update held by 1 of the 4 members that reported"}
+        assert agreed.excluded == {
+            d.peer_id_str: "update held by 1 of the round's 4 members (4 reported)"
+        }
         # The decision is final: a late report changes nothing.
         await cd.collected(1, missing=[])
         assert (await ca.round_info(1)).agreed == agreed.agreed
@@ -163,7 +165,7 @@ def test_the_agreed_set_is_what_a_strict_majority_of_reporters_holds(
     trio.run(main)
 
 
-def test_at_the_collect_deadline_the_silent_members_do_not_block_the_decision(
+def test_at_the_collect_deadline_silent_members_count_as_not_holding(
     serve: Any, peers: Any
 ) -> None:
     a, b = peers[0], peers[1]
@@ -174,8 +176,11 @@ def test_at_the_collect_deadline_the_silent_members_do_not_block_the_decision(
         await ca.collected(1, missing=[])  # b crashed after ready and never reports
         with trio.fail_after(10):
             agreed = await ca.wait_agreed(1)
-        # a holds both updates and is the only reporter: both are in.
-        assert agreed.agreed == sorted([a.peer_id_str, b.peer_id_str])
+        # a holds both updates, but one report of two members is no majority: a lone reporter
+        # cannot make the round (it might be the one cut off from everyone else).
+        assert agreed.agreed == []
+        why = agreed.excluded[a.peer_id_str]
+        assert why == "update held by 1 of the round's 2 members (1 reported)"
 
     trio.run(main)
 

@@ -49,7 +49,7 @@ def test_an_update_nobody_can_fetch_is_dropped_by_the_agreed_decision(
         for event in node.events("round"):
             # The same decision everywhere: a and b aggregated, w left out with the reason.
             assert event["members"] == sorted([a.peer, b.peer]), event
-            assert "held by 1 of the 3 members" in event["dropped"][w.peer], event
+            assert "held by 1 of the round's 3 members" in event["dropped"][w.peer], event
     # The nodes that aggregated fewer members than the round listed said so, naming it.
     assert "round_aggregates_fewer_members" in a.log.read_text()
     assert w.peer[-8:] in a.log.read_text()

@@ -1,0 +1,52 @@
+"""What a node advertises in its join: listen addresses, wildcards, --announce-addr, privacy."""
+
+from __future__ import annotations
+
+import pytest
+
+from cnode.auth import Identity
+from cnode.node.train import TrainingConfigError
+from cnode.node.train._peers import advertised_addrs
+
+PEER = Identity.generate().peer_id_str
+
+
+def test_a_specific_listen_address_is_advertised_with_the_peer_id() -> None:
+    got = advertised_addrs(
+        [f"/ip4/127.0.0.1/tcp/4101/p2p/{PEER}"], (), peer=PEER, allow_private=True
+    )
+    assert got == [f"/ip4/127.0.0.1/tcp/4101/p2p/{PEER}"]
+
+
+def test_private_listen_addresses_are_left_out_of_a_public_run() -> None:
+    assert advertised_addrs(["/ip4/127.0.0.1/tcp/4101"], (), peer=PEER, allow_private=False) == []
+
+
+def test_a_wildcard_expands_to_interface_addresses_not_loopback_when_there_are_others() -> None:
+    got = advertised_addrs(["/ip4/0.0.0.0/tcp/4001"], (), peer=PEER, allow_private=True)
+    assert got and all(a.endswith(f"/tcp/4001/p2p/{PEER}") for a in got)
+    assert "/ip4/0.0.0.0/" not in " ".join(got)
+    if len(got) > 1:
+        assert not any(a.startswith("/ip4/127.") for a in got)
+
+
+def test_announce_addr_replaces_the_listen_addresses() -> None:
+    got = advertised_addrs(
+        ["/ip4/0.0.0.0/tcp/4001"], ("/ip4/93.184.216.34/tcp/40001",), peer=PEER, allow_private=False
+    )
+    assert got == [f"/ip4/93.184.216.34/tcp/40001/p2p/{PEER}"]
+
+
+@pytest.mark.parametrize(
+    ("announce", "words"),
+    [
+        ("/ip4/10.0.0.1/tcp/4001", "is a private address"),
+        ("/ip4/93.184.216.34/udp/4001", "is not /ip4|ip6/ADDR/tcp/PORT"),
+        ("not a multiaddr", "is not a multiaddr"),
+        ("/ip4/0.0.0.0/tcp/4001", "cannot be dialed"),
+    ],
+)
+def test_a_bad_announce_addr_is_a_clear_config_error(announce: str, words: str) -> None:
+    with pytest.raises(TrainingConfigError, match="--announce-addr") as raised:
+        advertised_addrs([], (announce,), peer=PEER, allow_private=False)
+    assert words in str(raised.value)
