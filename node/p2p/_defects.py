@@ -320,4 +320,5 @@ def bound_stream_resets() -> None:
         await self.remove()
 
     reset._cnode_bounded = True  # type: ignore[attr-defined]
+    reset.__wrapped__ = NetStream.reset  # type: ignore[attr-defined]
     NetStream.reset = reset  # type: ignore[method-assign]

@@ -23,6 +23,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network import swarm as swarm_module
 from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.network.stream.net_stream import NetStream, StreamState
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
@@ -43,6 +44,7 @@ from cnode.node.p2p import (
     open_p2p_node,
 )
 from cnode.node.p2p import _defects as defects
+from cnode.node.p2p import limits as p2p_limits
 from cnode.storage import BlockStore
 
 LOOPBACK = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
@@ -500,3 +502,56 @@ def test_moved_peer_canary(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
 
 def test_moved_peer_dialed_at_the_given_address(tmp_path: Path) -> None:
     assert _connect_after_peer_moved(tmp_path) is True
+
+
+# -- 11. a stream reset on a wedged connection hangs, shielded ---------------------------------
+
+
+class _WedgedMuxedStream:
+    """A muxed stream whose connection cannot send: its reset frame never goes out (the write
+    lock is held by a transfer to a peer that vanished without FIN or RST)."""
+
+    class _Conn:
+        peer_id = ID(create_new_key_pair().public_key.serialize())
+
+    muxed_conn = _Conn()
+
+    async def reset(self) -> None:
+        await trio.sleep_forever()
+
+
+async def _reset_like_new_stream_does(stream: NetStream) -> None:
+    # BasicHost.new_stream's cleanup: a reset inside a shielded scope, which no caller's timeout
+    # reaches. Only a deadline inside the reset itself can end it.
+    with trio.CancelScope(shield=True):
+        await stream.reset()
+
+
+def test_wedged_reset_canary() -> None:
+    """py-libp2p 0.8.1: a shielded reset of a wedged stream ignores the caller's timeout."""
+
+    async def main() -> None:
+        stream = NetStream(_WedgedMuxedStream(), None, None)  # type: ignore[arg-type]
+        original = getattr(NetStream.reset, "__wrapped__", NetStream.reset)
+        began = trio.current_time()
+        with trio.move_on_after(0.5):  # the caller's timeout ...
+            with trio.CancelScope(shield=True, deadline=began + 2.0) as shielded:
+                await original(stream)  # ... cannot end this; only the test's own deadline does
+        assert shielded.cancelled_caught
+        assert trio.current_time() - began >= 2.0
+
+    trio.run(main)
+
+
+def test_wedged_reset_is_bounded() -> None:
+    defects.bound_stream_resets()
+    defects.bound_stream_resets()  # idempotent: one wrapper, not two
+
+    async def main() -> None:
+        stream = NetStream(_WedgedMuxedStream(), None, None)  # type: ignore[arg-type]
+        began = trio.current_time()
+        await _reset_like_new_stream_does(stream)
+        assert trio.current_time() - began < p2p_limits.STREAM_RESET_S + 2
+        assert stream._state is StreamState.RESET  # marked reset all the same
+
+    trio.run(main)
