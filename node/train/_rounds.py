@@ -87,6 +87,10 @@ class RoundLoop:
         bind_context(round=round_)
         if stop and round_ > stop:
             await leave_round(client, round_)  # joined too late for the rounds it was asked for
+            if self.gave_up is not None:  # and it never caught up with the swarm's state
+                raise CatchUpError(
+                    f"{self.gave_up}; the run passed round {stop} before this node caught up"
+                )
             return True
         if round_ != trainer.round + 1:
             round_ = self.current_round = await self._catch_up(round_)
