@@ -130,9 +130,10 @@ class UpdateExchange:
                 failure = str(exc)
             except (P2PError, StorageError) as exc:
                 failure = str(exc)
+            # Recorded now: when the phase's deadline cancels the next try, this is the reason.
+            got.missing[member] = f"update not fetched: {failure}"
             log.info("update_fetch_retry", member=member[-8:], attempt=attempt, error=failure)
             await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-        got.missing[member] = f"update not fetched: {failure}"
 
     def _holders(self, info: RoundInfo, member: str, everyone: bool) -> list[str]:
         if not everyone:
