@@ -31,6 +31,8 @@ from cnode.node._logging import bind_context, configure_logging
 
 from . import _admin, _checkpoint, _coordinator, _demo, _fetch, _init, _serve, _train
 
+__all__ = ["build_parser", "main", "run"]
+
 # Modules with a register(subparsers) for top-level commands, in the order --help lists them.
 _TOP_LEVEL: list[ModuleType] = [_init, _coordinator, _admin, _train, _demo]
 # Modules with a register(subparsers) for `cnode checkpoint ...` subcommands.

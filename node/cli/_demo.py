@@ -36,8 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _handle(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from cnode.node.train import TrainingConfigError
-    from cnode.node.train._demo import DemoSettings, run_demo
+    from cnode.node.train import DemoSettings, TrainingConfigError, run_demo
 
     if args.rounds < 2 or not 1 <= args.late_after < args.rounds:
         raise TrainingConfigError("--rounds must be >= 2 and 1 <= --late-after < --rounds")

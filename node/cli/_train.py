@@ -76,8 +76,7 @@ def _handle(args: argparse.Namespace) -> int:
     import trio
 
     from cnode.aggregation import ATTACKS
-    from cnode.node.train import TrainingConfigError
-    from cnode.node.train._loop import TrainSettings, run_node
+    from cnode.node.train import TrainingConfigError, TrainSettings, run_node
 
     home = args.home or default_home()
     config = load_config(home)
