@@ -74,7 +74,7 @@ def _imports(path: Path, package: str) -> Iterator[tuple[int, str]]:
 
 
 def _layer_of(name: str) -> str:
-    """``cnode.storage._car`` -> ``cnode.storage``; ``cnode._cbor_scan`` -> ``cnode``."""
+    """``cnode.storage._car`` -> ``cnode.storage``; ``cnode._cbor`` -> ``cnode``."""
     parts = name.split(".")
     if len(parts) > 1 and f"cnode.{parts[1]}" in LAYERS:
         return f"cnode.{parts[1]}"
