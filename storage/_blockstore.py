@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import re
 import secrets
@@ -33,7 +32,7 @@ from typing import Protocol
 import structlog
 
 from . import limits
-from ._cid import CID, RAW, compute_cid, verify_block
+from ._cid import CID, RAW, compute_cid, matches, new_hash, verify_block
 from ._exceptions import (
     BlockNotFoundError,
     CorruptBlockError,
@@ -213,7 +212,7 @@ class BlockStore:
                 data = f.read(size + 1)
         finally:
             os.close(fd)
-        if hashlib.sha256(data).digest() != cid.digest:
+        if not matches(cid, data):
             raise self._quarantine(cid, "hash mismatch")
         return data
 
@@ -244,7 +243,7 @@ class BlockStore:
         finally:
             if fd >= 0:
                 os.close(fd)
-        if got != size or hashlib.sha256(buffer).digest() != cid.digest:
+        if got != size or not matches(cid, buffer):
             raise self._quarantine(cid, "hash mismatch")
 
     def read_chunks(self, cid: CID, size: int = 65536) -> Iterator[bytes]:
@@ -275,7 +274,7 @@ class BlockStore:
                 self._quarantine(cid, f"{actual} bytes exceeds MAX_BLOCK_SIZE")
                 return "corrupt", actual
             buf = _buffer()
-            digest = hashlib.sha256()
+            digest = new_hash()
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
                 while n := f.readinto(buf):
                     digest.update(memoryview(buf)[:n])

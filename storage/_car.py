@@ -12,7 +12,6 @@ only then are the staged files renamed into place. A bad CAR leaves the store un
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import secrets
 import shutil
@@ -25,7 +24,16 @@ import structlog
 from . import _cbor, limits
 from ._blockstore import BlockStore
 from ._checkpoint import manifest_closure, read_manifest
-from ._cid import CID, DAG_CBOR, decode_cid_prefix
+from ._cid import (
+    CID,
+    DAG_CBOR,
+    MAX_VARINT_LEN,
+    VarintError,
+    decode_cid_prefix,
+    matches,
+    read_varint,
+    varint,
+)
 from ._exceptions import (
     BlockNotFoundError,
     CARError,
@@ -39,31 +47,20 @@ from ._verify import VerifyReport, verify_checkpoint
 log = structlog.get_logger(__name__)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _read_varint(f: BinaryIO, what: str) -> int | None:
-    """Read a minimal varint; None at a clean end of file."""
-    value = 0
-    for i in range(9):
+    """Read a minimal varint (``_cid.read_varint``); None at a clean end of file."""
+    head = bytearray()
+    while len(head) < MAX_VARINT_LEN and (not head or head[-1] & 0x80):
         b = f.read(1)
         if not b:
-            if i == 0:
+            if not head:
                 return None
             raise CARError(f"truncated CAR: file ends inside the length of {what}")
-        value |= (b[0] & 0x7F) << (7 * i)
-        if not b[0] & 0x80:
-            if b[0] == 0 and i:
-                raise CARError(f"malformed CAR: non-minimal length of {what}")
-            return value
-    raise CARError(f"malformed CAR: length of {what} is too long")
+        head += b
+    try:
+        return read_varint(head, 0)[0]
+    except VarintError as exc:
+        raise CARError(f"malformed CAR: length of {what}: {exc}") from None
 
 
 def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
@@ -161,11 +158,11 @@ def _write_car(
     """Write header and every block of ``closure`` to ``tmp``, fsynced."""
     with open(tmp, "wb") as f:
         header = _cbor.encode({"roots": [manifest_cid], "version": 1})
-        f.write(_varint(len(header)) + header)
+        f.write(varint(len(header)) + header)
         for cid in closure:
             data = store.get(cid)
             cid_bytes = bytes(cid)
-            f.write(_varint(len(cid_bytes) + len(data)) + cid_bytes)
+            f.write(varint(len(cid_bytes) + len(data)) + cid_bytes)
             f.write(data)
             if on_progress is not None:
                 on_progress(len(data))
@@ -227,7 +224,7 @@ def import_car(
             for cid, data in iter_sections(f):
                 if len(data) > limits.MAX_BLOCK_SIZE:
                     raise CARError(f"{path.name}: block {cid} exceeds MAX_BLOCK_SIZE")
-                if hashlib.sha256(data).digest() != cid.digest:
+                if not matches(cid, data):
                     raise CARError(f"{path.name}: block {cid} does not match its CID")
                 staged.add(cid, data)
                 if on_progress is not None:
@@ -264,7 +261,7 @@ class _CarView:
         self.bad: set[CID] = set()
 
     def add(self, cid: CID, data: bytes) -> None:
-        if hashlib.sha256(data).digest() != cid.digest:
+        if not matches(cid, data):
             self.bad.add(cid)
             return
         self.sizes[cid] = len(data)

@@ -18,8 +18,8 @@ from cnode.storage import (
     save_checkpoint,
     verify_car,
 )
-from cnode.storage._car import _varint
 from cnode.storage._cbor import encode
+from cnode.storage._cid import varint
 
 from .conftest import meta, small_state, snapshot
 
@@ -63,9 +63,9 @@ def _sections(path: Path) -> tuple[bytes, list[tuple[bytes, bytes]]]:
 
 
 def _write(path: Path, header: bytes, sections: list[tuple[bytes, bytes]]) -> Path:
-    out = _varint(len(header)) + header
+    out = varint(len(header)) + header
     for cid, block in sections:
-        out += _varint(len(cid) + len(block)) + cid + block
+        out += varint(len(cid) + len(block)) + cid + block
     path.write_bytes(out)
     return path
 
