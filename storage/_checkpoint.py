@@ -33,6 +33,7 @@ from ._manifest import (
     PartialLayer,
     check_file_name,
     check_layer_name,
+    iter_chunks,
     parse_chunk_page,
     parse_layer_page,
     parse_root,
@@ -47,10 +48,7 @@ log = structlog.get_logger(__name__)
 
 def write_chunks(store: BlockStore, data: memoryview) -> tuple[CID, ...]:
     """Cut ``data`` into CHUNK_SIZE slices and store each; return their CIDs."""
-    return tuple(
-        store.put_new(data[off : off + limits.CHUNK_SIZE], RAW)
-        for off in range(0, len(data), limits.CHUNK_SIZE)
-    )
+    return tuple(store.put_new(chunk, RAW) for chunk in iter_chunks(data))
 
 
 def write_stream(store: BlockStore, stream: BinaryIO, nbytes: int, what: str) -> tuple[CID, ...]:
@@ -183,6 +181,13 @@ def load_layer(store: BlockStore, layer: Layer) -> torch.Tensor:
     from ._tensors import load_layer as load
 
     return load(store, layer)
+
+
+def tensor_layer(name: str, tensor: torch.Tensor) -> Layer:
+    """The manifest entry ``save_checkpoint`` would write for ``tensor``, without storing it."""
+    from ._tensors import tensor_layer as layer
+
+    return layer(name, tensor)
 
 
 def load_checkpoint(

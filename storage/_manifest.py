@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,16 @@ def check_file_name(name: object) -> str:
             f"bad file name {name!r}: plain names only, not {', '.join(sorted(_RESERVED_FILES))}"
         )
     return name
+
+
+def iter_chunks(data: memoryview) -> Iterator[memoryview]:
+    """The ``CHUNK_SIZE`` slices a layer's bytes are cut into: the one chunking rule.
+
+    The last slice may be shorter; an empty tensor has none. Checkpoints and state CIDs both cut
+    here, so their chunk CIDs agree.
+    """
+    for off in range(0, len(data), limits.CHUNK_SIZE):
+        yield data[off : off + limits.CHUNK_SIZE]
 
 
 def chunk_count(nbytes: int) -> int:
