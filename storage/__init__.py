@@ -12,8 +12,6 @@ from ._checkpoint import CheckpointInfo as CheckpointInfo
 from ._checkpoint import list_checkpoints as list_checkpoints
 from ._checkpoint import load_checkpoint as load_checkpoint
 from ._checkpoint import load_layer as load_layer
-from ._checkpoint import manifest_closure as manifest_closure
-from ._checkpoint import missing_blocks as missing_blocks
 from ._checkpoint import read_file as read_file
 from ._checkpoint import read_manifest as read_manifest
 from ._checkpoint import read_tokenizer_files as read_tokenizer_files
@@ -52,6 +50,8 @@ from ._state import state_cid_of_layers as state_cid_of_layers
 from ._verify import Fault as Fault
 from ._verify import VerifyReport as VerifyReport
 from ._verify import verify_checkpoint as verify_checkpoint
+from ._walk import manifest_closure as manifest_closure
+from ._walk import missing_blocks as missing_blocks
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_exports.py)
     "AggregationRecord",

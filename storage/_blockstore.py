@@ -40,20 +40,13 @@ from ._exceptions import (
     ManifestError,
     StorageError,
 )
+from ._walk import BlockReader, reachable_blocks
 
 log = structlog.get_logger(__name__)
 
 # Temp files older than this are left-overs of a crashed writer and are removed on open.
 _STALE_TMP_S = 3600.0
 _PIN_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
-
-
-class BlockReader(Protocol):
-    """What reading a manifest needs: a BlockStore, or a view over staged CAR blocks."""
-
-    def has(self, cid: CID) -> bool: ...
-
-    def get(self, cid: CID) -> bytes: ...
 
 
 class BlockChecker(BlockReader, Protocol):
@@ -367,7 +360,6 @@ class BlockStore:
         updates its aggregation record names: pin those separately to keep them). Run it while no
         checkpoint is being saved: blocks of a not-yet-pinned checkpoint are unpinned.
         """
-        from ._checkpoint import reachable_blocks  # the manifest schema lives there
 
         with self._lock():
             live: set[CID] = set()

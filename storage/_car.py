@@ -23,7 +23,7 @@ import structlog
 
 from . import _cbor, limits
 from ._blockstore import BlockStore
-from ._checkpoint import manifest_closure, read_manifest
+from ._checkpoint import read_manifest
 from ._cid import (
     CID,
     DAG_CBOR,
@@ -43,6 +43,7 @@ from ._exceptions import (
     StorageError,
 )
 from ._verify import VerifyReport, verify_checkpoint
+from ._walk import manifest_closure
 
 log = structlog.get_logger(__name__)
 

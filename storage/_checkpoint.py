@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, BinaryIO
 import structlog
 
 from . import limits
-from ._blockstore import BlockReader, BlockStore
+from ._blockstore import BlockStore
 from ._cid import CID, DAG_CBOR, RAW
 from ._encode import DEFAULT_LAYOUT, ManifestLayout, encode_manifest
 from ._exceptions import (
@@ -30,15 +30,12 @@ from ._manifest import (
     FileRef,
     Layer,
     Manifest,
-    PartialLayer,
     check_file_name,
     check_layer_name,
     iter_chunks,
-    parse_chunk_page,
-    parse_layer_page,
     parse_root,
-    resolve,
 )
+from ._walk import BlockReader, missing_blocks, resolve
 
 if TYPE_CHECKING:  # torch is imported only by the functions that need it (fast CLI start)
     import torch
@@ -209,60 +206,6 @@ def read_file(store: BlockStore, ref: FileRef) -> bytes:
 
 def read_tokenizer_files(store: BlockStore, manifest: Manifest) -> dict[str, bytes]:
     return {name: read_file(store, ref) for name, ref in manifest.tokenizer_files.items()}
-
-
-def _held_node(store: BlockReader, cid: CID) -> bytes | None:
-    try:
-        return store.get(cid)
-    except (BlockNotFoundError, CorruptBlockError):
-        return None
-
-
-def manifest_closure(store: BlockReader, manifest_cid: CID) -> list[CID]:
-    """Every block the manifest needs that can be known from what is held, in fetch order.
-
-    Root, layer pages, each layer's chunk pages and chunks, then side-file chunks. Pages not
-    held end the walk below them. Raises ManifestError if a held node breaks the schema.
-    """
-    out: dict[CID, None] = {manifest_cid: None}
-    data = _held_node(store, manifest_cid)
-    if data is None:
-        return list(out)
-    root = parse_root(data)
-    partials: list[PartialLayer] = list(root.layers)
-    for page in root.layer_pages:
-        out[page] = None
-        page_data = _held_node(store, page)
-        if page_data is not None:
-            partials.extend(parse_layer_page(page_data))
-    for p in partials:
-        for page in p.chunk_pages:
-            out[page] = None
-            page_data = _held_node(store, page)
-            if page_data is not None:
-                out.update(dict.fromkeys(parse_chunk_page(page_data)))
-        out.update(dict.fromkeys(p.chunks))
-    for ref in root.meta.tokenizer_files.values():
-        out.update(dict.fromkeys(ref.chunks))
-    return list(out)
-
-
-def missing_blocks(store: BlockReader, manifest_cid: CID) -> list[CID]:
-    """Blocks the manifest needs that are not held, as far as is known from what is held.
-
-    Incremental: an absent root gives ``[root]``; absent pages are listed, not their content.
-    A fetcher loops fetch/missing_blocks until the list is empty.
-    """
-    return [cid for cid in manifest_closure(store, manifest_cid) if not store.has(cid)]
-
-
-def reachable_blocks(store: BlockReader, manifest_cid: CID) -> set[CID]:
-    """Held blocks gc must keep for this root (a root that is not a manifest keeps itself)."""
-    try:
-        closure = manifest_closure(store, manifest_cid)
-    except ManifestError:
-        closure = [manifest_cid]
-    return {cid for cid in closure if store.has(cid)}
 
 
 @dataclass(frozen=True)

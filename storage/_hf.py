@@ -33,10 +33,11 @@ import structlog
 from . import limits
 from ._blockstore import BlockStore
 from ._car import export_car, iter_sections, read_header
-from ._checkpoint import missing_blocks, read_file, read_manifest, save_layers, write_stream
+from ._checkpoint import read_file, read_manifest, save_layers, write_stream
 from ._cid import CID, DAG_CBOR, compute_cid
 from ._exceptions import CARError, CheckpointError, HFFolderError, ManifestError
 from ._manifest import DTYPES, CheckpointMeta, Layer, Manifest, check_layer_name
+from ._walk import missing_blocks
 
 log = structlog.get_logger(__name__)
 
