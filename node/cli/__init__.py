@@ -26,7 +26,8 @@ import structlog
 
 from cnode import CnodeError, __version__
 from cnode.auth import AuthError, load_identity
-from cnode.node._config import IDENTITY_FILE, ConfigError, default_home, load_config
+from cnode.node._config import IDENTITY_FILE, default_home, load_config
+from cnode.node._exceptions import ConfigError
 from cnode.node._logging import bind_context, configure_logging
 
 from . import _admin, _checkpoint, _coordinator, _demo, _fetch, _init, _serve, _train

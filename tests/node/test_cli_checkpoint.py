@@ -77,6 +77,23 @@ def test_bad_argument_is_one_line_error(home: Path, capsys: pytest.CaptureFixtur
     assert err.startswith("cnode: error: ") and "not a manifest CID" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("/ip4/999.1.1.1/tcp/1", "base address '999.1.1.1' is not IPv4"),
+        ("/ip4/127.0.0.1/tcp/1", "it names no peer; end it with /p2p/PEER_ID"),
+        ("/ip4/127.0.0.1/tcp/1/p2p/notapeer", "Invalid CID: notapeer"),
+    ],
+)
+def test_fetch_says_what_is_wrong_with_a_peer_address(
+    home: Path, address: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cid = "bafyreigsmzorphngqd5vcsdjnfwzkvczy4t3agavu3zm2wcze4wuvifebm"
+    assert main(["checkpoint", "fetch", cid, "--peer", address, "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"cnode: error: bad peer address {address!r}: {message}\n"
+
+
 def test_ls_export_import_car(
     home: Path, saved: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
