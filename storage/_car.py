@@ -78,9 +78,16 @@ def read_header(f: BinaryIO) -> CID:
         raise CARError("not a CAR file: it is empty")
     if not 0 < size <= limits.MAX_CAR_HEADER_SIZE:
         raise CARError(f"CAR header of {size} bytes exceeds MAX_CAR_HEADER_SIZE or is empty")
+    raw = _read_exact(f, size, "the header")
     try:
-        header = _cbor.decode(_read_exact(f, size, "the header"))
+        header = _cbor.decode(raw)
     except StorageError as exc:
+        links = _cbor.foreign_links(raw) or []
+        if links and all(codec == "dag-pb" for _cid, codec in links):
+            raise CARError(
+                f"the CAR's root {links[0][0]} is dag-pb (a UnixFS file or folder), not a cnode "
+                "manifest: cnode imports checkpoint CARs, whose root is a DAG-CBOR manifest"
+            ) from exc
         raise CARError(f"malformed CAR header: {exc}") from exc
     if not isinstance(header, dict) or set(header) != {"roots", "version"}:
         raise CARError("malformed CAR header: need exactly 'roots' and 'version'")

@@ -52,6 +52,34 @@ def _from_ipld(value: Any) -> Any:
     return value
 
 
+def foreign_links(data: bytes | bytearray | memoryview) -> list[tuple[str, str]] | None:
+    """(CID text, codec name) of each link of a DAG-CBOR node, of any codec; None if not DAG-CBOR.
+
+    Only to say what a block cnode refuses is (a CAR whose root is a dag-pb UnixFS node);
+    nothing it returns is trusted or stored.
+    """
+    try:
+        value = _cbor.decode(
+            bytes(data),
+            max_size=limits.MAX_BLOCK_SIZE,
+            max_depth=limits.MAX_CBOR_DEPTH,
+            max_items=limits.MAX_CBOR_ITEMS,
+        )
+    except _cbor.CBORError:
+        return None
+    out: list[tuple[str, str]] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, multiformats.CID):
+            out.append((item.encode("base32"), item.codec.name))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return out
+
+
 def _too_large(size: int) -> BlockTooLargeError:
     return BlockTooLargeError(
         f"DAG-CBOR node of {size} bytes exceeds MAX_BLOCK_SIZE {limits.MAX_BLOCK_SIZE}"

@@ -177,3 +177,20 @@ def test_export_to_a_path_that_cannot_be_written_is_a_car_error(
     with pytest.raises(CARError, match=r"cannot write .*dir\.car"):
         export_car(store, cid, tmp_path / "dir.car")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.car", "file", "store"]
+
+
+def test_a_unixfs_car_is_named_as_such(tmp_path: Path, store: BlockStore) -> None:
+    """An IPFS CAR of a file or folder (dag-pb root) is not called a malformed header."""
+    import hashlib
+
+    import dag_cbor
+    from multiformats import CID as MFCID
+    from multiformats import multihash
+
+    node = b"\x0a\x02\x08\x01"  # a dag-pb node with UnixFS data: an empty folder
+    root = MFCID("base32", 1, "dag-pb", multihash.wrap(hashlib.sha256(node).digest(), "sha2-256"))
+    header = dag_cbor.encode({"roots": [root], "version": 1})
+    path = _write(tmp_path / "unixfs.car", header, [(bytes(root), node)])
+    with pytest.raises(CARError, match=f"root {root} is dag-pb .*UnixFS.*not a cnode manifest"):
+        import_car(store, path)
+    assert not verify_car(path).ok
