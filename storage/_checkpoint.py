@@ -8,7 +8,7 @@ of the model (only a non-contiguous or non-CPU tensor is copied, one tensor at a
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -48,8 +48,17 @@ def write_chunks(store: BlockStore, data: memoryview) -> tuple[CID, ...]:
     return tuple(store.put_new(chunk, RAW) for chunk in iter_chunks(data))
 
 
-def write_stream(store: BlockStore, stream: BinaryIO, nbytes: int, what: str) -> tuple[CID, ...]:
-    """Store exactly ``nbytes`` read from ``stream`` as chunks (HF import reads files this way)."""
+def write_stream(
+    store: BlockStore,
+    stream: BinaryIO,
+    nbytes: int,
+    what: str,
+    inspect: Callable[[memoryview], None] | None = None,
+) -> tuple[CID, ...]:
+    """Store exactly ``nbytes`` read from ``stream`` as chunks (HF import reads files this way).
+
+    ``inspect`` sees each chunk before it is stored (HF import counts NaN/Inf with it).
+    """
     buf = bytearray(limits.CHUNK_SIZE)
     cids = []
     left = nbytes
@@ -62,6 +71,8 @@ def write_stream(store: BlockStore, stream: BinaryIO, nbytes: int, what: str) ->
             if not n:
                 raise CheckpointError(f"{what}: file ends {left - got} bytes early")
             got += n
+        if inspect is not None:
+            inspect(view)
         cids.append(store.put_new(view, RAW))
         left -= want
     return tuple(cids)

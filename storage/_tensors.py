@@ -62,6 +62,26 @@ def tensor_layer(name: str, tensor: object) -> Layer:
     return Layer(name, dtype, tuple(tensor.shape), len(data), chunks)
 
 
+def count_nonfinite(dtype: str, data: memoryview) -> int:
+    """How many NaN/Inf values whole elements of ``dtype`` in ``data`` hold (0 for integers)."""
+    torch_dtype = TORCH_DTYPES[dtype]
+    if not torch_dtype.is_floating_point or not len(data):
+        return 0
+    values = torch.frombuffer(data, dtype=torch_dtype)
+    return int(values.numel() - torch.isfinite(values).sum())
+
+
+class NonfiniteCounter:
+    """Counts the NaN/Inf values of one tensor's chunks as they stream past (HF import)."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+        self.count = 0
+
+    def __call__(self, chunk: memoryview) -> None:
+        self.count += count_nonfinite(self.dtype, chunk)
+
+
 def check_tensor(name: str, tensor: object) -> int:
     """Check one state-dict entry before anything is written; return its byte length."""
     if not isinstance(tensor, torch.Tensor):

@@ -217,7 +217,13 @@ def _import(args: argparse.Namespace) -> int:
         if args.file:
             cid = import_car(store, Path(args.file), on_progress=advance)
         else:
-            cid = import_hf(store, Path(args.hf), run_id=args.run_id, on_progress=advance)
+            cid = import_hf(
+                store,
+                Path(args.hf),
+                run_id=args.run_id,
+                allow_nonfinite=args.allow_nonfinite,
+                on_progress=advance,
+            )
     print(cid)
     return 0
 
@@ -254,4 +260,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", nargs="?", metavar="FILE.car")
     p.add_argument("--hf", metavar="DIR", help="Hugging Face model folder (safetensors)")
     p.add_argument("--run-id", default="hf-import", help="run id for an --hf import")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="with --hf: import tensors holding NaN/Inf (with a warning) instead of refusing",
+    )
     add("gc", "remove blocks not reachable from a pinned checkpoint", _gc)

@@ -179,3 +179,23 @@ def test_export_to_a_missing_folder_is_one_line_error(
     assert main(["checkpoint", "export", saved, "--car", str(out), "--home", str(home)]) == 1
     err = capsys.readouterr().err
     assert err == f"cnode: error: cannot write {out}: No such file or directory\n"
+
+
+def test_import_hf_refuses_nonfinite_unless_allowed(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    save_file({"w": torch.tensor([1.0, float("nan")])}, str(folder / "model.safetensors"))
+    args = ["checkpoint", "import", "--hf", str(folder), "--home", str(home)]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.endswith(
+        "tensor model.safetensors:w holds 1 NaN/Inf values; import it anyway "
+        "with --allow-nonfinite (allow_nonfinite=True)\n"
+    )
+    assert main([*args, "--allow-nonfinite"]) == 0
+    assert "hf_nonfinite_tensor" in capsys.readouterr().err
