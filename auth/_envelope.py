@@ -50,10 +50,7 @@ PAYLOAD_TYPES: frozenset[str] = frozenset(
         "cnode/announce/v1",  # gossipsub: which CIDs a peer holds
         "cnode/update-header/v1",  # gossipsub: a peer's update for (run, round), by manifest CID
         "cnode/run-state/v1",  # coordinator: the signed run state
-        "cnode/checkpoint/v1",  # a checkpoint's manifest CID for (run, epoch, round)
-        "cnode/ban-evidence/v1",  # why a peer should be banned, with the update CIDs
         "cnode/request/v1",  # a peer's (or admin's) signed request to the coordinator
-        "cnode/round/v1",  # round messages on gossipsub (join / ready / members)
     }
 )
 
