@@ -52,6 +52,16 @@ def _from_ipld(value: Any) -> Any:
     return value
 
 
+def _decode_bounded(data: bytes | bytearray | memoryview) -> Any:
+    """The shared codec under storage's limits; links stay ``multiformats.CID``."""
+    return _cbor.decode(
+        bytes(data),
+        max_size=limits.MAX_BLOCK_SIZE,
+        max_depth=limits.MAX_CBOR_DEPTH,
+        max_items=limits.MAX_CBOR_ITEMS,
+    )
+
+
 def foreign_links(data: bytes | bytearray | memoryview) -> list[tuple[str, str]] | None:
     """(CID text, codec name) of each link of a DAG-CBOR node, of any codec; None if not DAG-CBOR.
 
@@ -59,12 +69,7 @@ def foreign_links(data: bytes | bytearray | memoryview) -> list[tuple[str, str]]
     nothing it returns is trusted or stored.
     """
     try:
-        value = _cbor.decode(
-            bytes(data),
-            max_size=limits.MAX_BLOCK_SIZE,
-            max_depth=limits.MAX_CBOR_DEPTH,
-            max_items=limits.MAX_CBOR_ITEMS,
-        )
+        value = _decode_bounded(data)
     except _cbor.CBORError:
         return None
     out: list[tuple[str, str]] = []
@@ -107,12 +112,7 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     if len(data) > limits.MAX_BLOCK_SIZE:
         raise _too_large(len(data))
     try:
-        value = _cbor.decode(
-            bytes(data),
-            max_size=limits.MAX_BLOCK_SIZE,
-            max_depth=limits.MAX_CBOR_DEPTH,
-            max_items=limits.MAX_CBOR_ITEMS,
-        )
+        value = _decode_bounded(data)
     except _cbor.CBORError as exc:
         if exc.non_canonical:
             raise NonCanonicalCBORError(str(exc)) from exc
