@@ -65,9 +65,7 @@ def peer_info(address: str) -> PeerInfo:
         reason = str(exc).split(": ", 1)[-1].split(" (string:")[0]
         raise DialError(f"bad peer address {address!r}: {reason}") from exc
     if [protocol.name for protocol in addr.protocols()][-1:] != ["p2p"]:
-        raise DialError(
-            f"bad peer address {address!r}: it names no peer; end it with /p2p/PEER_ID"
-        )
+        raise DialError(f"bad peer address {address!r}: it names no peer; end it with /p2p/PEER_ID")
     try:
         return info_from_p2p_addr(addr)
     except (InvalidAddrError, ValueError) as exc:
