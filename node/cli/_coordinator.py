@@ -16,13 +16,13 @@ import structlog
 import tomli_w
 
 from cnode.auth import Identity, load_identity, save_identity
+from cnode.node._exceptions import UsageError
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorServer,
     RoundsConfig,
     RunConfig,
-    RunConfigError,
     ServeSettings,
     StateGossip,
     load_run_config,
@@ -104,7 +104,7 @@ def key_identity(path: Path) -> Identity:
 def _listen(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
-        raise RunConfigError(f"--listen must be HOST:PORT, got {text!r}")
+        raise UsageError(f"--listen must be HOST:PORT, got {text!r}")
     return host, int(port)
 
 
