@@ -84,6 +84,8 @@ class _ToStructlog(logging.Handler):
 
 
 def _route_library_logging(level: int) -> None:
+    """Libraries speak at warning and above (their info lines are theirs), all of it on debug."""
+    level = level if level <= logging.DEBUG else max(level, logging.WARNING)
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)
         for handler in [h for h in logger.handlers if isinstance(h, _ToStructlog)]:

@@ -242,6 +242,7 @@ def test_libp2p_standard_logging_becomes_structured_lines(
     tcp.error("Failed to open TCP stream: %s", "connection refused")
     gossip.warning("pending message queue for peer %s exceeded limit (%d > %d)", "Qm", 33, 32)
     gossip.warning("heartbeat took %d ms", 900)
+    gossip.info("subscribed to %s", "a-topic")  # the library's info lines stay its own
     lines = capsys.readouterr().err.splitlines()
     assert len(lines) == 1, lines  # the per-peer noise is debug, below the default level
     record = json.loads(lines[0])
