@@ -21,6 +21,7 @@ from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorServer,
+    NetworkConfig,
     RoundsConfig,
     RunConfig,
     ServeSettings,
@@ -84,6 +85,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     new.add_argument("--min-participants", type=int, default=1)
     new.add_argument("--round-timeout", type=float, default=60.0, help="seconds")
     new.add_argument("--checkpoint-every", type=int, default=0, help="rounds per epoch")
+    new.add_argument(
+        "--allow-private-addrs",
+        action="store_true",
+        help="accept private and loopback peer addresses (one machine, a LAN); off for the "
+        "internet",
+    )
     new.add_argument("--peer", action="append", default=[], help="allowlist a peer id")
     new.add_argument("--user", action="append", default=[], help="allowlist an HF username")
     new.add_argument("--org", action="append", default=[], help="allowlist an HF org")
@@ -180,6 +187,7 @@ def _new_run(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every,
         ),
         access=AccessConfig(users=args.user, peers=args.peer, orgs=args.org),
+        network=NetworkConfig(allow_private_addrs=args.allow_private_addrs),
     )
     config.check()
     args.out.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")

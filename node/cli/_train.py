@@ -42,7 +42,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument("--listen", metavar="MULTIADDR", help="libp2p listen address")
     parser.add_argument(
-        "--bootstrap", action="append", default=[], metavar="MULTIADDR", help="peer to dial"
+        "--announce-addr",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="advertise this address to the run instead of the listen address (behind a port "
+        "mapping: /ip4/PUBLIC_IP/tcp/PORT); repeatable",
+    )
+    parser.add_argument(
+        "--bootstrap",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="an extra peer to dial (not needed: the coordinator names the run's peers)",
     )
     parser.add_argument(
         "--rounds", type=int, default=0, help="stop after this round of the run (0 = never)"
@@ -77,15 +89,14 @@ def _handle(args: argparse.Namespace) -> int:
     import trio
 
     from cnode.aggregation import ATTACKS
-    from cnode.node.train import TrainSettings, run_node
+    from cnode.node.train import NODE_ATTACKS, TrainSettings, run_node
 
     home = args.home or default_home()
     config = load_config(home)
     if args.attack is not None:
-        if args.attack not in ATTACKS:
-            raise UsageError(
-                f"unknown attack {args.attack!r} (known: {', '.join(sorted(ATTACKS))})"
-            )
+        known = sorted([*ATTACKS, *NODE_ATTACKS])
+        if args.attack not in known:
+            raise UsageError(f"unknown attack {args.attack!r} (known: {', '.join(known)})")
         print(
             f"cnode: WARNING: --attack {args.attack} is a testing aid: this node will send "
             "poisoned updates and should be banned by the swarm",
@@ -112,5 +123,6 @@ def _handle(args: argparse.Namespace) -> int:
         upload_rate_bytes_per_s=config.upload_rate_bytes_per_s,
         join_after_round=args.join_after_round,
         hf_repo=args.hf_repo,
+        announce_addrs=tuple(args.announce_addr),
     )
     return trio.run(run_node, settings)

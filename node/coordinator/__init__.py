@@ -8,10 +8,16 @@ Server side: :class:`CoordinatorServer` (asyncio, in-process) or :class:`Coordin
 trio or asyncio) and :class:`SyncCoordinatorClient` (CLI).
 """
 
+from . import limits as limits
+from ._addrs import AddressError as AddressError
+from ._addrs import check_peer_addrs as check_peer_addrs
+from ._addrs import is_private_addr as is_private_addr
+from ._addrs import parse_peer_addr as parse_peer_addr
 from ._client import CoordinatorClient as CoordinatorClient
 from ._client import SyncCoordinatorClient as SyncCoordinatorClient
 from ._client import verify_state_envelope as verify_state_envelope
 from ._config import AccessConfig as AccessConfig
+from ._config import NetworkConfig as NetworkConfig
 from ._config import RoundsConfig as RoundsConfig
 from ._config import RunConfig as RunConfig
 from ._config import load_run_config as load_run_config
@@ -42,6 +48,7 @@ from ._server import ServeSettings as ServeSettings
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",
+    "AddressError",
     "BadRunState",
     "BanRecord",
     "BanReport",
@@ -53,6 +60,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "CoordinatorServer",
     "CoordinatorUnavailable",
     "JoinResult",
+    "NetworkConfig",
     "PEER_ONLY_USERNAME",
     "Phase",
     "REQUEST_TYPE",
@@ -67,7 +75,10 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "ServeSettings",
     "StateGossip",
     "SyncCoordinatorClient",
+    "check_peer_addrs",
+    "is_private_addr",
     "load_run_config",
+    "parse_peer_addr",
     "run_state_topic",
     "run_state_validator",
     "verify_state_envelope",

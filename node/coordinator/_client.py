@@ -12,11 +12,12 @@ training loop) and asyncio alike. Its methods take no timeouts: wrap calls in
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import anyio
 import httpx
+import structlog
 
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 
@@ -40,6 +41,9 @@ from ._protocol import (
 )
 
 __all__ = ["CoordinatorClient", "SyncCoordinatorClient", "verify_state_envelope"]
+
+log = structlog.get_logger(__name__)
+T = TypeVar("T")
 
 # Re-join when the access token has less than this many seconds left.
 _TOKEN_REFRESH_S = 60.0
@@ -122,6 +126,10 @@ class _Core:
             ) from exc
         if not isinstance(body, dict):
             raise CoordinatorUnavailable("coordinator answered JSON that is not an object")
+        if response.status_code >= 500:  # its fault, and maybe passing: callers may retry
+            raise CoordinatorUnavailable(
+                f"coordinator answered {response.status_code}: {body.get('message', '')}"
+            )
         if response.status_code >= 400:
             code = str(body.get("error", "error"))
             message = str(body.get("message", ""))
@@ -180,8 +188,10 @@ class CoordinatorClient:
         coordinator: str,
         identity: Identity,
         http: httpx.AsyncClient | None = None,
+        outage_s: float = limits.COORDINATOR_OUTAGE_S,
     ) -> None:
         self._core = _Core(url, run, coordinator, identity)
+        self._outage_s = outage_s
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=_HTTP_TIMEOUT)
         self._lock = anyio.Lock()
@@ -215,16 +225,50 @@ class CoordinatorClient:
         """The access token to show peers (verify with ``cnode.auth.verify_access_token``)."""
         return None if self._core.joined is None else self._core.joined.token
 
+    async def _retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, retried with backoff while the coordinator is unavailable (a restart),
+        for up to ``outage_s``; rate-limit answers wait their Retry-After. Every retried
+        request is one the coordinator applies idempotently (specs/coordinator.md#client)."""
+        give_up: float | None = None
+        delay = limits.CLIENT_RETRY_FIRST_S
+        while True:
+            try:
+                result = await call()
+            except RateLimited as exc:
+                await anyio.sleep(min(max(exc.retry_after_s, 0.05), limits.CLIENT_RETRY_MAX_S))
+                continue
+            except CoordinatorUnavailable as exc:
+                now = time.monotonic()
+                if give_up is None:
+                    give_up = now + self._outage_s
+                    log.warning("coordinator_unavailable", request=what, error=str(exc))
+                if now >= give_up:
+                    raise CoordinatorUnavailable(
+                        f"{exc} (gave up after {self._outage_s:g} s of retries)"
+                    ) from exc
+                await anyio.sleep(min(delay, give_up - now))
+                delay = min(2 * delay, limits.CLIENT_RETRY_MAX_S)
+                continue
+            if give_up is not None:
+                log.info("coordinator_available_again", request=what)
+            return result
+
     async def _get(self, tail: str, params: dict[str, str] | None = None) -> dict[str, Any]:
-        try:
-            response = await self._http.get(self._core.path(tail), params=params)
-        except httpx.HTTPError as exc:
-            raise _map_transport(exc, self._core.url) from exc
-        return self._core.answer(response)
+        async def once() -> dict[str, Any]:
+            try:
+                response = await self._http.get(self._core.path(tail), params=params)
+            except httpx.HTTPError as exc:
+                raise _map_transport(exc, self._core.url) from exc
+            return self._core.answer(response)
+
+        return await self._retrying(f"GET {tail}", once)
 
     async def _post(self, op: Op, args: Mapping[str, Any], *, token: bool) -> dict[str, Any]:
         if token and op is not Op.JOIN and self._core.needs_rejoin():
             await self.join(**self._core._join_args)
+        return await self._retrying(str(op), lambda: self._post_once(op, args, token=token))
+
+    async def _post_once(self, op: Op, args: Mapping[str, Any], *, token: bool) -> dict[str, Any]:
         for attempt in range(2):
             async with self._lock:
                 body = self._core.request_body(op, args, with_token=token)
@@ -242,15 +286,25 @@ class CoordinatorClient:
     # -- membership ---------------------------------------------------------------------------
 
     async def join(
-        self, *, hf_binding: bytes | None = None, hf_token: str | None = None
+        self,
+        *,
+        hf_binding: bytes | None = None,
+        hf_token: str | None = None,
+        addrs: Sequence[str] = (),
     ) -> JoinResult:
-        """Get an access token: by peer id alone, or with an HF binding + HF token (both)."""
+        """Get an access token: by peer id alone, or with an HF binding + HF token (both).
+
+        ``addrs``: the multiaddrs other peers can dial this node at; the coordinator hands them
+        to the members of this node's rounds (specs/coordinator.md#peer-addresses).
+        """
         args: dict[str, Any] = {}
         if hf_binding is not None or hf_token is not None:
             args = {"hf_binding": hf_binding, "hf_token": hf_token}
+        if addrs:
+            args["addrs"] = list(addrs)
         result = JoinResult.from_json(await self._post(Op.JOIN, args, token=False))
         self._core.joined = result
-        self._core._join_args = {"hf_binding": hf_binding, "hf_token": hf_token}
+        self._core._join_args = {"hf_binding": hf_binding, "hf_token": hf_token, "addrs": addrs}
         return result
 
     def resume(self, joined: JoinResult) -> None:
@@ -281,15 +335,23 @@ class CoordinatorClient:
         """Leave ``round``; before the list closes this never fails the round."""
         await self._post(Op.LEAVE, {"round": round}, token=True)
 
+    async def collected(self, round: int, *, missing: Sequence[str]) -> None:
+        """Report which members' updates of published ``round`` this node could not fetch
+        (verified, whole); the coordinator decides the round's input set from the reports."""
+        await self._post(Op.COLLECTED, {"round": round, "missing": sorted(missing)}, token=True)
+
     # -- reads (verified) -----------------------------------------------------------------------
 
     async def run_state(self) -> RunState:
         return self._core.run_state(await self._get("state"))
 
-    async def round_info(self, round: int, *, wait_s: float = 0.0) -> RoundInfo:
-        """The round's signed record; with ``wait_s`` the server holds until it is published."""
+    async def round_info(
+        self, round: int, *, wait_s: float = 0.0, until: str = "published"
+    ) -> RoundInfo:
+        """The round's signed record; with ``wait_s`` the server holds until it is published
+        (``until="published"``) or its input set is agreed (``until="agreed"``)."""
         wait = f"{min(max(wait_s, 0.0), limits.MAX_LONG_POLL_S):g}"
-        body = await self._get(f"rounds/{round}", {"wait": wait})
+        body = await self._get(f"rounds/{round}", {"wait": wait, "until": until})
         info = RoundInfo.from_payload(self._core.signed(body))
         if info.round != round:
             raise BadRunState(f"asked for round {round}, got a signed record of {info.round}")
@@ -299,9 +361,17 @@ class CoordinatorClient:
         """Wait until ``round``'s member list is published and return it. Bound it yourself."""
         while True:
             info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S)
-            if info.status is RoundStatus.PUBLISHED:
+            if info.listed:
                 return info
             await anyio.sleep(0)  # a checkpoint for cancellation between long polls
+
+    async def wait_agreed(self, round: int) -> RoundInfo:
+        """Wait until ``round``'s input set is decided and return the record. Bound it yourself."""
+        while True:
+            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="agreed")
+            if info.status is RoundStatus.AGREED:
+                return info
+            await anyio.sleep(0)
 
     async def checkpoints(
         self, *, after: int = -1, limit: int = limits.MAX_CHECKPOINT_PAGE

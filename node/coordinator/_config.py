@@ -15,7 +15,7 @@ from typing import Any
 from . import limits
 from ._exceptions import RunConfigError
 
-__all__ = ["AccessConfig", "RoundsConfig", "RunConfig", "load_run_config"]
+__all__ = ["AccessConfig", "NetworkConfig", "RoundsConfig", "RunConfig", "load_run_config"]
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class RoundsConfig:
     warmup_s: float = 0.0  # once enough members are there, time for joiners to fetch the checkpoint
     cooldown_s: float = 60.0  # after an epoch's last round, time for a checkpoint to be submitted
     checkpoint_every: int = 0  # rounds per epoch; after each epoch comes Cooldown. 0 = no epochs
+    # After a round's list is published, how long members have to fetch its updates and report
+    # what they hold (op `collected`) before the round's input set is decided without the rest.
+    collect_timeout_s: float = 90.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,16 @@ class AccessConfig:
 
 
 @dataclass(frozen=True)
+class NetworkConfig:
+    """How peers find each other: the addresses the coordinator accepts and hands out."""
+
+    # Accept private, loopback and link-local addresses in joins (one machine, a LAN, a test
+    # bed). Off for a run on the internet: such addresses are unreachable for most peers and
+    # tell strangers about the joiner's own network.
+    allow_private_addrs: bool = False
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """One run: its id, the pinned coordinator, rounds, access, and the opaque training table."""
 
@@ -50,6 +63,7 @@ class RunConfig:
     url: str = ""  # where nodes reach the coordinator (informational)
     rounds: RoundsConfig = field(default_factory=RoundsConfig)
     access: AccessConfig = field(default_factory=AccessConfig)
+    network: NetworkConfig = field(default_factory=NetworkConfig)
     training: dict[str, Any] = field(default_factory=dict)  # model, data, aggregator: node/train
     initial_checkpoint: str = ""  # manifest CID the run starts from (round 0); empty = none
 
@@ -75,10 +89,19 @@ class RunConfig:
         raw = dict(raw)
         rounds = _build(RoundsConfig, raw.pop("rounds", {}), "rounds")
         access = _build(AccessConfig, raw.pop("access", {}), "access")
+        network = _build(NetworkConfig, raw.pop("network", {}), "network")
         training = raw.pop("training", {})
         if not isinstance(training, dict):
             raise RunConfigError("[training] must be a table")
-        config = _build(cls, raw, "run config", rounds=rounds, access=access, training=training)
+        config = _build(
+            cls,
+            raw,
+            "run config",
+            rounds=rounds,
+            access=access,
+            network=network,
+            training=training,
+        )
         config.check()
         return config
 
@@ -92,6 +115,10 @@ class RunConfig:
         if not 0 < r.round_timeout_s <= limits.MAX_ROUND_TIMEOUT_S:
             raise RunConfigError(
                 f"rounds.round_timeout_s must be in (0, {limits.MAX_ROUND_TIMEOUT_S}]"
+            )
+        if not 0 < r.collect_timeout_s <= limits.MAX_ROUND_TIMEOUT_S:
+            raise RunConfigError(
+                f"rounds.collect_timeout_s must be in (0, {limits.MAX_ROUND_TIMEOUT_S}]"
             )
         if r.warmup_s < 0 or r.cooldown_s < 0 or r.checkpoint_every < 0:
             raise RunConfigError("rounds.warmup_s, cooldown_s and checkpoint_every must be >= 0")
@@ -116,7 +143,7 @@ def _build(cls: type, raw: Any, where: str, **given: Any) -> Any:
     values = dict(raw)
     for key, value in raw.items():
         want = type(getattr(defaults, key))
-        ok = (isinstance(value, want) and not isinstance(value, bool)) or want is bool
+        ok = isinstance(value, want) and (want is bool or not isinstance(value, bool))
         if want is float and isinstance(value, int) and not isinstance(value, bool):
             ok, values[key] = True, float(value)
         if want is list:

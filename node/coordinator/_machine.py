@@ -76,9 +76,12 @@ class RunMachine:
         who = f"user {username!r} (peer {peer})" if username else f"peer {peer}"
         raise RequestRefused(403, "not_allowlisted", f"{who} is not on the allowlist of this run")
 
-    def record_join(self, peer: str, username: str, now: float, expires: float) -> None:
-        self.store.put_peer(peer, username, now, expires)
-        self.store.append_log(now, peer, "join", {"username": username, "expires_ms": ms(expires)})
+    def record_join(
+        self, peer: str, username: str, now: float, expires: float, addrs: list[str]
+    ) -> None:
+        self.store.put_peer(peer, username, now, expires, addrs)
+        detail = {"username": username, "expires_ms": ms(expires), "addrs": addrs}
+        self.store.append_log(now, peer, "join", detail)
 
     # -- rounds -------------------------------------------------------------------------------
 
@@ -123,6 +126,27 @@ class RunMachine:
         self.store.append_log(now, peer, "ready", {"round": n, "header": header})
         self.advance(now)
 
+    def collected(self, peer: str, n: int, missing: list[str], now: float) -> None:
+        """A member of published round ``n`` says whose updates it could not fetch."""
+        row = self.store.round_row(n)
+        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+            raise RequestRefused(409, "round_not_published", f"round {n} has no published list")
+        members = json.loads(row["members"] or "[]")
+        if peer not in members:
+            raise RequestRefused(409, "not_member", f"peer {peer} is not a member of round {n}")
+        if row["status"] == RoundStatus.AGREED:
+            return  # decided already (a late or repeated report): the decision stands
+        unknown = sorted(set(missing) - set(members))
+        if unknown:
+            raise RequestRefused(
+                400, "bad_request", f"missing names peers not in round {n}: {unknown[0]}"
+            )
+        self.store.set_member(
+            n, peer, missing=json.dumps(sorted(set(missing) - {peer})), collected_at=now
+        )
+        self.store.append_log(now, peer, "collected", {"round": n, "missing": sorted(missing)})
+        self.advance(now)
+
     def leave(self, peer: str, n: int, now: float) -> None:
         self._own_membership(peer, n)
         self.store.set_member(n, peer, status="left")
@@ -141,6 +165,7 @@ class RunMachine:
         row = s.current_round_row()
         if row["status"] == RoundStatus.CLOSED and row["deadline"] is not None:
             dues.append(float(row["deadline"]))
+        dues += [float(r["collect_deadline"]) for r in s.rounds_with_status(RoundStatus.PUBLISHED)]
         return min(dues) if dues else None
 
     def advance(self, now: float) -> None:
@@ -152,6 +177,12 @@ class RunMachine:
 
     def _step(self, now: float) -> bool:
         s, r = self.store, self.config.rounds
+        for published in s.rounds_with_status(RoundStatus.PUBLISHED):
+            members = json.loads(published["members"] or "[]")
+            reports = s.collected(int(published["round"]))
+            if len(reports) >= len(members) or now >= float(published["collect_deadline"]):
+                self._agree(int(published["round"]), members, reports, now)
+                return True
         run = s.run_row()
         phase, n = Phase(run["phase"]), int(run["round"])
         row = s.current_round_row()
@@ -226,7 +257,11 @@ class RunMachine:
         s, r = self.store, self.config.rounds
         members = s.members(n, "ready")
         s.set_round(
-            n, status=str(RoundStatus.PUBLISHED), published_at=now, members=json.dumps(members)
+            n,
+            status=str(RoundStatus.PUBLISHED),
+            published_at=now,
+            members=json.dumps(members),
+            collect_deadline=now + r.collect_timeout_s,
         )
         epoch = int(s.run_row()["epoch"])
         s.db.execute(
@@ -238,6 +273,40 @@ class RunMachine:
         if r.checkpoint_every and n % r.checkpoint_every == 0:
             s.set_run(phase=str(Phase.COOLDOWN), phase_until=now + r.cooldown_s)
             self._log(now, "phase", phase=str(Phase.COOLDOWN), epoch=epoch, last_round=n)
+
+    def _agree(self, n: int, members: list[str], reports: dict[str, list[str]], now: float) -> None:
+        """Decide round ``n``'s input set, once, for every node (specs/coordinator.md#agreement).
+
+        A member's update is in when a strict majority of the members that reported hold it
+        (its author counts when it reported): then most of the swarm has the verified blocks
+        and can serve them to the rest. A minority that claims to hold an update cannot force
+        it in, and a minority that claims to lack one cannot keep it out.
+        """
+        headers = self.store.headers(n)
+        agreed: list[str] = []
+        excluded: dict[str, str] = {}
+        for peer in members:
+            if self.store.ban_row(peer) is not None:
+                excluded[peer] = "banned"
+            elif peer not in headers:
+                excluded[peer] = "sent no update header"
+            else:
+                holders = sum(1 for missing in reports.values() if peer not in missing)
+                if 2 * holders > len(reports):
+                    agreed.append(peer)
+                else:
+                    excluded[peer] = (
+                        f"update held by {holders} of the {len(reports)} members that reported"
+                    )
+        self.store.set_round(
+            n,
+            status=str(RoundStatus.AGREED),
+            agreed_at=now,
+            agreed=json.dumps(agreed),
+            excluded=json.dumps(excluded, sort_keys=True),
+        )
+        late = sorted(set(members) - set(reports))
+        self._log(now, "round_agreed", round=n, agreed=agreed, excluded=excluded, silent=late)
 
     def _log(self, now: float, kind: str, **detail: Any) -> None:
         self.store.append_log(now, "coordinator", kind, detail)
@@ -251,7 +320,7 @@ class RunMachine:
         s, n = self.store, record.round
         checkpointers = self.config.access.checkpointers
         row = s.round_row(n)
-        if row is None or row["status"] != RoundStatus.PUBLISHED:
+        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
             raise RequestRefused(409, "round_not_published", f"round {n} has no published list")
         published = json.loads(row["members"] or "[]")
         if peer not in (checkpointers or published):
@@ -293,8 +362,10 @@ class RunMachine:
                 self.config.run, n, int(run["epoch"]), RoundStatus.FUTURE, [], joined, ready, None
             )
         status = RoundStatus(row["status"])
-        members = json.loads(row["members"]) if status is RoundStatus.PUBLISHED else []
+        listed = status in (RoundStatus.PUBLISHED, RoundStatus.AGREED)
+        members = json.loads(row["members"]) if listed else []
         headers = {k: v for k, v in s.headers(n).items() if k in members}
+        shown = members if listed else s.members(n, *_ACTIVE)
         return RoundInfo(
             self.config.run,
             n,
@@ -305,6 +376,10 @@ class RunMachine:
             ready,
             ms(row["deadline"]) if status is RoundStatus.CLOSED else None,
             headers,
+            addrs=s.peer_addrs(shown),
+            collect_deadline_ms=ms(row["collect_deadline"]) if listed else None,
+            agreed=json.loads(row["agreed"]) if status is RoundStatus.AGREED else None,
+            excluded=json.loads(row["excluded"] or "{}") if status is RoundStatus.AGREED else {},
         )
 
     def checkpoint_history(self, after: int, limit: int) -> CheckpointHistory:

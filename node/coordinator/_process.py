@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
@@ -44,11 +45,15 @@ class CoordinatorProcess:
         hf_endpoint: str | None = None,
         log_path: Path | None = None,
         p2p_listen: str | None = None,
+        wrap: Sequence[str] = (),
     ) -> None:
         self.run_config, self.db, self.key = Path(run_config), Path(db), Path(key)
         self.listen = listen
         self.hf_endpoint = hf_endpoint
         self.p2p_listen = p2p_listen
+        # A command the process runs under, e.g. ("ip", "netns", "exec", "cb0") in tests
+        # (it must exec the process, so the pid is the coordinator's own).
+        self.wrap = tuple(wrap)
         self.p2p_addrs: list[str] = []
         self.log_path = Path(log_path) if log_path else self.db.with_suffix(".log")
         self.ready_file = self.db.with_suffix(".ready.json")
@@ -60,6 +65,7 @@ class CoordinatorProcess:
     def start(self) -> CoordinatorProcess:
         self.ready_file.unlink(missing_ok=True)
         cmd = [
+            *self.wrap,
             sys.executable,
             "-m",
             "cnode",

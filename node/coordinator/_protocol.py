@@ -58,7 +58,8 @@ class RoundStatus(StrEnum):
     FUTURE = "future"  # not begun; peers who join while the current round is closed land here
     OPEN = "open"  # accepting join_round
     CLOSED = "closed"  # a member is ready: the list is closed, waiting for the rest or deadline
-    PUBLISHED = "published"  # member list final; members exchange updates
+    PUBLISHED = "published"  # member list final; members exchange updates and report `collected`
+    AGREED = "agreed"  # the input set is decided (``RoundInfo.agreed``): members aggregate it
 
 
 class Op(StrEnum):
@@ -70,6 +71,7 @@ class Op(StrEnum):
     LEAVE = "leave"
     CHECKPOINT = "checkpoint"
     BAN_EVIDENCE = "ban_evidence"
+    COLLECTED = "collected"
     ADMIN = "admin"
 
 
@@ -115,6 +117,25 @@ def _headers(payload: Mapping[str, Any]) -> dict[str, str]:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise BadRunState("signed round headers must map peer ids to CIDs")
     return dict(value)
+
+
+def _texts(payload: Mapping[str, Any], key: str) -> dict[str, str]:
+    value = payload.get(key, {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadRunState(f"signed round field {key!r} must map peer ids to strings")
+    return dict(value)
+
+
+def _addrs(payload: Mapping[str, Any]) -> dict[str, list[str]]:
+    value = payload.get("addrs", {})
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, list) and all(isinstance(a, str) for a in v)
+        for k, v in value.items()
+    ):
+        raise BadRunState("signed round addrs must map peer ids to lists of multiaddrs")
+    return {k: list(v) for k, v in value.items()}
 
 
 @dataclass(frozen=True)
@@ -229,6 +250,16 @@ class RoundInfo:
     ready: int  # of them, how many said ready
     deadline_ms: int | None  # when not-ready members are dropped (closed rounds only)
     headers: dict[str, str] = field(default_factory=dict)  # member -> update-header CID (if sent)
+    # Where to dial each peer the record lists (members once published, else those who joined):
+    # its last join's addresses, each ending in /p2p/PEER (specs/coordinator.md#peer-addresses).
+    addrs: dict[str, list[str]] = field(default_factory=dict)
+    # Published rounds: when the input set is decided without the members that have not
+    # reported `collected` by then.
+    collect_deadline_ms: int | None = None
+    # Agreed rounds: the members whose updates every node aggregates (sorted), and why each
+    # other member is left out. None before the decision.
+    agreed: list[str] | None = None
+    excluded: dict[str, str] = field(default_factory=dict)
 
     def to_payload(self) -> dict[str, Any]:
         return {
@@ -242,6 +273,10 @@ class RoundInfo:
             "ready": self.ready,
             "deadline_ms": self.deadline_ms,
             "headers": dict(self.headers),
+            "addrs": {peer: list(a) for peer, a in self.addrs.items()},
+            "collect_deadline_ms": self.collect_deadline_ms,
+            "agreed": None if self.agreed is None else list(self.agreed),
+            "excluded": dict(self.excluded),
         }
 
     @classmethod
@@ -262,7 +297,16 @@ class RoundInfo:
             _get(p, "ready", int),
             _opt(p, "deadline_ms", int),
             _headers(p),
+            _addrs(p),
+            _opt(p, "collect_deadline_ms", int),
+            None if p.get("agreed") is None else _strs(p, "agreed"),
+            _texts(p, "excluded"),
         )
+
+    @property
+    def listed(self) -> bool:
+        """The member list is final (published, and perhaps agreed)."""
+        return self.status in (RoundStatus.PUBLISHED, RoundStatus.AGREED)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ __all__ = [
     "parse_checkpoint",
     "parse_evidence",
     "parse_header",
+    "parse_missing",
     "parse_round",
     "require",
 ]
@@ -67,6 +68,18 @@ def parse_round(args: Mapping[str, Any]) -> int:
 def parse_header(args: Mapping[str, Any]) -> str | None:
     """The optional update-header CID a member sends with ``ready``."""
     return None if args.get("header") is None else _cid(args, "header")
+
+
+def parse_missing(args: Mapping[str, Any]) -> list[str]:
+    """The peer ids of a `collected` report: members whose update the sender could not fetch."""
+    missing = args.get("missing")
+    if not isinstance(missing, list) or not all(isinstance(p, str) for p in missing):
+        raise RequestRefused(400, "bad_request", "field 'missing' must be a list of peer ids")
+    if len(missing) > limits.MAX_MISSING_REPORT:
+        raise RequestRefused(400, "bad_request", "field 'missing' over MAX_MISSING_REPORT")
+    if any(len(p) > limits.MAX_TEXT_CHARS for p in missing):
+        raise RequestRefused(400, "bad_request", "a peer id in 'missing' is over MAX_TEXT_CHARS")
+    return missing
 
 
 def parse_checkpoint(args: Mapping[str, Any], peer: str) -> CheckpointRecord:

@@ -34,6 +34,7 @@ from cnode.auth import (
 )
 
 from . import limits
+from ._addrs import AddressError, check_peer_addrs
 from ._config import RunConfig
 from ._exceptions import RequestRefused, RunConfigError
 from ._http import RateLimitedRefusal, json_errors, read_signed_request
@@ -52,6 +53,7 @@ from ._requests import (
     parse_checkpoint,
     parse_evidence,
     parse_header,
+    parse_missing,
     parse_round,
 )
 from ._store import Store
@@ -59,6 +61,9 @@ from ._store import Store
 __all__ = ["CoordinatorServer", "ServeSettings"]
 
 log = structlog.get_logger(__name__)
+
+# What a long poll of a round record (GET .../rounds/{n}?wait=S&until=...) may wait for.
+_UNTIL = ("published", "agreed")
 
 
 class StateSink(Protocol):
@@ -112,9 +117,11 @@ class CoordinatorServer:
         self._request_limit = RateLimiter(
             limits.REQUEST_BURST, limits.REQUEST_RATE_PER_S, limits.MAX_RATE_BUCKETS
         )
-        # Long polls of round n wait on _published[n], set once round n is published: a change
-        # wakes only the waiters whose round it finished (1,000 waiters x every ready would not do).
+        # Long polls of round n wait on _published[n] (set once round n is published) or on
+        # _agreed[n] (once its input set is decided): a change wakes only the waiters whose
+        # round it finished (1,000 waiters x every ready would not do).
         self._published: dict[int, asyncio.Event] = {}
+        self._agreed: dict[int, asyncio.Event] = {}
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
         self._round_cache: dict[int, str] = {}  # JSON answers of published rounds (immutable)
         self._runner: web.AppRunner | None = None
@@ -179,6 +186,10 @@ class CoordinatorServer:
         current = int(self.store.run_row()["round"])
         for n in [n for n in self._published if n < current]:
             self._published.pop(n).set()
+        for n in list(self._agreed):
+            row = self.store.round_row(n)
+            if row is not None and row["status"] == RoundStatus.AGREED:
+                self._agreed.pop(n).set()
         if self._gossip is not None:
             self._gossip.changed(self._signed_state)
 
@@ -214,20 +225,30 @@ class CoordinatorServer:
             wait = float(request.query.get("wait", "0"))
         except ValueError as exc:
             raise RequestRefused(400, "bad_request", "round and wait must be numbers") from exc
-        if n < 1 or not 0 <= wait <= limits.MAX_LONG_POLL_S:
+        until = request.query.get("until", "published")
+        if n < 1 or not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in _UNTIL:
             raise RequestRefused(
-                400, "bad_request", f"round must be >= 1 and wait in [0, {limits.MAX_LONG_POLL_S}]"
+                400,
+                "bad_request",
+                f"round must be >= 1, wait in [0, {limits.MAX_LONG_POLL_S}] and until one of "
+                f"{', '.join(_UNTIL)}",
             )
-        if n not in self._round_cache and wait > 0 and n >= int(self.store.run_row()["round"]):
-            event = self._published.setdefault(n, asyncio.Event())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(event.wait(), wait)
+        if n not in self._round_cache and wait > 0:
+            event = None
+            if until == "published" and n >= int(self.store.run_row()["round"]):
+                event = self._published.setdefault(n, asyncio.Event())
+            row = self.store.round_row(n)
+            if until == "agreed" and (row is None or row["status"] != RoundStatus.AGREED):
+                event = self._agreed.setdefault(n, asyncio.Event())
+            if event is not None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), wait)
         cached = self._round_cache.get(n)
         if cached is None:
             info = self.machine.round_info(n)
             envelope = seal(self.identity, STATE_TYPE, info.to_payload())
             cached = json.dumps({"envelope": b64encode(envelope)})
-            if info.status is RoundStatus.PUBLISHED:
+            if info.status is RoundStatus.AGREED:  # final: nothing in it changes any more
                 self._round_cache[n] = cached
                 while len(self._round_cache) > limits.ROUND_CACHE:
                     del self._round_cache[min(self._round_cache)]
@@ -273,6 +294,14 @@ class CoordinatorServer:
         binding, hf_token = args.get("hf_binding"), args.get("hf_token")
         username, orgs = "", []
         self.machine.check_not_banned(peer)  # cheap refusal before asking the Hub
+        try:
+            addrs = check_peer_addrs(
+                args.get("addrs", []),
+                peer,
+                allow_private=self.config.network.allow_private_addrs,
+            )
+        except AddressError as exc:
+            raise RequestRefused(400, "bad_addr", f"addrs: {exc}") from exc
         if binding is not None or hf_token is not None:
             if not isinstance(binding, bytes) or not isinstance(hf_token, str):
                 raise RequestRefused(
@@ -300,7 +329,7 @@ class CoordinatorServer:
         with self.store.tx():
             self.machine.consume_counter(peer, counter)
             self.machine.check_may_join(peer, username, orgs)
-            self.machine.record_join(peer, username, now, expires)
+            self.machine.record_join(peer, username, now, expires, addrs)
         token = issue_access_token(
             self.identity,
             peer_id=peer,
@@ -346,6 +375,9 @@ class CoordinatorServer:
                 return {}
             if op is Op.LEAVE:
                 m.leave(peer, parse_round(args), now)
+                return {}
+            if op is Op.COLLECTED:
+                m.collected(peer, parse_round(args), parse_missing(args), now)
                 return {}
             if op is Op.CHECKPOINT:
                 record = parse_checkpoint(args, peer)

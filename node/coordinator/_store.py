@@ -21,7 +21,19 @@ from ._protocol import Phase, RoundStatus
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+
+# Columns added since schema 1 (a database of an older version gains them on open, empty):
+# peer addresses (discovery) and the per-round input-set decision (specs/coordinator.md#state).
+_ADDED_COLUMNS = (
+    ("peers", "addrs", "TEXT"),
+    ("members", "missing", "TEXT"),
+    ("members", "collected_at", "REAL"),
+    ("rounds", "collect_deadline", "REAL"),
+    ("rounds", "agreed_at", "REAL"),
+    ("rounds", "agreed", "TEXT"),
+    ("rounds", "excluded", "TEXT"),
+)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,6 +91,16 @@ class Store:
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.execute("PRAGMA busy_timeout=5000")
         self.db.executescript(_SCHEMA)
+        self._add_columns()
+
+    def _add_columns(self) -> None:
+        for table, column, kind in _ADDED_COLUMNS:
+            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        if self.meta("schema") not in (None, str(SCHEMA_VERSION)):
+            version = (str(SCHEMA_VERSION),)
+            self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", version)
 
     def close(self) -> None:
         self.db.close()
@@ -234,9 +256,11 @@ class Store:
 
     def put_member(self, n: int, peer: str, username: str, now: float) -> None:
         self.db.execute(
-            "INSERT INTO members VALUES (?, ?, ?, 'joined', ?, NULL, NULL) "
+            "INSERT INTO members (round, peer, username, status, joined_at) "
+            "VALUES (?, ?, ?, 'joined', ?) "
             "ON CONFLICT(round, peer) DO UPDATE SET status = 'joined', "
-            "joined_at = excluded.joined_at, ready_at = NULL, header = NULL",
+            "joined_at = excluded.joined_at, ready_at = NULL, header = NULL, "
+            "missing = NULL, collected_at = NULL",
             (n, peer, username, now),
         )
 
@@ -256,13 +280,40 @@ class Store:
 
     # -- peers, allowlist, bans ---------------------------------------------------------------
 
-    def put_peer(self, peer: str, username: str, now: float, token_expires: float) -> None:
+    def put_peer(
+        self, peer: str, username: str, now: float, token_expires: float, addrs: list[str]
+    ) -> None:
         self.db.execute(
-            "INSERT INTO peers VALUES (?, ?, ?, ?) ON CONFLICT(peer) DO UPDATE SET "
+            "INSERT INTO peers (peer, username, joined_at, token_expires, addrs) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT(peer) DO UPDATE SET "
             "username = excluded.username, joined_at = excluded.joined_at, "
-            "token_expires = excluded.token_expires",
-            (peer, username, now, token_expires),
+            "token_expires = excluded.token_expires, addrs = excluded.addrs",
+            (peer, username, now, token_expires, json.dumps(addrs)),
         )
+
+    def peer_addrs(self, peers: list[str]) -> dict[str, list[str]]:
+        """The addresses of each of ``peers`` that advertised any (from its last join)."""
+        out: dict[str, list[str]] = {}
+        for peer in peers:
+            row = self.db.execute("SELECT addrs FROM peers WHERE peer = ?", (peer,)).fetchone()
+            if row is not None and row[0]:
+                addrs = json.loads(row[0])
+                if addrs:
+                    out[peer] = addrs
+        return out
+
+    def collected(self, n: int) -> dict[str, list[str]]:
+        """Round ``n``'s `collected` reports: member -> the members whose update it lacks."""
+        rows = self.db.execute(
+            "SELECT peer, missing FROM members WHERE round = ? AND collected_at IS NOT NULL",
+            (n,),
+        ).fetchall()
+        return {str(r[0]): json.loads(r[1] or "[]") for r in rows}
+
+    def rounds_with_status(self, status: str) -> list[sqlite3.Row]:
+        return self.db.execute(
+            "SELECT * FROM rounds WHERE status = ? ORDER BY round", (status,)
+        ).fetchall()
 
     def peer_username(self, peer: str) -> str:
         row = self.db.execute("SELECT username FROM peers WHERE peer = ?", (peer,)).fetchone()

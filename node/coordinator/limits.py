@@ -56,3 +56,18 @@ HF_WHOAMI_TIMEOUT_S = 15.0
 MIN_TOKEN_TTL_S = 30
 MAX_TOKEN_TTL_S = 7 * 24 * 3600
 MAX_ROUND_TIMEOUT_S = 24 * 3600
+
+# Addresses one peer may advertise in its join, and characters of each (a multiaddr with a peer
+# id is about 90). Round records carry them for every listed peer, so they are kept small.
+MAX_PEER_ADDRS = 8
+MAX_ADDR_CHARS = 256
+# Peer ids a member may name in one `collected` report (the members whose update it lacks).
+MAX_MISSING_REPORT = MAX_ROUND_MEMBERS
+
+# Seconds the async client keeps retrying a request the coordinator does not answer (refused
+# connections, resets, 5xx) before it gives up: a coordinator restart on the same database takes
+# a few seconds, and a node must live through it. Retries back off from CLIENT_RETRY_FIRST_S,
+# doubling up to CLIENT_RETRY_MAX_S. A 4xx refusal is never retried (it changed nothing).
+COORDINATOR_OUTAGE_S = 60.0
+CLIENT_RETRY_FIRST_S = 0.25
+CLIENT_RETRY_MAX_S = 4.0

@@ -23,12 +23,14 @@ from ._announce import announcement_validator as announcement_validator
 from ._bridge import TrioPortal as TrioPortal
 from ._bridge import trio_portal as trio_portal
 from ._bucket import TokenBucket as TokenBucket
+from ._defects import clean_group as unwrap_node_errors
 from ._exceptions import AnnouncementError as AnnouncementError
 from ._exceptions import BadBlockError as BadBlockError
 from ._exceptions import DialError as DialError
 from ._exceptions import FetchError as FetchError
 from ._exceptions import FrameTooLargeError as FrameTooLargeError
 from ._exceptions import ListenError as ListenError
+from ._exceptions import NotAdmittedError as NotAdmittedError
 from ._exceptions import P2PError as P2PError
 from ._exceptions import PeerProtocolError as PeerProtocolError
 from ._exceptions import RejectedMessage as RejectedMessage
@@ -60,6 +62,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "FrameTooLargeError",
     "HolderTable",
     "ListenError",
+    "NotAdmittedError",
     "P2PError",
     "P2PNode",
     "P2PSettings",
@@ -77,4 +80,5 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "limits",
     "open_p2p_node",
     "trio_portal",
+    "unwrap_node_errors",
 ]

@@ -177,7 +177,11 @@ def refuse_shared_port(listen: list[Any]) -> None:
                 probe.bind((host, port))
             except OSError as exc:
                 if exc.errno == errno.EADDRINUSE:
-                    raise ListenError(f"listen address {addr} is already in use") from exc
+                    raise ListenError(
+                        f"listen address {addr} is already in use (another node on this "
+                        "machine? give each its own port: --listen /ip4/0.0.0.0/tcp/PORT, "
+                        "or tcp/0 for any free one)"
+                    ) from exc
                 raise ListenError(f"cannot listen on {addr}: {exc}") from exc
 
 

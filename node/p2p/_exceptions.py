@@ -64,13 +64,24 @@ class RemoteRefusedError(P2PError):
         self.status = status
 
 
-class FetchError(P2PError):
-    """Raised by fetch when some blocks cannot be had from any holder; progress is kept."""
+class NotAdmittedError(DialError):
+    """Raised when a holder refuses this node's access token (``/cnode/admit/1.0.0``)."""
 
-    def __init__(self, message: str, *, missing: int, fetched: int) -> None:
+
+class FetchError(P2PError):
+    """Raised by fetch when some blocks cannot be had from any holder; progress is kept.
+
+    ``refused_by``: the holders that refused this node outright (ERROR FORBIDDEN, or its access
+    token not admitted): in a run, the sign that the coordinator banned it.
+    """
+
+    def __init__(
+        self, message: str, *, missing: int, fetched: int, refused_by: frozenset[str] = frozenset()
+    ) -> None:
         super().__init__(message)
         self.missing = missing
         self.fetched = fetched
+        self.refused_by = refused_by
 
 
 class AnnouncementError(P2PError):

@@ -43,6 +43,7 @@ from ._exceptions import (
     AnnouncementError,
     DialError,
     ListenError,
+    NotAdmittedError,
     P2PError,
     PeerProtocolError,
     RejectedMessage,
@@ -144,7 +145,7 @@ class P2PNode:
                 await stream.close()
             except (RemoteRefusedError, PeerProtocolError, StreamBroken) as exc:
                 await stream.reset()
-                raise DialError(f"{holder[-8:]} did not admit us: {exc}") from exc
+                raise NotAdmittedError(f"{holder[-8:]} did not admit us: {exc}") from exc
             except trio.TooSlowError as exc:
                 await stream.reset()
                 raise DialError(f"{holder[-8:]} did not answer our access token") from exc

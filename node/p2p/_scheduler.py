@@ -39,12 +39,13 @@ from ._exceptions import (
     BadBlockError,
     DialError,
     FetchError,
+    NotAdmittedError,
     PeerProtocolError,
     RemoteRefusedError,
     StreamBroken,
 )
 from ._exchange import request_blocks
-from ._wire import ByteStream
+from ._wire import ByteStream, Status
 
 log = structlog.get_logger(__name__)
 
@@ -94,6 +95,7 @@ class _Holder:
     in_flight: int = 0
     bytes: int = 0
     dropped: str | None = None
+    refused: bool = False  # it refused this node outright (FORBIDDEN, or not admitted)
     first_request: float | None = None  # trio time its first request started
 
     def rate(self) -> float:
@@ -270,6 +272,7 @@ class Transfer:
                 f"(holders: {reasons or 'none'}); {self.blocks} blocks fetched are kept",
                 missing=len(self._pending),
                 fetched=self.blocks,
+                refused_by=frozenset(h.peer for h in self.holders.values() if h.refused),
             )
 
     async def _worker(self, holder: _Holder) -> None:
@@ -301,9 +304,13 @@ class Transfer:
                     computed=exc.computed,
                     evidence="bytes received for the claimed CID hash to the computed CID",
                 )
+            except (RemoteRefusedError, NotAdmittedError) as exc:
+                holder.refused = isinstance(exc, NotAdmittedError) or exc.status == int(
+                    Status.FORBIDDEN
+                )
+                self._drop(holder, f"{type(exc).__name__}: {exc}")
             except (
                 PeerProtocolError,
-                RemoteRefusedError,
                 StreamBroken,
                 DialError,
                 trio.TooSlowError,

@@ -19,6 +19,7 @@ from ._demo import DemoSettings as DemoSettings
 from ._demo import run_demo as run_demo
 from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
+from ._exceptions import MissingUpdatesError as MissingUpdatesError
 from ._exceptions import PeerUpdateError as PeerUpdateError
 from ._exceptions import ReplayMismatchError as ReplayMismatchError
 from ._exceptions import RoundStalledError as RoundStalledError
@@ -29,9 +30,9 @@ from ._headers import HeaderCollector as HeaderCollector
 from ._local import LocalResult as LocalResult
 from ._local import evaluate as evaluate
 from ._local import train_local as train_local
+from ._loop import NODE_ATTACKS as NODE_ATTACKS
 from ._loop import TrainSettings as TrainSettings
 from ._loop import run_node as run_node
-from ._loop import updates_topic as updates_topic
 from ._model import build_model as build_model
 from ._model import load_state as load_state
 from ._model import model_state as model_state
@@ -45,6 +46,7 @@ from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
 from ._state import state_cid as state_cid
 from ._state import state_cid_from_layers as state_cid_from_layers
+from ._topics import updates_topic as updates_topic
 from ._trainer import NodeTrainer as NodeTrainer
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_exports.py)
@@ -54,7 +56,9 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "DemoSettings",
     "HeaderCollector",
     "LocalResult",
+    "MissingUpdatesError",
     "ModelConfig",
+    "NODE_ATTACKS",
     "NodeTrainer",
     "PeerUpdateError",
     "ReplayInputs",

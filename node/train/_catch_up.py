@@ -10,6 +10,7 @@ See specs/training.md#late-join and #hugging-face-fallback.
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -18,7 +19,7 @@ import structlog
 import trio
 
 from cnode.node._logging import bind_context
-from cnode.node.coordinator import CheckpointRecord, CoordinatorClient, CoordinatorRejected
+from cnode.node.coordinator import CheckpointRecord, CoordinatorClient
 from cnode.node.hub import (
     HubError,
     HubLogin,
@@ -32,6 +33,7 @@ from cnode.storage import CID, HFFolderError
 from . import limits
 from ._bans import KnownBans
 from ._exceptions import CatchUpError
+from ._membership import leave_round
 from ._report import Reporter
 from ._trainer import NodeTrainer
 
@@ -52,6 +54,8 @@ class CatchUp:
     workdir: Path  # temporary Hub folders go here (as big as the model)
     login: HubLogin | None  # `cnode init --hf-login`, if any
     hf_repo: str | None  # --hf-repo: upload each checkpoint there
+    # Dials the peers the run state lists, before a fetch (a joiner may not know them yet).
+    connect_peers: Callable[[], Awaitable[None]] | None = None
 
     async def state_for(self, client: CoordinatorClient, node: P2PNode, round_: int) -> int:
         """Get the state a round needs; return the round to train (not always ``round_``).
@@ -67,11 +71,7 @@ class CatchUp:
             if record is not None and record.round == round_ - 1:
                 await self._fetch(node, record)
                 return round_
-            with trio.move_on_after(5):
-                try:
-                    await client.leave(round_)
-                except CoordinatorRejected as exc:  # e.g. the round is over already
-                    log.info("leave_refused", round=round_, error=str(exc))
+            await leave_round(client, round_)
             have = -1 if record is None else record.round
             # Older: wait for the next checkpoint round. Newer (the swarm moved on while this
             # node waited): join the current round at once, it needs that checkpoint.
@@ -113,6 +113,8 @@ class CatchUp:
         """Fetch ``record``'s checkpoint from peers (the Hub as fallback), verify, adopt."""
         began = time.monotonic()
         cid = CID.parse(record.manifest)
+        if self.connect_peers is not None:
+            await self.connect_peers()
         # Blocks are verified whoever serves them, but banned peers are not asked at all.
         peers = [p for p in node.connected_peers() if p not in self.bans]
         try:

@@ -67,8 +67,6 @@ class _Proc:
     def node_log(self) -> Path:
         return self.home / "node.log"
 
-    def addr(self) -> str:
-        return f"/ip4/127.0.0.1/tcp/{self.port}/p2p/{self.peer}"
 
 
 def _free_port() -> int:
@@ -285,6 +283,8 @@ def _coordinator_files(work: Path, procs: list[_Proc], settings: DemoSettings) -
             "warmup_s": 1.5,
         },
         "access": {"peers": [p.peer for p in procs]},
+        # Every node listens on 127.0.0.1 and advertises that address through the coordinator.
+        "network": {"allow_private_addrs": True},
         "training": settings.training,
     }
     run_config = work / "run.toml"
@@ -307,11 +307,7 @@ def _node_cmd(
     ]  # fmt: skip
     if p is procs[0]:
         cmd.append("--checkpointer")
-    # Every node knows the others' addresses (they are all on this machine): the late joiner
-    # can then fetch from every holder at once.
-    for other in procs:
-        if other is not p and other.role != "late joiner":
-            cmd += ["--bootstrap", other.addr()]
+    # No --bootstrap: like any user's node, each learns the others from the coordinator.
     if p.role == "attacker":
         cmd += ["--attack", settings.attack]
     if p.role == "late joiner":

@@ -20,6 +20,7 @@ from cnode.node._exceptions import NodeError
 __all__ = [
     "BannedError",
     "CatchUpError",
+    "MissingUpdatesError",
     "PeerUpdateError",
     "ReplayMismatchError",
     "RoundStalledError",
@@ -73,6 +74,20 @@ class RoundStalledError(TrainingError):
 
     The message carries the coordinator's own reason (e.g. too few participants).
     """
+
+
+class MissingUpdatesError(TrainingError):
+    """Raised when a node cannot fetch every update of its round's agreed input set."""
+
+    def __init__(self, round_: int, members: list[str], reasons: dict[str, str]) -> None:
+        named = ", ".join(f"{m} ({reasons.get(m, '?')})" for m in members)
+        super().__init__(
+            f"round {round_}: could not fetch the agreed updates of {len(members)} member(s): "
+            f"{named}"
+        )
+        self.round = round_
+        self.members = members
+        self.reasons = reasons
 
 
 class CatchUpError(TrainingError):

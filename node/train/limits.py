@@ -17,9 +17,9 @@ MAX_CORPUS_BYTES = 512 * 1024 * 1024
 
 # Seconds a node waits for the coordinator to publish a round's member list after it is ready.
 MEMBERS_WAIT_S = 120.0
-# Seconds a node waits for the signed headers of a round's members (gossip) before leaving out
-# those still missing; they were published before their senders said ready.
-HEADER_WAIT_S = 15.0
+# Seconds a node waits for the signed headers of a round's members on gossip before it fetches
+# the missing ones as blocks, by the CIDs the round record lists.
+HEADER_WAIT_S = 5.0
 # A node publishes its latest header again every HEADER_REPUBLISH_S, for HEADER_REPUBLISH_FOR_S
 # after the first publish: a member that (re)joined the gossip mesh moments before would miss it.
 HEADER_REPUBLISH_S = 1.0
@@ -28,8 +28,25 @@ HEADER_REPUBLISH_FOR_S = 20.0
 # member), FETCH_RETRY_S x the try number apart.
 FETCH_ATTEMPTS = 4
 FETCH_RETRY_S = 0.5
-# Seconds a node spends fetching the updates of one round's members before dropping the missing.
+# Seconds a node spends fetching the updates of one round's members before it reports what it
+# holds (op `collected`); never past the round's collect deadline less COLLECT_REPORT_MARGIN_S.
 ROUND_FETCH_S = 60.0
+COLLECT_REPORT_MARGIN_S = 5.0
+# Seconds past the round's collect deadline a node waits for the coordinator's decision.
+AGREED_WAIT_SLACK_S = 30.0
+# Seconds a node spends fetching the updates of the agreed set it still lacks, from every peer
+# that may hold them, before it gives the round up and catches up from the agreed state.
+AGREED_FETCH_S = 60.0
+# Seconds one dial of one peer address may take.
+DIAL_TIMEOUT_S = 10.0
+# Seconds between two reads of the run state that look for new peers to dial (and bans).
+DISCOVERY_POLL_S = 2.0
+# A peer that could not be dialed is tried again after DIAL_BACKOFF_FIRST_S, doubling per
+# failure up to DIAL_BACKOFF_MAX_S.
+DIAL_BACKOFF_FIRST_S = 1.0
+DIAL_BACKOFF_MAX_S = 30.0
+# Seconds a node gives the coordinator to take its `leave` (the round goes on without it anyway).
+LEAVE_WAIT_S = 5.0
 # Seconds a joining node spends fetching the current checkpoint from its holders.
 CATCH_UP_FETCH_S = 120.0
 # Times a joining node leaves the round it was placed in to wait for a checkpoint it can start

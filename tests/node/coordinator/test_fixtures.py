@@ -50,20 +50,37 @@ def ready_payload() -> dict[str, Any]:
     }
 
 
+def collected_payload() -> dict[str, Any]:
+    return {
+        "run": "demo",
+        "op": "collected",
+        "counter": 1_795_300_000_000_001,
+        "args": {"round": 2, "missing": []},
+        "token": _token(),
+    }
+
+
 def run_state() -> RunState:
     config = load_run_config(FIXTURES / "run.toml")
+    addrs = {PEER.peer_id_str: [f"/ip4/203.0.113.7/tcp/4001/p2p/{PEER.peer_id_str}"]}
     published = RoundInfo(
         "demo",
         2,
         0,
-        RoundStatus.PUBLISHED,
+        RoundStatus.AGREED,
         [PEER.peer_id_str],
         1,
         1,
         None,
         {PEER.peer_id_str: HEADER},
+        addrs=addrs,
+        collect_deadline_ms=1_795_300_090_000,
+        agreed=[PEER.peer_id_str],
+        excluded={},
     )
-    current = RoundInfo("demo", 3, 0, RoundStatus.CLOSED, [], 2, 1, 1_795_300_060_000)
+    current = RoundInfo(
+        "demo", 3, 0, RoundStatus.CLOSED, [], 2, 1, 1_795_300_060_000, addrs=addrs
+    )
     return RunState(
         run="demo",
         coordinator=COORDINATOR.peer_id_str,
@@ -95,6 +112,10 @@ def generate() -> dict[str, str]:
             {"envelope": b64encode(seal(PEER, REQUEST_TYPE, ready_payload()))}, indent=2
         ),
         "request-ready.payload.json": json.dumps(_readable(ready_payload()), indent=2),
+        "request-collected.json": json.dumps(
+            {"envelope": b64encode(seal(PEER, REQUEST_TYPE, collected_payload()))}, indent=2
+        ),
+        "request-collected.payload.json": json.dumps(_readable(collected_payload()), indent=2),
         "run-state.json": json.dumps(
             {"envelope": b64encode(seal(COORDINATOR, STATE_TYPE, state.to_payload()))}, indent=2
         ),
@@ -131,3 +152,4 @@ if __name__ == "__main__":
     for name, text in generate().items():
         (FIXTURES / name).write_text(text + "\n")
         print("wrote", FIXTURES / name)
+

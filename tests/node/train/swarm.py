@@ -63,8 +63,6 @@ class Node:
     def log(self) -> Path:
         return self.home / "node.log"
 
-    def addr(self) -> str:
-        return f"/ip4/127.0.0.1/tcp/{self.port}/p2p/{self.peer}"
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         events = read_report(self.report)
@@ -89,6 +87,8 @@ class Swarm:
         round_timeout_s: float = 20.0,
         hf_endpoint: str | None = None,
         checkpoint_every: int = 1,
+        coordinator_port: int = 0,  # fixed, so it can restart on the same URL
+        collect_timeout_s: float = 30.0,
     ) -> None:
         self.tmp = tmp
         self.hf_endpoint = hf_endpoint  # the (fake) Hub of the coordinator and of every node
@@ -113,8 +113,10 @@ class Swarm:
                 "cooldown_s": 20.0,
                 # Time for every member to join the next round before its list can close.
                 "warmup_s": 1.0,
+                "collect_timeout_s": collect_timeout_s,
             },
             "access": {"peers": [n.peer for n in self.nodes.values()]},
+            "network": {"allow_private_addrs": True},  # everyone is on 127.0.0.1
             "training": TINY_TRAINING,
         }
         self.run_config = tmp / "run.toml"
@@ -125,6 +127,7 @@ class Swarm:
             tmp / "coordinator.key",
             hf_endpoint=hf_endpoint,
             p2p_listen="/ip4/127.0.0.1/tcp/0",  # it gossips its signed state; nodes follow it
+            listen=f"127.0.0.1:{coordinator_port}",
         )
         self.coordinator.start()
 
@@ -142,9 +145,6 @@ class Swarm:
         ]  # fmt: skip
         if checkpointer:
             cmd.append("--checkpointer")
-        for other in self.nodes.values():
-            if other is not node:
-                cmd += ["--bootstrap", other.addr()]
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
         if self.hf_endpoint is not None:
             env["HF_ENDPOINT"] = self.hf_endpoint

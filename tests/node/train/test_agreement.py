@@ -13,26 +13,11 @@ import trio
 
 from cnode.auth import Identity, save_identity
 from cnode.node.coordinator import CoordinatorClient, CoordinatorProcess, load_run_config
-from cnode.node.train import StateMismatchError, TrainingConfig
-from cnode.node.train._loop import TrainSettings, _Session
-from cnode.node.train._report import Reporter
-from cnode.node.train._trainer import NodeTrainer
-from cnode.storage import BlockStore, compute_cid
+from cnode.node.train import StateMismatchError
+from cnode.node.train._agreement import agree_on_checkpoint
+from cnode.storage import CID, compute_cid
 
 from .swarm import TINY_TRAINING
-
-
-def _settings(tmp_path: Path, *, checkpointer: bool) -> TrainSettings:
-    return TrainSettings(
-        run="m",
-        home=tmp_path,
-        run_config=tmp_path / "run.toml",
-        coordinator_url="",
-        listen="/ip4/127.0.0.1/tcp/0",
-        bootstrap=(),
-        blocks_dir=tmp_path / "blocks",
-        checkpointer=checkpointer,
-    )
 
 
 def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Path) -> None:
@@ -51,7 +36,7 @@ def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Pat
         encoding="utf-8",
     )
     config = load_run_config(tmp_path / "run.toml")
-    training = TrainingConfig.from_dict(TINY_TRAINING)
+    state = compute_cid(b"a state", 0x71)
     agreed = compute_cid(b"the swarm's checkpoint of round 1", 0x71)
     mine = compute_cid(b"this node's different checkpoint", 0x71)
 
@@ -68,24 +53,27 @@ def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Pat
                 info = await ca.wait_members(round_)
             await ca.submit_checkpoint(epoch=info.epoch, round=round_, manifest=str(agreed))
             # b (not a member) compares; a (a member) submits as a checkpointer would.
-            for who, client, checkpointer in ((b, cb, False), (a, ca, True)):
-                trainer = NodeTrainer(
-                    training, run="m", identity=who, store=BlockStore(tmp_path / who.peer_id_str)
-                )
-                session = _Session(
-                    _settings(tmp_path, checkpointer=checkpointer),
-                    trainer,
-                    Reporter(None, peer=who.peer_id_str),
-                    1,
-                    None,
-                )
+            for client, checkpointer in ((cb, False), (ca, True)):
+
+                async def agree(
+                    manifest: CID, client: CoordinatorClient = client, submit: bool = checkpointer
+                ) -> None:
+                    await agree_on_checkpoint(
+                        client,
+                        round_=round_,
+                        epoch=info.epoch,
+                        manifest=manifest,
+                        state_cid=state,
+                        submit=submit,
+                    )
+
                 with pytest.raises(StateMismatchError) as raised:
-                    await session._agree(client, round_, info.epoch, mine)
+                    await agree(mine)
                 assert str(mine) in str(raised.value)
                 if not checkpointer:
                     assert str(agreed) in str(raised.value)
                 # the same manifest as the swarm's is agreement, not an error
-                await session._agree(client, round_, info.epoch, agreed)
+                await agree(agreed)
 
     with CoordinatorProcess(
         tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"

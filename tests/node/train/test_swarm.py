@@ -65,7 +65,8 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     assert "banned" in evil.events("stopped")[-1]["reason"]
     # Nodes still training learned of the ban from the coordinator's gossip, not only by polling.
     seen = [e for n in honest for e in n.events("ban_seen")]
-    assert seen and all(e["peers"] == [evil.peer] and e["via"] == "gossip" for e in seen)
+    assert seen and all(e["peers"] == [evil.peer] for e in seen)
+    assert any(e["via"] == "gossip" for e in seen)
     # ... and no honest peer was ever reported.
     reported = {e["accused"] for n in honest for e in n.events("ban_reported")}
     assert reported == {evil.peer}
