@@ -34,7 +34,7 @@ class BanRecommendation:
     figures: dict[str, Any] = field(default_factory=dict)  # the numbers behind the reason
 
     def to_payload(self) -> dict[str, Any]:
-        """CBOR/JSON-friendly dict for a signed "cnode/ban-evidence/v1" envelope."""
+        """CBOR/JSON-friendly dict: the args of a coordinator ``ban_evidence`` request."""
         return {
             "peer": self.peer,
             "round": self.round,

@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from cnode._cbor import CBORError, encode
+from cnode._cbor import decode as _decode
+
 from . import limits
-from ._cbor import CBORError, decode, encode
 from ._exceptions import (
     BadSignature,
     EncodeError,
@@ -22,6 +24,17 @@ from ._exceptions import (
     WrongSigner,
 )
 from ._identity import Identity, peer_id_from_bytes, public_key_from_peer_id_bytes
+
+
+def decode(data: bytes) -> Any:
+    """One envelope's DAG-CBOR under auth's bounds (size, depth, item count); CBORError if bad."""
+    return _decode(
+        data,
+        max_size=limits.MAX_ENVELOPE_SIZE,
+        max_depth=limits.MAX_CBOR_DEPTH,
+        max_items=limits.MAX_CBOR_ITEMS,
+    )
+
 
 # Prepended to the DAG-CBOR bytes that are signed; never sent.
 DOMAIN = b"cnode/envelope/v1\x00"
@@ -37,10 +50,7 @@ PAYLOAD_TYPES: frozenset[str] = frozenset(
         "cnode/announce/v1",  # gossipsub: which CIDs a peer holds
         "cnode/update-header/v1",  # gossipsub: a peer's update for (run, round), by manifest CID
         "cnode/run-state/v1",  # coordinator: the signed run state
-        "cnode/checkpoint/v1",  # a checkpoint's manifest CID for (run, epoch, round)
-        "cnode/ban-evidence/v1",  # why a peer should be banned, with the update CIDs
         "cnode/request/v1",  # a peer's (or admin's) signed request to the coordinator
-        "cnode/round/v1",  # round messages on gossipsub (join / ready / members)
     }
 )
 
@@ -87,7 +97,7 @@ def seal(identity: Identity, payload_type: str, payload: dict[str, Any]) -> byte
             f"{limits.MAX_ENVELOPE_SIZE}"
         )
     try:
-        decode(data, max_size=limits.MAX_ENVELOPE_SIZE)  # what we send, we must also accept
+        decode(data)  # what we send, we must also accept
     except CBORError as exc:
         raise EncodeError(f"{payload_type} payload: {exc}") from exc
     return data
@@ -103,7 +113,7 @@ def open_envelope(data: bytes, *, expected_type: str, expected_signer: str | Non
     if not isinstance(data, bytes | bytearray | memoryview):
         raise MalformedEnvelope(f"envelope must be bytes, got {type(data).__name__}")
     try:
-        value = decode(bytes(data), max_size=limits.MAX_ENVELOPE_SIZE)
+        value = decode(bytes(data))
     except CBORError as exc:
         raise MalformedEnvelope(f"malformed envelope: {exc}") from exc
     if not isinstance(value, dict) or set(value) != _ENVELOPE_KEYS:

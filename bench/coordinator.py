@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import os
 import statistics
@@ -42,7 +43,6 @@ from cnode.node.coordinator import (
     RunConfig,
     SyncCoordinatorClient,
 )
-from cnode.node.coordinator._protocol import b64decode
 
 RUN = "bench"
 _TIMEOUT = httpx.Timeout(300.0)  # a starved machine can take minutes per round
@@ -90,7 +90,7 @@ async def wait_listed(http: httpx.AsyncClient, url: str, n: int) -> bytes:
     while True:
         r = await http.get(f"{url}/v1/runs/{RUN}/rounds/{n}", params={"wait": "10"})
         r.raise_for_status()
-        data = b64decode(r.json()["envelope"])
+        data = base64.b64decode(r.json()["envelope"], validate=True)
         if b"\x69published" in data:  # the CBOR text string "published" (status field)
             return data
 

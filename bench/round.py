@@ -71,11 +71,13 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
 
     from cnode.auth import Identity
     from cnode.node.p2p import P2PSettings, open_p2p_node
-    from cnode.node.train import TrainingConfig
-    from cnode.node.train._headers import HeaderCollector
-    from cnode.node.train._round import header_cid
-    from cnode.node.train._topics import updates_topic
-    from cnode.node.train._trainer import NodeTrainer
+    from cnode.node.train import (
+        HeaderCollector,
+        NodeTrainer,
+        TrainingConfig,
+        header_cid,
+        updates_topic,
+    )
     from cnode.storage import BlockStore
 
     identity = Identity.generate()

@@ -1,7 +1,13 @@
 """Everything with network I/O: libp2p host, block exchange, coordinator, training, CLI.
 
 The only cnode package that touches the network; it depends on ``storage``, ``aggregation`` and
-``auth``, which never depend on it.
+``auth``, which never depend on it. Errors: ``_exceptions.py`` draws the tree; every node
+package's root error derives from :class:`NodeError`.
 """
 
-__all__: list[str] = []
+from ._exceptions import ConfigError as ConfigError
+from ._exceptions import InitError as InitError
+from ._exceptions import NodeError as NodeError
+from ._exceptions import UsageError as UsageError
+
+__all__ = ["ConfigError", "InitError", "NodeError", "UsageError"]

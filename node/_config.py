@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tomli_w
 
-from cnode import CnodeError
+from cnode.node._exceptions import ConfigError
 
 CONFIG_FILE = "config.toml"
 IDENTITY_FILE = "identity.key"
@@ -29,10 +29,6 @@ DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
 DEFAULT_COORDINATOR = "http://127.0.0.1:8470"
 LOG_FORMATS = ("console", "json")
 _TYPE_NAMES = {str: "a string", int: "an integer", list: "a list of strings"}
-
-
-class ConfigError(CnodeError):
-    """Raised when ``config.toml`` is missing, unreadable or holds a bad value."""
 
 
 def default_home() -> Path:

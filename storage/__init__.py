@@ -12,12 +12,11 @@ from ._checkpoint import CheckpointInfo as CheckpointInfo
 from ._checkpoint import list_checkpoints as list_checkpoints
 from ._checkpoint import load_checkpoint as load_checkpoint
 from ._checkpoint import load_layer as load_layer
-from ._checkpoint import manifest_closure as manifest_closure
-from ._checkpoint import missing_blocks as missing_blocks
 from ._checkpoint import read_file as read_file
 from ._checkpoint import read_manifest as read_manifest
 from ._checkpoint import read_tokenizer_files as read_tokenizer_files
 from ._checkpoint import save_checkpoint as save_checkpoint
+from ._checkpoint import tensor_layer as tensor_layer
 from ._cid import CID as CID
 from ._cid import DAG_CBOR as DAG_CBOR
 from ._cid import RAW as RAW
@@ -47,9 +46,12 @@ from ._manifest import CheckpointMeta as CheckpointMeta
 from ._manifest import FileRef as FileRef
 from ._manifest import Layer as Layer
 from ._manifest import Manifest as Manifest
+from ._state import state_cid_of_layers as state_cid_of_layers
 from ._verify import Fault as Fault
 from ._verify import VerifyReport as VerifyReport
 from ._verify import verify_checkpoint as verify_checkpoint
+from ._walk import manifest_closure as manifest_closure
+from ._walk import missing_blocks as missing_blocks
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_exports.py)
     "AggregationRecord",
@@ -96,6 +98,8 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "read_manifest",
     "read_tokenizer_files",
     "save_checkpoint",
+    "state_cid_of_layers",
+    "tensor_layer",
     "verify_block",
     "verify_car",
     "verify_checkpoint",

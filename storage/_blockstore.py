@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import re
 import secrets
@@ -33,7 +32,7 @@ from typing import Protocol
 import structlog
 
 from . import limits
-from ._cid import CID, RAW, compute_cid, verify_block
+from ._cid import CID, RAW, compute_cid, matches, new_hash, verify_block
 from ._exceptions import (
     BlockNotFoundError,
     CorruptBlockError,
@@ -41,20 +40,13 @@ from ._exceptions import (
     ManifestError,
     StorageError,
 )
+from ._walk import BlockReader, reachable_blocks
 
 log = structlog.get_logger(__name__)
 
 # Temp files older than this are left-overs of a crashed writer and are removed on open.
 _STALE_TMP_S = 3600.0
 _PIN_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
-
-
-class BlockReader(Protocol):
-    """What reading a manifest needs: a BlockStore, or a view over staged CAR blocks."""
-
-    def has(self, cid: CID) -> bool: ...
-
-    def get(self, cid: CID) -> bytes: ...
 
 
 class BlockChecker(BlockReader, Protocol):
@@ -213,7 +205,7 @@ class BlockStore:
                 data = f.read(size + 1)
         finally:
             os.close(fd)
-        if hashlib.sha256(data).digest() != cid.digest:
+        if not matches(cid, data):
             raise self._quarantine(cid, "hash mismatch")
         return data
 
@@ -244,7 +236,7 @@ class BlockStore:
         finally:
             if fd >= 0:
                 os.close(fd)
-        if got != size or hashlib.sha256(buffer).digest() != cid.digest:
+        if got != size or not matches(cid, buffer):
             raise self._quarantine(cid, "hash mismatch")
 
     def read_chunks(self, cid: CID, size: int = 65536) -> Iterator[bytes]:
@@ -275,7 +267,7 @@ class BlockStore:
                 self._quarantine(cid, f"{actual} bytes exceeds MAX_BLOCK_SIZE")
                 return "corrupt", actual
             buf = _buffer()
-            digest = hashlib.sha256()
+            digest = new_hash()
             with os.fdopen(os.dup(fd), "rb", buffering=0) as f:
                 while n := f.readinto(buf):
                     digest.update(memoryview(buf)[:n])
@@ -368,7 +360,6 @@ class BlockStore:
         updates its aggregation record names: pin those separately to keep them). Run it while no
         checkpoint is being saved: blocks of a not-yet-pinned checkpoint are unpinned.
         """
-        from ._checkpoint import reachable_blocks  # the manifest schema lives there
 
         with self._lock():
             live: set[CID] = set()

@@ -12,7 +12,6 @@ only then are the staged files renamed into place. A bad CAR leaves the store un
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import secrets
 import shutil
@@ -24,8 +23,17 @@ import structlog
 
 from . import _cbor, limits
 from ._blockstore import BlockStore
-from ._checkpoint import manifest_closure, read_manifest
-from ._cid import CID, DAG_CBOR, decode_cid_prefix
+from ._checkpoint import read_manifest
+from ._cid import (
+    CID,
+    DAG_CBOR,
+    MAX_VARINT_LEN,
+    VarintError,
+    decode_cid_prefix,
+    matches,
+    read_varint,
+    varint,
+)
 from ._exceptions import (
     BlockNotFoundError,
     CARError,
@@ -35,35 +43,25 @@ from ._exceptions import (
     StorageError,
 )
 from ._verify import VerifyReport, verify_checkpoint
+from ._walk import manifest_closure
 
 log = structlog.get_logger(__name__)
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = n & 0x7F
-        n >>= 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
 def _read_varint(f: BinaryIO, what: str) -> int | None:
-    """Read a minimal varint; None at a clean end of file."""
-    value = 0
-    for i in range(9):
+    """Read a minimal varint (``_cid.read_varint``); None at a clean end of file."""
+    head = bytearray()
+    while len(head) < MAX_VARINT_LEN and (not head or head[-1] & 0x80):
         b = f.read(1)
         if not b:
-            if i == 0:
+            if not head:
                 return None
             raise CARError(f"truncated CAR: file ends inside the length of {what}")
-        value |= (b[0] & 0x7F) << (7 * i)
-        if not b[0] & 0x80:
-            if b[0] == 0 and i:
-                raise CARError(f"malformed CAR: non-minimal length of {what}")
-            return value
-    raise CARError(f"malformed CAR: length of {what} is too long")
+        head += b
+    try:
+        return read_varint(head, 0)[0]
+    except VarintError as exc:
+        raise CARError(f"malformed CAR: length of {what}: {exc}") from None
 
 
 def _read_exact(f: BinaryIO, n: int, what: str) -> bytes:
@@ -80,9 +78,16 @@ def read_header(f: BinaryIO) -> CID:
         raise CARError("not a CAR file: it is empty")
     if not 0 < size <= limits.MAX_CAR_HEADER_SIZE:
         raise CARError(f"CAR header of {size} bytes exceeds MAX_CAR_HEADER_SIZE or is empty")
+    raw = _read_exact(f, size, "the header")
     try:
-        header = _cbor.decode(_read_exact(f, size, "the header"))
+        header = _cbor.decode(raw)
     except StorageError as exc:
+        links = _cbor.foreign_links(raw) or []
+        if links and all(codec == "dag-pb" for _cid, codec in links):
+            raise CARError(
+                f"the CAR's root {links[0][0]} is dag-pb (a UnixFS file or folder), not a cnode "
+                "manifest: cnode imports checkpoint CARs, whose root is a DAG-CBOR manifest"
+            ) from exc
         raise CARError(f"malformed CAR header: {exc}") from exc
     if not isinstance(header, dict) or set(header) != {"roots", "version"}:
         raise CARError("malformed CAR header: need exactly 'roots' and 'version'")
@@ -161,11 +166,11 @@ def _write_car(
     """Write header and every block of ``closure`` to ``tmp``, fsynced."""
     with open(tmp, "wb") as f:
         header = _cbor.encode({"roots": [manifest_cid], "version": 1})
-        f.write(_varint(len(header)) + header)
+        f.write(varint(len(header)) + header)
         for cid in closure:
             data = store.get(cid)
             cid_bytes = bytes(cid)
-            f.write(_varint(len(cid_bytes) + len(data)) + cid_bytes)
+            f.write(varint(len(cid_bytes) + len(data)) + cid_bytes)
             f.write(data)
             if on_progress is not None:
                 on_progress(len(data))
@@ -227,7 +232,7 @@ def import_car(
             for cid, data in iter_sections(f):
                 if len(data) > limits.MAX_BLOCK_SIZE:
                     raise CARError(f"{path.name}: block {cid} exceeds MAX_BLOCK_SIZE")
-                if hashlib.sha256(data).digest() != cid.digest:
+                if not matches(cid, data):
                     raise CARError(f"{path.name}: block {cid} does not match its CID")
                 staged.add(cid, data)
                 if on_progress is not None:
@@ -264,7 +269,7 @@ class _CarView:
         self.bad: set[CID] = set()
 
     def add(self, cid: CID, data: bytes) -> None:
-        if hashlib.sha256(data).digest() != cid.digest:
+        if not matches(cid, data):
             self.bad.add(cid)
             return
         self.sizes[cid] = len(data)

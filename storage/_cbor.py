@@ -1,24 +1,19 @@
-"""Strict canonical DAG-CBOR: the one encode and one decode path for structured blocks.
+"""storage's DAG-CBOR: the shared codec of ``cnode/_cbor.py``, with links as :class:`CID`.
 
-See specs/manifest.md#dag-cbor. Size is bounded first; then ``cnode._cbor_scan.scan_items`` (the
-walk ``auth`` runs too) checks the item heads iteratively (no recursion, no values built) to
-bound nesting depth and to make sure exactly one complete item fills the bytes. Only then does
-the ``dag_cbor`` package decode (it refuses NaN/Infinity, 16/32-bit floats, non-minimal
-integers, unsorted or non-string map keys and tags other than 42); the result is re-encoded and
-the bytes compared, so exactly one encoding of any value is accepted. Errors of ``dag_cbor`` and
-``multiformats`` stay inside this module: they become CBORDecodeError.
+See specs/manifest.md#dag-cbor. Size is bounded first (MAX_BLOCK_SIZE, BlockTooLargeError); then
+``cnode._cbor.decode`` (the codec ``auth`` runs too) checks item heads iteratively against
+MAX_CBOR_DEPTH and MAX_CBOR_ITEMS, decodes, and re-encodes to accept exactly one encoding of any
+value. Its errors become CBORDecodeError or NonCanonicalCBORError here; links become our
+:class:`CID` under the allowlist.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import dag_cbor
 import multiformats
-from dag_cbor.decoding.err import CBORDecodingError
-from dag_cbor.encoding.err import CBOREncodingError
 
-from cnode._cbor_scan import CBORShapeError, dag_cbor_error_summary, scan_items
+from cnode import _cbor
 
 from . import limits
 from ._cid import CID, from_ipld, to_ipld
@@ -57,49 +52,69 @@ def _from_ipld(value: Any) -> Any:
     return value
 
 
+def _decode_bounded(data: bytes | bytearray | memoryview) -> Any:
+    """The shared codec under storage's limits; links stay ``multiformats.CID``."""
+    return _cbor.decode(
+        bytes(data),
+        max_size=limits.MAX_BLOCK_SIZE,
+        max_depth=limits.MAX_CBOR_DEPTH,
+        max_items=limits.MAX_CBOR_ITEMS,
+    )
+
+
+def foreign_links(data: bytes | bytearray | memoryview) -> list[tuple[str, str]] | None:
+    """(CID text, codec name) of each link of a DAG-CBOR node, of any codec; None if not DAG-CBOR.
+
+    Only to say what a block cnode refuses is (a CAR whose root is a dag-pb UnixFS node);
+    nothing it returns is trusted or stored.
+    """
+    try:
+        value = _decode_bounded(data)
+    except _cbor.CBORError:
+        return None
+    out: list[tuple[str, str]] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, multiformats.CID):
+            out.append((item.encode("base32"), item.codec.name))
+        elif isinstance(item, dict):
+            stack.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            stack.extend(reversed(item))
+    return out
+
+
+def _too_large(size: int) -> BlockTooLargeError:
+    return BlockTooLargeError(
+        f"DAG-CBOR node of {size} bytes exceeds MAX_BLOCK_SIZE {limits.MAX_BLOCK_SIZE}"
+    )
+
+
 def encode(value: Any) -> bytes:
     """Canonical DAG-CBOR bytes of ``value`` (dicts with str keys, lists, CIDs, ints, floats...)."""
     try:
-        data = dag_cbor.encode(_to_ipld(value, 0))
-    except (CBOREncodingError, TypeError, ValueError) as exc:
-        raise StorageError(f"cannot encode as DAG-CBOR: {exc}") from exc
-    assert isinstance(data, bytes)
+        data = _cbor.encode(_to_ipld(value, 0))
+    except _cbor.CBORError as exc:
+        raise StorageError(str(exc)) from exc
     if len(data) > limits.MAX_BLOCK_SIZE:
-        raise BlockTooLargeError(
-            f"DAG-CBOR node of {len(data)} bytes exceeds MAX_BLOCK_SIZE {limits.MAX_BLOCK_SIZE}"
-        )
+        raise _too_large(len(data))
     return data
 
 
 def decode(data: bytes | bytearray | memoryview) -> Any:
     """Decode one strict canonical DAG-CBOR node; CIDs come back as :class:`CID`.
 
-    Raises CBORDecodeError (malformed, truncated, too deep, bad link), NonCanonicalCBORError, or
-    BlockTooLargeError (over MAX_BLOCK_SIZE). Size and depth are checked before decoding.
+    Raises CBORDecodeError (malformed, truncated, too deep, too many items, bad link),
+    NonCanonicalCBORError, or BlockTooLargeError (over MAX_BLOCK_SIZE). Size, depth and item
+    count are checked before decoding.
     """
     if len(data) > limits.MAX_BLOCK_SIZE:
-        raise BlockTooLargeError(
-            f"DAG-CBOR node of {len(data)} bytes exceeds MAX_BLOCK_SIZE {limits.MAX_BLOCK_SIZE}"
-        )
-    raw = bytes(data)
+        raise _too_large(len(data))
     try:
-        scan_items(raw, max_depth=limits.MAX_CBOR_DEPTH)
-    except CBORShapeError as exc:
-        raise CBORDecodeError(f"malformed DAG-CBOR: {exc}") from exc
-    try:
-        value = dag_cbor.decode(raw)
-    except CBORDecodingError as exc:
-        first = dag_cbor_error_summary(exc)
-        if "canonical" in str(exc) or "would have been enough" in str(exc):
-            raise NonCanonicalCBORError(f"non-canonical DAG-CBOR: {first}") from exc
-        raise CBORDecodeError(f"malformed DAG-CBOR: {first}") from exc
-    except (ValueError, KeyError, TypeError) as exc:  # multiformats rejecting a link's bytes
-        raise CBORDecodeError(f"malformed DAG-CBOR link: {exc}") from exc
-    result = _from_ipld(value)
-    try:
-        again = dag_cbor.encode(value)
-    except (CBOREncodingError, TypeError, ValueError) as exc:
-        raise NonCanonicalCBORError(f"DAG-CBOR value cannot be re-encoded: {exc}") from exc
-    if again != raw:
-        raise NonCanonicalCBORError("non-canonical DAG-CBOR: re-encoding gives different bytes")
-    return result
+        value = _decode_bounded(data)
+    except _cbor.CBORError as exc:
+        if exc.non_canonical:
+            raise NonCanonicalCBORError(str(exc)) from exc
+        raise CBORDecodeError(str(exc)) from exc
+    return _from_ipld(value)

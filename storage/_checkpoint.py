@@ -8,14 +8,14 @@ of the model (only a non-contiguous or non-CPU tensor is copied, one tensor at a
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, BinaryIO
 
 import structlog
 
 from . import limits
-from ._blockstore import BlockReader, BlockStore
+from ._blockstore import BlockStore
 from ._cid import CID, DAG_CBOR, RAW
 from ._encode import DEFAULT_LAYOUT, ManifestLayout, encode_manifest
 from ._exceptions import (
@@ -30,14 +30,12 @@ from ._manifest import (
     FileRef,
     Layer,
     Manifest,
-    PartialLayer,
     check_file_name,
     check_layer_name,
-    parse_chunk_page,
-    parse_layer_page,
+    iter_chunks,
     parse_root,
-    resolve,
 )
+from ._walk import BlockReader, missing_blocks, resolve
 
 if TYPE_CHECKING:  # torch is imported only by the functions that need it (fast CLI start)
     import torch
@@ -47,14 +45,20 @@ log = structlog.get_logger(__name__)
 
 def write_chunks(store: BlockStore, data: memoryview) -> tuple[CID, ...]:
     """Cut ``data`` into CHUNK_SIZE slices and store each; return their CIDs."""
-    return tuple(
-        store.put_new(data[off : off + limits.CHUNK_SIZE], RAW)
-        for off in range(0, len(data), limits.CHUNK_SIZE)
-    )
+    return tuple(store.put_new(chunk, RAW) for chunk in iter_chunks(data))
 
 
-def write_stream(store: BlockStore, stream: BinaryIO, nbytes: int, what: str) -> tuple[CID, ...]:
-    """Store exactly ``nbytes`` read from ``stream`` as chunks (HF import reads files this way)."""
+def write_stream(
+    store: BlockStore,
+    stream: BinaryIO,
+    nbytes: int,
+    what: str,
+    inspect: Callable[[memoryview], None] | None = None,
+) -> tuple[CID, ...]:
+    """Store exactly ``nbytes`` read from ``stream`` as chunks (HF import reads files this way).
+
+    ``inspect`` sees each chunk before it is stored (HF import counts NaN/Inf with it).
+    """
     buf = bytearray(limits.CHUNK_SIZE)
     cids = []
     left = nbytes
@@ -67,6 +71,8 @@ def write_stream(store: BlockStore, stream: BinaryIO, nbytes: int, what: str) ->
             if not n:
                 raise CheckpointError(f"{what}: file ends {left - got} bytes early")
             got += n
+        if inspect is not None:
+            inspect(view)
         cids.append(store.put_new(view, RAW))
         left -= want
     return tuple(cids)
@@ -185,6 +191,13 @@ def load_layer(store: BlockStore, layer: Layer) -> torch.Tensor:
     return load(store, layer)
 
 
+def tensor_layer(name: str, tensor: torch.Tensor) -> Layer:
+    """The manifest entry ``save_checkpoint`` would write for ``tensor``, without storing it."""
+    from ._tensors import tensor_layer as layer
+
+    return layer(name, tensor)
+
+
 def load_checkpoint(
     store: BlockStore, manifest_cid: CID
 ) -> tuple[dict[str, torch.Tensor], Manifest]:
@@ -204,60 +217,6 @@ def read_file(store: BlockStore, ref: FileRef) -> bytes:
 
 def read_tokenizer_files(store: BlockStore, manifest: Manifest) -> dict[str, bytes]:
     return {name: read_file(store, ref) for name, ref in manifest.tokenizer_files.items()}
-
-
-def _held_node(store: BlockReader, cid: CID) -> bytes | None:
-    try:
-        return store.get(cid)
-    except (BlockNotFoundError, CorruptBlockError):
-        return None
-
-
-def manifest_closure(store: BlockReader, manifest_cid: CID) -> list[CID]:
-    """Every block the manifest needs that can be known from what is held, in fetch order.
-
-    Root, layer pages, each layer's chunk pages and chunks, then side-file chunks. Pages not
-    held end the walk below them. Raises ManifestError if a held node breaks the schema.
-    """
-    out: dict[CID, None] = {manifest_cid: None}
-    data = _held_node(store, manifest_cid)
-    if data is None:
-        return list(out)
-    root = parse_root(data)
-    partials: list[PartialLayer] = list(root.layers)
-    for page in root.layer_pages:
-        out[page] = None
-        page_data = _held_node(store, page)
-        if page_data is not None:
-            partials.extend(parse_layer_page(page_data))
-    for p in partials:
-        for page in p.chunk_pages:
-            out[page] = None
-            page_data = _held_node(store, page)
-            if page_data is not None:
-                out.update(dict.fromkeys(parse_chunk_page(page_data)))
-        out.update(dict.fromkeys(p.chunks))
-    for ref in root.meta.tokenizer_files.values():
-        out.update(dict.fromkeys(ref.chunks))
-    return list(out)
-
-
-def missing_blocks(store: BlockReader, manifest_cid: CID) -> list[CID]:
-    """Blocks the manifest needs that are not held, as far as is known from what is held.
-
-    Incremental: an absent root gives ``[root]``; absent pages are listed, not their content.
-    A fetcher loops fetch/missing_blocks until the list is empty.
-    """
-    return [cid for cid in manifest_closure(store, manifest_cid) if not store.has(cid)]
-
-
-def reachable_blocks(store: BlockReader, manifest_cid: CID) -> set[CID]:
-    """Held blocks gc must keep for this root (a root that is not a manifest keeps itself)."""
-    try:
-        closure = manifest_closure(store, manifest_cid)
-    except ManifestError:
-        closure = [manifest_cid]
-    return {cid for cid in closure if store.has(cid)}
 
 
 @dataclass(frozen=True)

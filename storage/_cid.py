@@ -24,7 +24,8 @@ SHA2_256 = 0x12
 _CODEC_NAMES = {RAW: "raw", DAG_CBOR: "dag-cbor"}
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
+    """The unsigned varint of ``n`` (CIDs here, CAR section lengths in ``_car``)."""
     out = bytearray()
     while True:
         byte = n & 0x7F
@@ -36,19 +37,37 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _read_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
-    """Read a minimal unsigned varint (at most 9 bytes) at ``pos``; return (value, new pos)."""
+# The longest varint read anywhere: 9 bytes carry 63 bits.
+MAX_VARINT_LEN = 9
+
+
+class VarintError(ValueError):
+    """Internal: bytes are not a minimal varint (callers name what they were reading)."""
+
+
+def read_varint(data: bytes | bytearray | memoryview, pos: int) -> tuple[int, int]:
+    """Read a minimal unsigned varint (at most 9 bytes) at ``pos``; return (value, new pos).
+
+    Raises VarintError ("truncated varint", "non-minimal varint", "varint too long").
+    """
     value = 0
-    for i in range(9):
+    for i in range(MAX_VARINT_LEN):
         if pos + i >= len(data):
-            raise InvalidCIDError("truncated varint in CID")
+            raise VarintError("truncated varint")
         byte = data[pos + i]
         value |= (byte & 0x7F) << (7 * i)
         if not byte & 0x80:
             if byte == 0 and i > 0:
-                raise InvalidCIDError("non-minimal varint in CID")
+                raise VarintError("non-minimal varint")
             return value, pos + i + 1
-    raise InvalidCIDError("varint too long in CID")
+    raise VarintError("varint too long")
+
+
+def _read_cid_varint(data: bytes | memoryview, pos: int) -> tuple[int, int]:
+    try:
+        return read_varint(data, pos)
+    except VarintError as exc:
+        raise InvalidCIDError(f"{exc} in CID") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +101,10 @@ class CID:
 
     def __bytes__(self) -> bytes:
         return (
-            _varint(limits.CID_VERSION)
-            + _varint(self.codec)
-            + _varint(SHA2_256)
-            + _varint(limits.DIGEST_SIZE)
+            varint(limits.CID_VERSION)
+            + varint(self.codec)
+            + varint(SHA2_256)
+            + varint(limits.DIGEST_SIZE)
             + self.digest
         )
 
@@ -129,23 +148,33 @@ class CID:
 
 def decode_cid_prefix(data: bytes | memoryview) -> tuple[CID, int]:
     """Decode a binary CID at the start of ``data``; return it and the number of bytes it used."""
-    version, pos = _read_varint(data, 0)
+    version, pos = _read_cid_varint(data, 0)
     if version == SHA2_256:
         raise InvalidCIDError("CIDv0 is not supported (need CIDv1)")
     if version != limits.CID_VERSION:
         raise InvalidCIDError(f"unknown CID version {version}")
-    codec, pos = _read_varint(data, pos)
+    codec, pos = _read_cid_varint(data, pos)
     if codec not in limits.ALLOWED_CODECS:
         raise InvalidCIDError(f"CID codec 0x{codec:x} is not allowed (raw or dag-cbor)")
-    hash_code, pos = _read_varint(data, pos)
+    hash_code, pos = _read_cid_varint(data, pos)
     if hash_code not in limits.ALLOWED_HASHES:
         raise InvalidCIDError(f"CID hash 0x{hash_code:x} is not allowed (sha2-256 only)")
-    size, pos = _read_varint(data, pos)
+    size, pos = _read_cid_varint(data, pos)
     if size != limits.DIGEST_SIZE:
         raise InvalidCIDError(f"CID digest size {size} is not {limits.DIGEST_SIZE}")
     if pos + size > len(data):
         raise InvalidCIDError("truncated CID digest")
     return CID(codec, bytes(data[pos : pos + size])), pos + size
+
+
+def new_hash() -> hashlib._Hash:
+    """An incremental hash of the CIDs' hash function (for blocks read in pieces)."""
+    return hashlib.sha256()
+
+
+def matches(cid: CID, data: bytes | bytearray | memoryview) -> bool:
+    """Whether ``data`` hashes to ``cid``'s digest (no size check: see :func:`verify_block`)."""
+    return hashlib.sha256(data).digest() == cid.digest
 
 
 def compute_cid(data: bytes | bytearray | memoryview, codec: int = RAW) -> CID:
@@ -163,7 +192,7 @@ def verify_block(cid: CID, data: bytes | bytearray | memoryview) -> None:
         raise BlockTooLargeError(
             f"block {cid} of {len(data)} bytes exceeds MAX_BLOCK_SIZE {limits.MAX_BLOCK_SIZE}"
         )
-    if hashlib.sha256(data).digest() != cid.digest:
+    if not matches(cid, data):
         raise BlockMismatchError(f"bytes do not match their CID {cid}", cid)
 
 

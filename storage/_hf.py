@@ -33,10 +33,11 @@ import structlog
 from . import limits
 from ._blockstore import BlockStore
 from ._car import export_car, iter_sections, read_header
-from ._checkpoint import missing_blocks, read_file, read_manifest, save_layers, write_stream
+from ._checkpoint import read_file, read_manifest, save_layers, write_stream
 from ._cid import CID, DAG_CBOR, compute_cid
 from ._exceptions import CARError, CheckpointError, HFFolderError, ManifestError
 from ._manifest import DTYPES, CheckpointMeta, Layer, Manifest, check_layer_name
+from ._walk import missing_blocks
 
 log = structlog.get_logger(__name__)
 
@@ -228,9 +229,15 @@ def import_hf(
     *,
     run_id: str = "hf-import",
     pin: bool = True,
+    allow_nonfinite: bool = False,
     on_progress: Callable[[int], None] | None = None,
 ) -> CID:
-    """Import a Hugging Face model folder (safetensors only) as a checkpoint; return its CID."""
+    """Import a Hugging Face model folder (safetensors only) as a checkpoint; return its CID.
+
+    A floating-point tensor holding NaN or Inf is refused (HFFolderError naming it) unless
+    ``allow_nonfinite``, when it is imported with a warning naming it. Refused, the chunks
+    already stored stay unpinned: no manifest names them, and gc removes them.
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise HFFolderError(f"{folder} is not a folder")
@@ -258,12 +265,18 @@ def import_hf(
             seen.add(name)
         plans.append((path, start, entries))
 
+    from ._tensors import NonfiniteCounter  # torch, only for this import
+
     def layers() -> Iterator[Layer]:
         for path, start, entries in plans:
             with open(path, "rb") as f:
                 f.seek(start)
                 for name, dtype, shape, begin, end in entries:
-                    chunks = write_stream(store, f, end - begin, f"{path.name}:{name}")
+                    what = f"{path.name}:{name}"
+                    nonfinite = NonfiniteCounter(dtype)
+                    chunks = write_stream(store, f, end - begin, what, nonfinite)
+                    if nonfinite.count:
+                        _nonfinite(what, nonfinite.count, allow_nonfinite)
                     if on_progress is not None:
                         on_progress(end - begin)
                     yield Layer(name, dtype, shape, end - begin, chunks)
@@ -276,6 +289,15 @@ def import_hf(
         store.pin(str(cid), cid)
     log.info("hf_imported", manifest=str(cid), path=str(folder), layers=len(seen))
     return cid
+
+
+def _nonfinite(what: str, count: int, allowed: bool) -> None:
+    if not allowed:
+        raise HFFolderError(
+            f"tensor {what} holds {count} NaN/Inf values; "
+            "import it anyway with --allow-nonfinite (allow_nonfinite=True)"
+        )
+    log.warning("hf_nonfinite_tensor", tensor=what, nonfinite=count)
 
 
 def read_hf_manifest(store: BlockStore, folder: Path, manifest_cid: CID) -> Manifest:

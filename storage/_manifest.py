@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,16 @@ def check_file_name(name: object) -> str:
             f"bad file name {name!r}: plain names only, not {', '.join(sorted(_RESERVED_FILES))}"
         )
     return name
+
+
+def iter_chunks(data: memoryview) -> Iterator[memoryview]:
+    """The ``CHUNK_SIZE`` slices a layer's bytes are cut into: the one chunking rule.
+
+    The last slice may be shorter; an empty tensor has none. Checkpoints and state CIDs both cut
+    here, so their chunk CIDs agree.
+    """
+    for off in range(0, len(data), limits.CHUNK_SIZE):
+        yield data[off : off + limits.CHUNK_SIZE]
 
 
 def chunk_count(nbytes: int) -> int:
@@ -388,41 +398,3 @@ def parse_chunk_page(data: bytes) -> tuple[CID, ...]:
     if d["type"] != CHUNK_PAGE_TYPE:
         raise ManifestError("chunk page has the wrong type")
     return _cids(d["chunks"], "chunk page", RAW, limits.MAX_CHUNKS_PER_NODE)
-
-
-def resolve(root_cid: CID, get: Callable[[CID], bytes]) -> Manifest:
-    """Decode the manifest at ``root_cid`` and every linked node, fetched through ``get``."""
-    root = parse_root(get(root_cid))
-    nodes = 1
-    partials = list(root.layers)
-    for page in root.layer_pages:
-        partials.extend(parse_layer_page(get(page)))
-        nodes += 1
-        if len(partials) > limits.MAX_LAYERS:
-            raise ManifestError(f"more than MAX_LAYERS {limits.MAX_LAYERS} layers")
-    layers = []
-    seen: set[str] = set()
-    for p in partials:
-        if p.name in seen:
-            raise ManifestError(f"duplicate layer name {p.name!r}")
-        seen.add(p.name)
-        chunks = list(p.chunks)
-        for page in p.chunk_pages:
-            nodes += 1
-            if nodes > limits.MAX_MANIFEST_NODES:
-                raise ManifestError("manifest spans more than MAX_MANIFEST_NODES nodes")
-            chunks.extend(parse_chunk_page(get(page)))
-        if len(chunks) != chunk_count(p.nbytes):
-            raise ManifestError(
-                f"layer {p.name!r}: {len(chunks)} chunks listed, {chunk_count(p.nbytes)} needed"
-            )
-        layers.append(Layer(p.name, p.dtype, p.shape, p.nbytes, tuple(chunks)))
-    if nodes > limits.MAX_MANIFEST_NODES:
-        raise ManifestError("manifest spans more than MAX_MANIFEST_NODES nodes")
-    if len(layers) != root.layer_count:
-        raise ManifestError(f"manifest says {root.layer_count} layers but lists {len(layers)}")
-    total = sum(layer.nbytes for layer in layers)
-    if total != root.total_bytes:
-        raise ManifestError(f"manifest says {root.total_bytes} bytes but layers sum to {total}")
-    meta = root.meta
-    return Manifest(**{**meta.__dict__, "layers": tuple(layers)})

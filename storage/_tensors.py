@@ -10,8 +10,9 @@ import torch
 
 from . import limits
 from ._blockstore import BlockStore
+from ._cid import compute_cid
 from ._exceptions import CheckpointError
-from ._manifest import Layer, chunk_length
+from ._manifest import Layer, chunk_length, iter_chunks
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -50,6 +51,35 @@ def tensor_bytes(name: str, tensor: object) -> tuple[str, memoryview]:
     if not t.is_contiguous():
         t = t.contiguous()
     return dtype, t.reshape(-1).view(torch.uint8).numpy().data
+
+
+def tensor_layer(name: str, tensor: object) -> Layer:
+    """The layer entry of ``tensor``: dtype, shape, length and the CIDs of its chunks."""
+    check_tensor(name, tensor)
+    assert isinstance(tensor, torch.Tensor)
+    dtype, data = tensor_bytes(name, tensor)
+    chunks = tuple(compute_cid(chunk) for chunk in iter_chunks(data))
+    return Layer(name, dtype, tuple(tensor.shape), len(data), chunks)
+
+
+def count_nonfinite(dtype: str, data: memoryview) -> int:
+    """How many NaN/Inf values whole elements of ``dtype`` in ``data`` hold (0 for integers)."""
+    torch_dtype = TORCH_DTYPES[dtype]
+    if not torch_dtype.is_floating_point or not len(data):
+        return 0
+    values = torch.frombuffer(data, dtype=torch_dtype)
+    return int(values.numel() - torch.isfinite(values).sum())
+
+
+class NonfiniteCounter:
+    """Counts the NaN/Inf values of one tensor's chunks as they stream past (HF import)."""
+
+    def __init__(self, dtype: str) -> None:
+        self.dtype = dtype
+        self.count = 0
+
+    def __call__(self, chunk: memoryview) -> None:
+        self.count += count_nonfinite(self.dtype, chunk)
 
 
 def check_tensor(name: str, tensor: object) -> int:

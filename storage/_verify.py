@@ -18,15 +18,8 @@ from . import _cbor, limits
 from ._blockstore import BlockChecker, BlockStore
 from ._cid import CID
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError, StorageError
-from ._manifest import (
-    Manifest,
-    PartialLayer,
-    chunk_count,
-    chunk_length,
-    parse_chunk_page,
-    parse_layer_page,
-    parse_root,
-)
+from ._manifest import Manifest, chunk_count, chunk_length, parse_root
+from ._walk import walk_manifest
 
 # Threads hashing blocks at once: reads and sha256 release the GIL, so two cores both hash.
 VERIFY_WORKERS = 4
@@ -113,35 +106,32 @@ def verify_checkpoint(
     except ManifestError as exc:
         report.fault("manifest-invalid", f"manifest {manifest_cid}: {exc}", manifest_cid)
         return report
-    partials: list[PartialLayer] = list(root.layers)
-    pages_ok = True
-    for page in root.layer_pages:
-        page_data = _node(store, page, "page", report)
-        if page_data is None:
-            pages_ok = False
-            continue
-        try:
-            partials.extend(parse_layer_page(page_data, errors))
-        except ManifestError as exc:
-            pages_ok = False
-            report.fault("page-invalid", f"layer page {page}: {exc}", page)
+
+    def bad_page(page: CID, kind: str, layer: str | None, exc: ManifestError) -> None:
+        report.fault("page-invalid", f"{kind} page {page}: {exc}", page, layer)
+
+    try:
+        walk = walk_manifest(
+            root,
+            lambda cid, what: _node(store, cid, what, report),
+            errors=errors,
+            on_bad_page=bad_page,
+        )
+    except ManifestError as exc:  # the tree breaks MAX_MANIFEST_NODES or MAX_LAYERS
+        report.fault("manifest-invalid", f"manifest {manifest_cid}: {exc}", manifest_cid)
+        return report
+    pages_ok = walk.layer_pages_ok
+    partials = [walked.layer for walked in walk.layers]
     for message in errors:
         report.fault("layer-invalid", message)
     seen: set[str] = set()
     jobs: dict[CID, tuple[int, str]] = {}  # chunk -> (expected length, first layer using it)
-    for p in partials:
+    for walked in walk.layers:
+        p = walked.layer
         if p.name in seen:
             report.fault("layer-duplicate", f"duplicate layer name {p.name!r}", layer=p.name)
         seen.add(p.name)
-        chunks = list(p.chunks)
-        for page in p.chunk_pages:
-            page_data = _node(store, page, "page", report)
-            if page_data is None:
-                continue
-            try:
-                chunks.extend(parse_chunk_page(page_data))
-            except ManifestError as exc:
-                report.fault("page-invalid", f"chunk page {page}: {exc}", page, p.name)
+        chunks = walked.chunks
         if len(chunks) != chunk_count(p.nbytes):
             report.fault(
                 "layer-invalid",

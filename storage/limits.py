@@ -20,6 +20,10 @@ DIGEST_SIZE = 32
 
 # DAG-CBOR: the deepest nesting of arrays/maps accepted in one node.
 MAX_CBOR_DEPTH = 32
+# DAG-CBOR: the most array/map entries in one node. A node is at most MAX_BLOCK_SIZE and every
+# entry takes at least a byte, so this is the bound the block size implies, stated for the
+# shared decoder (cnode/_cbor.py); auth, whose envelopes are smaller, sets a lower one.
+MAX_CBOR_ITEMS = MAX_BLOCK_SIZE
 
 # Manifest schema version this code writes and the only one it reads.
 MANIFEST_VERSION = 1

@@ -26,10 +26,13 @@ import structlog
 
 from cnode import CnodeError, __version__
 from cnode.auth import AuthError, load_identity
-from cnode.node._config import IDENTITY_FILE, ConfigError, default_home, load_config
+from cnode.node._config import IDENTITY_FILE, default_home, load_config
+from cnode.node._exceptions import ConfigError
 from cnode.node._logging import bind_context, configure_logging
 
 from . import _admin, _checkpoint, _coordinator, _demo, _fetch, _init, _serve, _train
+
+__all__ = ["build_parser", "main", "run"]
 
 # Modules with a register(subparsers) for top-level commands, in the order --help lists them.
 _TOP_LEVEL: list[ModuleType] = [_init, _coordinator, _admin, _train, _demo]

@@ -23,11 +23,11 @@ from rich.progress import (
 )
 
 from cnode.node._config import default_home, load_config
+from cnode.node._exceptions import UsageError
 from cnode.storage import (
     CID,
     BlockStore,
     InvalidCIDError,
-    StorageError,
     VerifyReport,
     export_car,
     export_hf,
@@ -45,10 +45,6 @@ from . import _replay
 _Hooks = tuple[Callable[[int], None], Callable[[int], None]]
 
 
-class CheckpointCommandError(StorageError):
-    """Raised by ``cnode checkpoint`` commands for a bad argument (the user's input)."""
-
-
 def _store(args: argparse.Namespace, *, create: bool = True) -> BlockStore:
     """The node's block store; read-only commands pass create=False so they create nothing."""
     home = Path(args.home).expanduser()
@@ -59,7 +55,7 @@ def _cid(text: str) -> CID:
     try:
         return CID.parse(text)
     except InvalidCIDError as exc:
-        raise CheckpointCommandError(f"{text!r} is not a manifest CID: {exc}") from exc
+        raise UsageError(f"{text!r} is not a manifest CID: {exc}") from exc
 
 
 @contextmanager
@@ -110,14 +106,14 @@ def _print_report(report: VerifyReport) -> None:
 def _verify(args: argparse.Namespace) -> int:
     target: str = args.target
     if args.peer and not args.replay:
-        raise CheckpointCommandError("--peer is for --replay (to fetch what it needs)")
+        raise UsageError("--peer is for --replay (to fetch what it needs)")
     if args.replay:
         return _verify_and_replay(args)
     with _progress("verifying", args.json) as (set_total, advance):
         if target.endswith(".car") or Path(target).is_file():
             path = Path(target)
             if not path.is_file():
-                raise CheckpointCommandError(f"no such CAR file: {path}")
+                raise UsageError(f"no such CAR file: {path}")
             report = verify_car(path, on_total=set_total, on_progress=advance)
         else:
             store = _store(args, create=False)
@@ -146,7 +142,7 @@ def _check_signatures(store: BlockStore, report: VerifyReport) -> None:
 def _verify_and_replay(args: argparse.Namespace) -> int:
     """``verify --replay``: fetch (with --peer), verify every block, then recompute."""
     if args.target.endswith(".car") or Path(args.target).is_file():
-        raise CheckpointCommandError(
+        raise UsageError(
             "--replay needs a manifest CID in the store: cnode checkpoint import the CAR first"
         )
     manifest = _cid(args.target)
@@ -216,12 +212,18 @@ def _export(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     store = _store(args)
     if bool(args.file) == bool(args.hf):
-        raise CheckpointCommandError("give either FILE.car or --hf DIR")
+        raise UsageError("give either FILE.car or --hf DIR")
     with _progress("importing", False) as (_, advance):
         if args.file:
             cid = import_car(store, Path(args.file), on_progress=advance)
         else:
-            cid = import_hf(store, Path(args.hf), run_id=args.run_id, on_progress=advance)
+            cid = import_hf(
+                store,
+                Path(args.hf),
+                run_id=args.run_id,
+                allow_nonfinite=args.allow_nonfinite,
+                on_progress=advance,
+            )
     print(cid)
     return 0
 
@@ -258,4 +260,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("file", nargs="?", metavar="FILE.car")
     p.add_argument("--hf", metavar="DIR", help="Hugging Face model folder (safetensors)")
     p.add_argument("--run-id", default="hf-import", help="run id for an --hf import")
+    p.add_argument(
+        "--allow-nonfinite",
+        action="store_true",
+        help="with --hf: import tensors holding NaN/Inf (with a warning) instead of refusing",
+    )
     add("gc", "remove blocks not reachable from a pinned checkpoint", _gc)

@@ -16,6 +16,7 @@ import structlog
 import tomli_w
 
 from cnode.auth import Identity, load_identity, save_identity
+from cnode.node._exceptions import UsageError
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     AccessConfig,
@@ -23,7 +24,6 @@ from cnode.node.coordinator import (
     NetworkConfig,
     RoundsConfig,
     RunConfig,
-    RunConfigError,
     ServeSettings,
     StateGossip,
     load_run_config,
@@ -111,7 +111,7 @@ def key_identity(path: Path) -> Identity:
 def _listen(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit():
-        raise RunConfigError(f"--listen must be HOST:PORT, got {text!r}")
+        raise UsageError(f"--listen must be HOST:PORT, got {text!r}")
     return host, int(port)
 
 

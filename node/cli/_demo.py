@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from cnode.node._exceptions import UsageError
+
 __all__ = ["register"]
 
 
@@ -36,11 +38,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _handle(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from cnode.node.train import TrainingConfigError
-    from cnode.node.train._demo import DemoSettings, run_demo
+    from cnode.node.train import DemoSettings, run_demo
 
     if args.rounds < 2 or not 1 <= args.late_after < args.rounds:
-        raise TrainingConfigError("--rounds must be >= 2 and 1 <= --late-after < --rounds")
+        raise UsageError("--rounds must be >= 2 and 1 <= --late-after < --rounds")
     settings = DemoSettings(
         workdir=args.workdir,
         rounds=args.rounds,

@@ -22,10 +22,11 @@ from rich.progress import (
     TransferSpeedColumn,
 )
 
+from cnode.node._exceptions import UsageError
 from cnode.node.p2p import FetchProgress, FetchReport, P2PSettings, open_p2p_node
 from cnode.storage import limits as storage_limits
 
-from ._serve import P2PCommandError, add_home, connect_all, open_home, parse_cid
+from ._serve import add_home, check_peers, connect_all, open_home, parse_cid
 
 log = structlog.get_logger(__name__)
 
@@ -46,10 +47,12 @@ def register(subparsers: Any) -> None:
 
 def _fetch(args: argparse.Namespace) -> int:
     root = parse_cid(args.manifest)
+    check_peers(list(args.peer))  # before anything is opened: a bad --peer is the user's input
     _home, config, identity, store = open_home(args)
     peers = list(args.peer) or list(config.bootstrap)
     if not peers:
-        raise P2PCommandError("no peers to fetch from: give --peer MULTIADDR (or config bootstrap)")
+        raise UsageError("no peers to fetch from: give --peer MULTIADDR (or config bootstrap)")
+    check_peers(peers)  # config bootstrap too
     settings = P2PSettings(listen=(args.listen,))
     console = Console(stderr=True)
     progress = Progress(

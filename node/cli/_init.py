@@ -22,7 +22,6 @@ from pathlib import Path
 
 import structlog
 
-from cnode import CnodeError
 from cnode.auth import (
     HFAccount,
     Identity,
@@ -43,13 +42,10 @@ from cnode.node._config import (
     load_config,
     save_config,
 )
+from cnode.node._exceptions import InitError
 from cnode.node._logging import bind_context
 
 log = structlog.get_logger(__name__)
-
-
-class InitError(CnodeError):
-    """Raised by ``cnode init`` when the home folder cannot be set up; nothing was changed."""
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

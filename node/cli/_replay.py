@@ -16,10 +16,10 @@ import structlog
 import trio
 from rich.console import Console
 
-from cnode.node.p2p import FetchError, P2PSettings, open_p2p_node
+from cnode.node.p2p import FetchError, P2PError, P2PSettings, open_p2p_node
 from cnode.storage import CID, BlockStore
 
-from ._serve import P2PCommandError, connect_all, open_home
+from ._serve import check_peers, connect_all, open_home
 
 log = structlog.get_logger(__name__)
 
@@ -67,6 +67,7 @@ def fetch_inputs(args: argparse.Namespace, store: BlockStore, manifest: CID) -> 
     # torch comes with cnode.node.train: imported here, so other commands start fast.
     from cnode.node.train import fetch_replay_inputs
 
+    check_peers(list(args.peer))
     _home, _config, identity, _ = open_home(args)
 
     async def main() -> tuple[int, int]:
@@ -82,7 +83,7 @@ def fetch_inputs(args: argparse.Namespace, store: BlockStore, manifest: CID) -> 
         try:
             return trio.run(main)
         except FetchError as exc:
-            raise P2PCommandError(f"cannot fetch what the replay needs: {exc}") from exc
+            raise P2PError(f"cannot fetch what the replay needs: {exc}") from exc
 
 
 def replay(store: BlockStore, manifest: CID, *, fetched: tuple[int, int]) -> ReplayOutcome:

@@ -22,8 +22,15 @@ import trio
 
 from cnode.auth import AuthError, Identity, load_identity
 from cnode.node._config import IDENTITY_FILE, NodeConfig, default_home, load_config
+from cnode.node._exceptions import ConfigError, UsageError
 from cnode.node._logging import bind_context
-from cnode.node.p2p import DialError, P2PError, P2PNode, P2PSettings, open_p2p_node
+from cnode.node.p2p import (
+    DialError,
+    P2PNode,
+    P2PSettings,
+    check_peer_address,
+    open_p2p_node,
+)
 from cnode.storage import CID, BlockStore, InvalidCIDError
 
 log = structlog.get_logger(__name__)
@@ -31,10 +38,6 @@ log = structlog.get_logger(__name__)
 CORRUPT_ENV = "CNODE_TESTING_CORRUPT_UPLOADS"
 # Seconds to connect to one peer named with --peer (fetch, verify --replay).
 CONNECT_S = 10.0
-
-
-class P2PCommandError(P2PError):
-    """Raised by the p2p commands for a bad argument or setting (the user's input)."""
 
 
 def add_home(parser: argparse.ArgumentParser) -> None:
@@ -58,15 +61,28 @@ def open_home(args: argparse.Namespace) -> tuple[Path, NodeConfig, Identity, Blo
         try:
             identity = load_identity(key)
         except AuthError as exc:
-            raise P2PCommandError(f"cannot load {key}: {exc}") from exc
+            raise ConfigError(f"cannot load {key}: {exc}") from exc
     bind_context(peer=identity.peer_id_str)
     if ephemeral:
         log.info("ephemeral_identity", reason=f"no {key}; run `cnode init` for a lasting one")
     return home, config, identity, BlockStore(config.blocks_dir(home))
 
 
+def check_peers(addresses: list[str]) -> None:
+    """UsageError saying what is wrong with the first bad peer address; nothing is dialled."""
+    for address in addresses:
+        try:
+            check_peer_address(address)
+        except DialError as exc:
+            raise UsageError(str(exc)) from exc
+
+
 async def connect_all(node: P2PNode, addresses: list[str]) -> list[str]:
-    """Dial every address (bounded each); return the peer ids reached. P2PCommandError if none."""
+    """Dial every address (bounded each); return the peer ids reached.
+
+    Every address is checked first (:func:`check_peers`). DialError if none could be reached.
+    """
+    check_peers(addresses)
     reached = []
     for address in addresses:
         try:
@@ -75,7 +91,7 @@ async def connect_all(node: P2PNode, addresses: list[str]) -> list[str]:
         except (DialError, trio.TooSlowError) as exc:
             log.warning("peer_unreachable", address=address, error=str(exc))
     if not reached:
-        raise P2PCommandError(f"none of the {len(addresses)} peers could be reached")
+        raise DialError(f"none of the {len(addresses)} peers could be reached")
     return reached
 
 
@@ -83,7 +99,7 @@ def parse_cid(text: str) -> CID:
     try:
         return CID.parse(text)
     except InvalidCIDError as exc:
-        raise P2PCommandError(f"{text!r} is not a CID: {exc}") from exc
+        raise UsageError(f"{text!r} is not a CID: {exc}") from exc
 
 
 def register(subparsers: Any) -> None:
@@ -108,10 +124,10 @@ def _serve(args: argparse.Namespace) -> int:
     _home, config, identity, store = open_home(args)
     rate = config.upload_rate_bytes_per_s if args.rate is None else args.rate
     if rate < 0:
-        raise P2PCommandError("--rate must be >= 0")
+        raise UsageError("--rate must be >= 0")
     announce = [parse_cid(text) for text in args.announce]
     if announce and not args.run:
-        raise P2PCommandError("--announce needs --run")
+        raise UsageError("--announce needs --run")
     corrupt = os.environ.get(CORRUPT_ENV) == "1"
     if corrupt:
         log.warning("TESTING_AID_corrupting_uploads", env=CORRUPT_ENV)

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from cnode.node._config import default_home, load_config
+from cnode.node._exceptions import UsageError
 
 __all__ = ["register"]
 
@@ -88,24 +89,23 @@ def _handle(args: argparse.Namespace) -> int:
     import trio
 
     from cnode.aggregation import ATTACKS
-    from cnode.node.train import TrainingConfigError
-    from cnode.node.train._loop import NODE_ATTACKS, TrainSettings, run_node
+    from cnode.node.train import NODE_ATTACKS, TrainSettings, run_node
 
     home = args.home or default_home()
     config = load_config(home)
     if args.attack is not None:
         known = sorted([*ATTACKS, *NODE_ATTACKS])
         if args.attack not in known:
-            raise TrainingConfigError(f"unknown attack {args.attack!r} (known: {', '.join(known)})")
+            raise UsageError(f"unknown attack {args.attack!r} (known: {', '.join(known)})")
         print(
             f"cnode: WARNING: --attack {args.attack} is a testing aid: this node will send "
             "poisoned updates and should be banned by the swarm",
             file=sys.stderr,
         )
     if args.hf_repo is not None and not args.checkpointer:
-        raise TrainingConfigError("--hf-repo needs --checkpointer (checkpointers upload)")
+        raise UsageError("--hf-repo needs --checkpointer (checkpointers upload)")
     if args.rounds < 0 or args.join_after_round < 0:
-        raise TrainingConfigError("--rounds and --join-after-round must be >= 0")
+        raise UsageError("--rounds and --join-after-round must be >= 0")
     settings = TrainSettings(
         run=args.run,
         home=home,

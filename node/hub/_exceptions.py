@@ -2,7 +2,7 @@
 
 The tree::
 
-    cnode.CnodeError
+    cnode.node.NodeError              (under cnode.CnodeError; node/_exceptions.py)
      └── HubError                 a checkpoint could not be uploaded to or downloaded from a Hub
           ├── HubLoginError       this node has no usable Hub login (run cnode init --hf-login)
           └── HubUnavailable      the Hub could not be reached, or refused (status in the message)
@@ -13,12 +13,12 @@ Bytes that a Hub serves but that do not match the manifest are not a HubError: t
 
 from __future__ import annotations
 
-from cnode import CnodeError
+from cnode.node._exceptions import NodeError
 
 __all__ = ["HubError", "HubLoginError", "HubUnavailable"]
 
 
-class HubError(CnodeError):
+class HubError(NodeError):
     """Raised when a checkpoint cannot be moved to or from a Hugging Face Hub repo."""
 
 

@@ -37,11 +37,12 @@ from ._exceptions import RejectedMessage as RejectedMessage
 from ._exceptions import RemoteRefusedError as RemoteRefusedError
 from ._exceptions import StreamBroken as StreamBroken
 from ._node import P2PNode as P2PNode
-from ._node import P2PSettings as P2PSettings
-from ._node import Subscription as Subscription
 from ._node import open_p2p_node as open_p2p_node
 from ._scheduler import FetchProgress as FetchProgress
 from ._scheduler import FetchReport as FetchReport
+from ._settings import P2PSettings as P2PSettings
+from ._settings import check_peer_address as check_peer_address
+from ._subscription import Subscription as Subscription
 from ._wire import ADMIT_PROTOCOL_ID as ADMIT_PROTOCOL_ID
 from ._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
 
@@ -75,8 +76,9 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "TrioPortal",
     "announce_topic",
     "announcement_validator",
+    "check_peer_address",
     "limits",
     "open_p2p_node",
-    "unwrap_node_errors",
     "trio_portal",
+    "unwrap_node_errors",
 ]

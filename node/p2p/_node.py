@@ -10,26 +10,21 @@ import collections
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from types import TracebackType
-from typing import Any, Protocol
+from typing import Any
 
 import multiaddr
 import structlog
 import trio
 from libp2p import new_host
 from libp2p.abc import INetStream
-from libp2p.crypto.keys import KeyPair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
-from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from cnode.auth import Opened, seal
-from cnode.node._config import NodeConfig
 from cnode.storage import CID, BlockStore, missing_blocks
 
 from . import _defects, limits
@@ -57,92 +52,12 @@ from ._exceptions import (
 )
 from ._scheduler import FetchReport, ProgressFn, Transfer
 from ._server import BlockServer
+from ._settings import NodeIdentity, P2PSettings, peer_info
 from ._stream import Libp2pStream
+from ._subscription import Subscription
 from ._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
 
 log = structlog.get_logger(__name__)
-
-
-class NodeIdentity(Protocol):
-    """What the node needs of ``cnode.auth.Identity``."""
-
-    @property
-    def peer_id_str(self) -> str: ...
-
-    def key_pair(self) -> KeyPair: ...
-
-
-@dataclass(frozen=True)
-class P2PSettings:
-    """How a node listens, whom it dials first, and how much it uploads.
-
-    ``corrupt_uploads_for_tests`` is a TESTING AID ONLY (see BlockServer).
-    """
-
-    listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
-    bootstrap: tuple[str, ...] = ()
-    upload_rate_bytes_per_s: int = 0  # 0 = no cap
-    run_id: str | None = None  # join this run's announcement topic
-    corrupt_uploads_for_tests: bool = False
-
-    @classmethod
-    def from_config(cls, config: NodeConfig, *, run_id: str | None = None) -> P2PSettings:
-        """Listen address, bootstrap peers and upload cap from the node's ``config.toml``."""
-        return cls(
-            listen=(config.listen,),
-            bootstrap=tuple(config.bootstrap),
-            upload_rate_bytes_per_s=config.upload_rate_bytes_per_s,
-            run_id=run_id,
-        )
-
-
-class Subscription:
-    """Validated messages of one topic, as an async iterator (and async context manager)."""
-
-    def __init__(self, node: P2PNode, topic: str, validator: EnvelopeValidator) -> None:
-        self._node = node
-        self.topic = topic
-        self.validator = validator
-        self._send, self._recv = trio.open_memory_channel[Opened](limits.SUBSCRIBER_BUFFER)
-        self.dropped = 0
-        self._joined = False
-
-    async def _join(self) -> None:
-        if not self._joined:
-            self._joined = True
-            await self._node._join(self)
-
-    async def __aenter__(self) -> Subscription:
-        await self._join()
-        return self
-
-    async def __aexit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._node._leave(self)
-        self._send.close()
-
-    def __aiter__(self) -> Subscription:
-        return self
-
-    async def __anext__(self) -> Opened:
-        await self._join()
-        try:
-            return await self._recv.receive()
-        except trio.EndOfChannel:
-            raise StopAsyncIteration from None
-
-    def _deliver(self, opened: Opened) -> None:
-        try:
-            self._send.send_nowait(opened)
-        except trio.WouldBlock:
-            self.dropped += 1
-            log.warning("subscriber_too_slow", topic=self.topic, dropped=self.dropped)
-        except trio.ClosedResourceError:
-            pass
 
 
 class P2PNode:
@@ -187,10 +102,7 @@ class P2PNode:
         Error handling: DialError naming the address when it is malformed or the dial or
         handshake fails (a peer without Noise + yamux fails here).
         """
-        try:
-            info = info_from_p2p_addr(multiaddr.Multiaddr(address))
-        except (ValueError, multiaddr.exceptions.Error, BaseLibp2pError) as exc:
-            raise DialError(f"bad peer address {address!r}: {exc}") from exc
+        info = peer_info(address)
         _defects.forget_failed_dial(self._host.get_network(), info.peer_id)
         _defects.dial_given_address(self._host, info.peer_id)
         try:

@@ -15,6 +15,8 @@ from ._config import DataConfig as DataConfig
 from ._config import ModelConfig as ModelConfig
 from ._config import TrainingConfig as TrainingConfig
 from ._data import TextData as TextData
+from ._demo import DemoSettings as DemoSettings
+from ._demo import run_demo as run_demo
 from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
 from ._exceptions import MissingUpdatesError as MissingUpdatesError
@@ -24,9 +26,13 @@ from ._exceptions import RoundStalledError as RoundStalledError
 from ._exceptions import StateMismatchError as StateMismatchError
 from ._exceptions import TrainingConfigError as TrainingConfigError
 from ._exceptions import TrainingError as TrainingError
+from ._headers import HeaderCollector as HeaderCollector
 from ._local import LocalResult as LocalResult
 from ._local import evaluate as evaluate
 from ._local import train_local as train_local
+from ._loop import NODE_ATTACKS as NODE_ATTACKS
+from ._loop import TrainSettings as TrainSettings
+from ._loop import run_node as run_node
 from ._model import build_model as build_model
 from ._model import load_state as load_state
 from ._model import model_state as model_state
@@ -35,19 +41,24 @@ from ._replay_fetch import fetch_replay_inputs as fetch_replay_inputs
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
+from ._round import header_cid as header_cid
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
 from ._state import state_cid as state_cid
 from ._state import state_cid_from_layers as state_cid_from_layers
+from ._topics import updates_topic as updates_topic
 from ._trainer import NodeTrainer as NodeTrainer
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_exports.py)
     "BannedError",
     "CatchUpError",
     "DataConfig",
+    "DemoSettings",
+    "HeaderCollector",
     "LocalResult",
     "MissingUpdatesError",
     "ModelConfig",
+    "NODE_ATTACKS",
     "NodeTrainer",
     "PeerUpdateError",
     "ReplayInputs",
@@ -57,6 +68,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "SignedUpdates",
     "StateMismatchError",
     "TextData",
+    "TrainSettings",
     "TrainingConfig",
     "TrainingConfigError",
     "TrainingError",
@@ -67,13 +79,17 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "check_signed_updates",
     "evaluate",
     "fetch_replay_inputs",
+    "header_cid",
     "load_state",
     "model_state",
     "open_update_header",
     "replay_checkpoint",
+    "run_demo",
+    "run_node",
     "seal_update_header",
     "state_cid",
     "state_cid_from_layers",
     "store_checkpoint",
     "train_local",
+    "updates_topic",
 ]

@@ -2,7 +2,7 @@
 
 The tree::
 
-    cnode.CnodeError
+    cnode.node.NodeError              (under cnode.CnodeError; node/_exceptions.py)
      └── TrainingError                 anything the training loop reports
           ├── TrainingConfigError      the run's training settings are unusable (its author's fault)
           ├── PeerUpdateError          a peer's update or signed header is invalid (its fault)
@@ -15,7 +15,7 @@ The tree::
 
 from __future__ import annotations
 
-from cnode import CnodeError
+from cnode.node._exceptions import NodeError
 
 __all__ = [
     "BannedError",
@@ -30,7 +30,7 @@ __all__ = [
 ]
 
 
-class TrainingError(CnodeError):
+class TrainingError(NodeError):
     """Raised by the training loop; the root of the errors below."""
 
 

@@ -18,6 +18,7 @@ from cnode.aggregation import AggregationResult, AggregatorConfig, TensorSpec, a
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
     CID,
+    DAG_CBOR,
     BlockStore,
     CheckpointMeta,
     StorageError,
@@ -48,7 +49,6 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 UPDATE_HEADER_TYPE = "cnode/update-header/v1"
-_DAG_CBOR = 0x71
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def seal_update_header(identity: Identity, header: UpdateHeader) -> bytes:
 
 def header_cid(envelope: bytes) -> CID:
     """The CID a signed header is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, _DAG_CBOR)
+    return compute_cid(envelope, DAG_CBOR)
 
 
 def open_update_header(

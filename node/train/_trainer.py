@@ -19,7 +19,7 @@ import torch
 
 from cnode.aggregation import ATTACKS, BanPolicy, BanRecommendation
 from cnode.auth import Identity
-from cnode.storage import CID, BlockStore, load_checkpoint
+from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
 
 from ._checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from ._config import TrainingConfig
@@ -40,7 +40,6 @@ from ._state import state_cid
 __all__ = ["NodeTrainer", "OwnUpdate", "RoundOutcome"]
 
 log = structlog.get_logger(__name__)
-_DAG_CBOR = 0x71
 
 
 @dataclass(frozen=True)
@@ -149,7 +148,7 @@ class NodeTrainer:
         update = store_update(self.store, delta, run=self.run, round_=round_, base=self.state_cid)
         header = UpdateHeader(self.run, round_, self.peer, local.samples, update, self.state_cid)
         envelope = seal_update_header(self.identity, header)
-        cid = self.store.put_new(envelope, _DAG_CBOR)
+        cid = self.store.put_new(envelope, DAG_CBOR)
         return OwnUpdate(round_, header, envelope, cid, local, time.perf_counter() - began)
 
     def check_agreement(self, round_: int, headers: Mapping[str, UpdateHeader]) -> None:

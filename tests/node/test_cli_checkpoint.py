@@ -77,6 +77,23 @@ def test_bad_argument_is_one_line_error(home: Path, capsys: pytest.CaptureFixtur
     assert err.startswith("cnode: error: ") and "not a manifest CID" in err and err.count("\n") == 1
 
 
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        ("/ip4/999.1.1.1/tcp/1", "base address '999.1.1.1' is not IPv4"),
+        ("/ip4/127.0.0.1/tcp/1", "it names no peer; end it with /p2p/PEER_ID"),
+        ("/ip4/127.0.0.1/tcp/1/p2p/notapeer", "Invalid CID: notapeer"),
+    ],
+)
+def test_fetch_says_what_is_wrong_with_a_peer_address(
+    home: Path, address: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cid = "bafyreigsmzorphngqd5vcsdjnfwzkvczy4t3agavu3zm2wcze4wuvifebm"
+    assert main(["checkpoint", "fetch", cid, "--peer", address, "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"cnode: error: bad peer address {address!r}: {message}\n"
+
+
 def test_ls_export_import_car(
     home: Path, saved: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -162,3 +179,23 @@ def test_export_to_a_missing_folder_is_one_line_error(
     assert main(["checkpoint", "export", saved, "--car", str(out), "--home", str(home)]) == 1
     err = capsys.readouterr().err
     assert err == f"cnode: error: cannot write {out}: No such file or directory\n"
+
+
+def test_import_hf_refuses_nonfinite_unless_allowed(
+    home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from safetensors.torch import save_file
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    save_file({"w": torch.tensor([1.0, float("nan")])}, str(folder / "model.safetensors"))
+    args = ["checkpoint", "import", "--hf", str(folder), "--home", str(home)]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert err.endswith(
+        "tensor model.safetensors:w holds 1 NaN/Inf values; import it anyway "
+        "with --allow-nonfinite (allow_nonfinite=True)\n"
+    )
+    assert main([*args, "--allow-nonfinite"]) == 0
+    assert "hf_nonfinite_tensor" in capsys.readouterr().err

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from cnode.node._config import ConfigError, NodeConfig, load_config, save_config
+from cnode.node import ConfigError
+from cnode.node._config import NodeConfig, load_config, save_config
 
 
 def test_missing_file_gives_defaults(tmp_path: Path) -> None:

@@ -217,6 +217,50 @@ def test_json_lines_carry_bound_context_and_redact(capsys: pytest.CaptureFixture
     assert "hf_AbCdEfGh12345678" not in json.dumps(record)
 
 
+def test_event_names_are_never_redacted(capsys: pytest.CaptureFixture[str]) -> None:
+    configure_logging(json=True)
+    log = structlog.get_logger("test")
+    token = "hf_" + "Ab1" * 11 + "C"  # the shape of a real Hugging Face token: hf_ + 34
+    for event in ("hf_imported", "hf_exported", "hf_verified_import"):
+        log.info(event, repo=f"acme/x {token}")
+    log.info(f"token {token} in an event")
+    records = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
+    events = [r["event"] for r in records]
+    assert events[:3] == ["hf_imported", "hf_exported", "hf_verified_import"]
+    assert all(r["repo"] == "acme/x [redacted]" for r in records[:3])  # values still are
+    assert events[3] == "token [redacted] in an event"
+
+
+def test_libp2p_standard_logging_becomes_structured_lines(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    import logging
+
+    tcp = logging.getLogger("libp2p.transport.tcp.tcp")
+    gossip = logging.getLogger("libp2p.pubsub.gossipsub")
+    configure_logging(json=True)
+    tcp.error("Failed to open TCP stream: %s", "connection refused")
+    gossip.warning("pending message queue for peer %s exceeded limit (%d > %d)", "Qm", 33, 32)
+    gossip.warning("heartbeat took %d ms", 900)
+    gossip.info("subscribed to %s", "a-topic")  # the library's info lines stay its own
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines  # the per-peer noise is debug, below the default level
+    record = json.loads(lines[0])
+    assert (record["event"], record["level"]) == ("library_log", "warning")
+    assert (record["library"], record["message"]) == (
+        "libp2p.pubsub.gossipsub",
+        "heartbeat took 900 ms",
+    )
+    configure_logging(json=True, level="debug")
+    tcp.error("Failed to open TCP stream: %s", "connection refused")
+    record = json.loads(capsys.readouterr().err)
+    assert (record["level"], record["message"]) == (
+        "debug",
+        "Failed to open TCP stream: connection refused",
+    )
+    configure_logging(json=True)
+
+
 def test_console_lines_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging(json=False)
     structlog.get_logger("test").info("hello", n=1)

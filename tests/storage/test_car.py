@@ -18,8 +18,8 @@ from cnode.storage import (
     save_checkpoint,
     verify_car,
 )
-from cnode.storage._car import _varint
 from cnode.storage._cbor import encode
+from cnode.storage._cid import varint
 
 from .conftest import meta, small_state, snapshot
 
@@ -63,9 +63,9 @@ def _sections(path: Path) -> tuple[bytes, list[tuple[bytes, bytes]]]:
 
 
 def _write(path: Path, header: bytes, sections: list[tuple[bytes, bytes]]) -> Path:
-    out = _varint(len(header)) + header
+    out = varint(len(header)) + header
     for cid, block in sections:
-        out += _varint(len(cid) + len(block)) + cid + block
+        out += varint(len(cid) + len(block)) + cid + block
     path.write_bytes(out)
     return path
 
@@ -177,3 +177,20 @@ def test_export_to_a_path_that_cannot_be_written_is_a_car_error(
     with pytest.raises(CARError, match=r"cannot write .*dir\.car"):
         export_car(store, cid, tmp_path / "dir.car")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.car", "file", "store"]
+
+
+def test_a_unixfs_car_is_named_as_such(tmp_path: Path, store: BlockStore) -> None:
+    """An IPFS CAR of a file or folder (dag-pb root) is not called a malformed header."""
+    import hashlib
+
+    import dag_cbor
+    from multiformats import CID as MFCID
+    from multiformats import multihash
+
+    node = b"\x0a\x02\x08\x01"  # a dag-pb node with UnixFS data: an empty folder
+    root = MFCID("base32", 1, "dag-pb", multihash.wrap(hashlib.sha256(node).digest(), "sha2-256"))
+    header = dag_cbor.encode({"roots": [root], "version": 1})
+    path = _write(tmp_path / "unixfs.car", header, [(bytes(root), node)])
+    with pytest.raises(CARError, match=f"root {root} is dag-pb .*UnixFS.*not a cnode manifest"):
+        import_car(store, path)
+    assert not verify_car(path).ok

@@ -348,3 +348,22 @@ def test_layer_list_over_one_block_at_the_default_layout(tmp_path) -> None:  # t
     dst = BlockStore(tmp_path / "dst")
     assert import_car(dst, car) == cid
     assert verify_checkpoint(dst, cid).ok  # every block arrived and hashes to its CID
+
+
+def test_every_walk_of_the_tree_bounds_its_nodes(
+    store: BlockStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """resolve, the closure (fetch, gc, export) and verify walk one way, under one bound."""
+    from cnode.storage import ManifestLayout, manifest_closure, verify_checkpoint
+
+    state = {"w": torch.arange(5 << 18, dtype=torch.float32)}  # 5 MiB: five chunk pages
+    cid = save_checkpoint(store, state, meta(), layout=ManifestLayout(max_inline_chunks=1))
+    assert len(manifest_closure(store, cid)) == 1 + 5 + 5
+    monkeypatch.setattr(limits, "MAX_MANIFEST_NODES", 5)
+    with pytest.raises(ManifestError, match="MAX_MANIFEST_NODES 5"):
+        read_manifest(store, cid)
+    with pytest.raises(ManifestError, match="MAX_MANIFEST_NODES 5"):
+        manifest_closure(store, cid)
+    report = verify_checkpoint(store, cid)
+    assert [f.kind for f in report.faults] == ["manifest-invalid"]
+    assert "MAX_MANIFEST_NODES 5" in report.faults[0].message

@@ -291,3 +291,43 @@ def test_verified_import_refuses_another_checkpoints_folder(
     folder = export_hf(store, other, tmp_path / "other")
     with pytest.raises(HFFolderError, match=f"is the manifest {other}, not the expected {cid}"):
         import_hf_verified(BlockStore(tmp_path / "fresh"), folder, cid)
+
+
+def _nan_folder(tmp_path: Path) -> Path:
+    folder = tmp_path / "nan"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    good = struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    bad = struct.pack("<2e", float("nan"), float("inf"))
+    header = {
+        "ok": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+        "bad": {"dtype": "F16", "shape": [2], "data_offsets": [16, 20]},
+        "ints": {"dtype": "I32", "shape": [1], "data_offsets": [20, 24]},
+    }
+    _st(folder / "model.safetensors", header, good + bad + struct.pack("<i", -1))
+    return folder
+
+
+def test_nonfinite_tensors_are_refused_by_name(store: BlockStore, tmp_path: Path) -> None:
+    folder = _nan_folder(tmp_path)
+    with pytest.raises(HFFolderError, match=r"tensor model.safetensors:bad holds 2 NaN/Inf"):
+        import_hf(store, folder)
+    assert store.pins() == {}
+
+
+def test_nonfinite_tensors_imported_with_a_warning_when_allowed(
+    store: BlockStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import math
+
+    import structlog
+
+    structlog.configure(processors=[structlog.processors.JSONRenderer()])
+    try:
+        cid = import_hf(store, _nan_folder(tmp_path), allow_nonfinite=True)
+    finally:
+        structlog.reset_defaults()
+    state, _ = load_checkpoint(store, cid)
+    assert math.isinf(float(state["bad"][1])) and float(state["ok"][3]) == 4.0
+    out = capsys.readouterr().out
+    assert "hf_nonfinite_tensor" in out and "model.safetensors:bad" in out

@@ -3,6 +3,9 @@
 Each defect has a canary (the library, left alone, still misbehaves: if a canary fails, the
 library was fixed and the workaround can go) and a test that our workaround fixes it. Real
 hosts on 127.0.0.1, in this process.
+
+Over 500 lines on purpose: it mirrors ``_defects.py`` one defect per test, so the list of
+defects and their proofs is read in one place; split it when that module is split.
 """
 
 from __future__ import annotations

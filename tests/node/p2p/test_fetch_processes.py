@@ -156,7 +156,7 @@ def test_slow_holder_does_not_hold_up_the_end(
             ],
             "none of the 1 peers could be reached",
         ),
-        (["--peer", "/not/a/multiaddr"], "none of the 1 peers could be reached"),
+        (["--peer", "/not/a/multiaddr"], "bad peer address '/not/a/multiaddr': unknown protocol"),
         ([], "no peers to fetch from"),
     ],
 )
