@@ -71,6 +71,7 @@ class Op(StrEnum):
     CHECKPOINT = "checkpoint"
     BAN_EVIDENCE = "ban_evidence"
     ADMIN = "admin"
+    REPORT = "report"  # a node's measurements for the dashboard (specs/coordinator.md#reports)
 
 
 def b64encode(data: bytes) -> str:
