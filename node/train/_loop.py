@@ -52,6 +52,7 @@ from ._exceptions import RoundStalledError, StateMismatchError, TrainingConfigEr
 from ._headers import HeaderCollector
 from ._report import Reporter
 from ._round import UpdateHeader, header_cid
+from ._telemetry import catch_up_report, round_report, send_report
 from ._trainer import NodeTrainer
 
 __all__ = ["TrainSettings", "run_node"]
@@ -356,6 +357,9 @@ class _Session:
             return True
         if round_ != trainer.round + 1:
             round_ = self.current_round = await self.catch_up.state_for(client, node, round_)
+            caught = self.reporter.last.pop("caught_up", None)
+            if caught is not None:  # for the dashboard's late-joiner table
+                await send_report(client, catch_up_report(caught))
             if stop and round_ > stop:
                 await client.leave(round_)
                 return True
@@ -419,6 +423,8 @@ class _Session:
             fetch_s=t_fetch,
             aggregate_s=t_aggregate,
         )
+        holds = None if manifest is None else str(manifest)
+        await send_report(client, round_report(round_, loss, str(trainer.state_cid), holds))
         await self._refresh_bans(client)
         return last
 

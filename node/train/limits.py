@@ -43,3 +43,6 @@ AGREE_WAIT_S = 30.0
 JOIN_WAIT_S = 3600.0
 # Seconds between two polls of the coordinator while waiting (a poll is one small HTTP request).
 POLL_INTERVAL_S = 0.2
+# Seconds a node spends sending one dashboard report (held-out loss, catch-up) to the
+# coordinator; past it the report is dropped: the dashboard is not worth delaying a round.
+REPORT_WAIT_S = 5.0

@@ -100,7 +100,12 @@ class Page:
         deadline = time.monotonic() + timeout
         value = None
         while time.monotonic() < deadline:
-            value = self.evaluate(expression)
+            try:
+                value = self.evaluate(expression)
+            except AssertionError as exc:  # e.g. the document is still loading: poll on
+                value = str(exc)[:300]
+                time.sleep(0.5)
+                continue
             if value:
                 return value
             time.sleep(0.5)

@@ -59,10 +59,15 @@
     }
   }
 
+  // Ban figures arrive as JSON text: one line per key (the figures per round), exact values.
   function figures(text) {
     if (text === null || text === undefined) return "";
     try {
-      return JSON.stringify(JSON.parse(text), null, 1);
+      const parsed = JSON.parse(text);
+      if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+        return JSON.stringify(parsed);
+      }
+      return Object.entries(parsed).map(([k, v]) => k + ": " + JSON.stringify(v)).join("\n");
     } catch (e) {
       return String(text);
     }

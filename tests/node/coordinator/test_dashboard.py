@@ -7,17 +7,21 @@ for the rendering test a real headless chromium (tests/support/browser.py).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import tomli_w
 
-from cnode.auth import Identity, make_hf_binding
+from cnode.auth import Identity, make_hf_binding, save_identity
 from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorClient,
+    CoordinatorProcess,
     CoordinatorRejected,
     RoundsConfig,
     RunConfig,
@@ -141,6 +145,20 @@ def test_page_script_and_json_carry_the_security_headers(serve: Any, peers: list
     assert httpx.get(f"{running.url}/dashboard/../_server.py").status_code == 404
     assert httpx.get(f"{running.url}/dashboard/secret.key").status_code == 404
     assert httpx.get(f"{running.url}/v1/runs/other/dashboard").status_code == 404
+
+
+def test_serve_logs_the_dashboard_url(tmp_path: Path, peers: list[Identity]) -> None:
+    key = Identity.generate()
+    save_identity(key, tmp_path / "coordinator.key")
+    config = replace(run_config(peers), coordinator=key.peer_id_str)
+    (tmp_path / "run.toml").write_text(tomli_w.dumps(config.to_dict()))
+    with CoordinatorProcess(
+        tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"
+    ) as proc:
+        lines = [json.loads(x) for x in proc.log_tail(20_000).splitlines() if x.startswith("{")]
+        (logged,) = [x["url"] for x in lines if x.get("event") == "dashboard"]
+        assert logged == f"{proc.url}/"
+        assert "cnode dashboard" in httpx.get(logged).text
 
 
 HOSTILE_USER = '<img src=x onerror="window.__pwned=1">'
