@@ -75,7 +75,9 @@ def test_reports_feed_the_loss_chart_checkpoint_holders_and_catch_up(
         late_client = _client(running, late)
         await late_client.join()
         try:
-            await clients[0].submit_checkpoint(epoch=0, round=1, manifest=MANIFEST)
+            await clients[0].submit_checkpoint(
+                epoch=0, round=1, manifest=MANIFEST, hf_repo="acme/run", hf_revision="c0ffee"
+            )
             for c, loss in zip(clients, (2.5, 2.5, 9.75), strict=True):  # the last one dissents
                 await c.report({"kind": "round", "round": 1, "loss": loss, "holds": MANIFEST})
             with pytest.raises(CoordinatorRejected) as err:  # not a member of round 1
@@ -120,6 +122,7 @@ def test_reports_feed_the_loss_chart_checkpoint_holders_and_catch_up(
     assert round1["member_count"] == 3
     (ckpt,) = [c for c in d["checkpoints"] if c["round"] == 1]
     assert ckpt["manifest"] == MANIFEST
+    assert (ckpt["hf_repo"], ckpt["hf_revision"]) == ("acme/run", "c0ffee")
     assert set(ckpt["holders"]) == {p.peer_id_str for p in peers}  # 3 after the round, 1 caught up
     (caught,) = d["catch_ups"]
     assert caught["peer"] == late.peer_id_str and caught["bytes"] == 300
