@@ -59,18 +59,46 @@
     }
   }
 
-  // Ban figures arrive as JSON text: one line per key (the figures per round), exact values.
+  function num(v) {
+    return typeof v === "number" && !Number.isInteger(v) ? v.toPrecision(6) : String(v);
+  }
+
+  // Ban figures arrive as JSON text. Arrays as long as "rounds" become a table, one row per
+  // round (the figures per round); anything else is one "key: value" line. Text only.
   function figures(text) {
-    if (text === null || text === undefined) return "";
+    if (text === null || text === undefined) return null;
+    let parsed;
     try {
-      const parsed = JSON.parse(text);
-      if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
-        return JSON.stringify(parsed);
-      }
-      return Object.entries(parsed).map(([k, v]) => k + ": " + JSON.stringify(v)).join("\n");
+      parsed = JSON.parse(text);
     } catch (e) {
-      return String(text);
+      return el("pre", { class: "figures" }, String(text));
     }
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+      return el("pre", { class: "figures" }, JSON.stringify(parsed));
+    }
+    const rounds = Array.isArray(parsed.rounds) ? parsed.rounds : [];
+    const perRound = Object.keys(parsed).filter(k => k !== "rounds" &&
+      Array.isArray(parsed[k]) && rounds.length && parsed[k].length === rounds.length);
+    const rest = Object.keys(parsed).filter(k => k !== "rounds" && !perRound.includes(k));
+    const table = perRound.length ? el("table", { class: "figures" },
+      el("thead", {}, el("tr", {}, el("th", {}, "round"), perRound.map(k => el("th", {}, k)))),
+      el("tbody", {}, rounds.map((r, i) => el("tr", {}, el("td", {}, num(r)),
+        perRound.map(k => el("td", { class: typeof parsed[k][i] === "string" ? "cid" : "" },
+          num(parsed[k][i]))))))) : null;
+    return el("div", {}, table, rest.map(k =>
+      el("div", { class: "muted" }, k + ": " + JSON.stringify(parsed[k]))));
+  }
+
+  // Honest members report identical evidence (aggregation is deterministic): shown once, with
+  // every member who reported it.
+  function evidenceGroups(reports) {
+    const groups = new Map();
+    for (const r of reports) {
+      const key = JSON.stringify([r.round, r.reason, r.update_cid, r.figures]);
+      if (!groups.has(key)) groups.set(key, { ...r, reporters: [] });
+      groups.get(key).reporters.push(r.reporter);
+    }
+    return [...groups.values()];
   }
 
   function drawChart(points) {
@@ -136,13 +164,16 @@
   }
 
   function banRow(b) {
+    const groups = evidenceGroups(b.reports);
     const evidence = el("div", {},
       b.update_cid ? el("p", {}, "update ", el("span", { class: "cid" }, b.update_cid)) : null,
-      b.reports.map(r => el("div", { class: "report" },
-        el("p", {}, "round " + r.round + ", reported by ", peerCell(r.reporter), ": " + r.reason),
-        r.update_cid ? el("p", { class: "cid" }, r.update_cid) : null,
-        el("pre", { class: "figures" }, figures(r.figures)))),
-      !b.reports.length && b.figures ? el("pre", { class: "figures" }, figures(b.figures)) : null);
+      groups.map(g => el("div", { class: "report" },
+        el("p", {}, "round " + g.round + ": " + g.reason + "; reported by ",
+          g.reporters.map(p => el("span", { class: "reporter" }, peerCell(p), " "))),
+        g.update_cid && g.update_cid !== b.update_cid ?
+          el("p", {}, "update ", el("span", { class: "cid" }, g.update_cid)) : null,
+        figures(g.figures))),
+      !groups.length && b.figures ? figures(b.figures) : null);
     return el("tr", { class: "ban" },
       el("td", {}, peerCell(b.peer), b.username ? el("div", { class: "username" }, b.username) : null),
       el("td", { class: "reason" }, b.reason),

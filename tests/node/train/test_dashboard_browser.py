@@ -83,7 +83,12 @@ def test_the_dashboard_shows_a_live_run_with_its_ban(swarm: Swarm, tmp_path: Pat
         reason = page.evaluate("document.querySelector('#bans-table tr.ban .reason').textContent")
         assert reason == ban.reason
         assert page.evaluate("document.querySelector('#bans-table tr.ban .cid').title") == evil.peer
-        assert page.evaluate("document.querySelectorAll('#bans-table .report').length") >= 2
+        reporters = page.evaluate(
+            "[...document.querySelectorAll('#bans-table .reporter .cid')].map(e => e.title)"
+        )
+        assert len(reporters) >= 2 and evil.peer not in reporters
+        # The figures per round: one row per round of the evidence.
+        assert page.evaluate("document.querySelectorAll('#bans-table table.figures tr').length")
 
         # Checkpoints with holders, and the late joiner's catch-up with bytes per holder.
         page.wait_for(
