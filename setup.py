@@ -11,7 +11,7 @@ from setuptools import find_packages, setup
 
 _FOLDERS = ("node", "storage", "aggregation", "auth")
 # Folders of data files, not code: their files are package data (see pyproject.toml).
-_DATA_PACKAGES = ("cnode.node.train.data",)
+_DATA_PACKAGES = ("cnode.node.train.data", "cnode.node.coordinator.static")
 
 packages = ["cnode"]
 for folder in _FOLDERS:

@@ -411,6 +411,10 @@ class CoordinatorClient:
         """Send ``BanRecommendation.to_payload()`` ({peer, round, reason, update_cid, figures})."""
         return BanReport.from_json(await self._post(Op.BAN_EVIDENCE, evidence, token=True))
 
+    async def report(self, report: Mapping[str, Any]) -> None:
+        """Send this node's measurements (held-out loss, catch-up) for the dashboard."""
+        await self._post(Op.REPORT, report, token=True)
+
     async def admin(self, action: str, **args: Any) -> dict[str, Any]:
         """An admin action (the identity must be the coordinator's key or an admin key)."""
         return await self._post(Op.ADMIN, {"action": action, **args}, token=False)

@@ -73,6 +73,7 @@ class Op(StrEnum):
     BAN_EVIDENCE = "ban_evidence"
     COLLECTED = "collected"
     ADMIN = "admin"
+    REPORT = "report"  # a node's measurements for the dashboard (specs/coordinator.md#reports)
 
 
 def b64encode(data: bytes) -> str:

@@ -36,6 +36,7 @@ from cnode.auth import (
 from . import limits
 from ._addrs import AddressError, check_peer_addrs
 from ._config import RunConfig
+from ._dashboard import Dashboard
 from ._exceptions import RequestRefused, RunConfigError
 from ._http import RateLimitedRefusal, json_errors, read_signed_request
 from ._machine import RunMachine
@@ -48,6 +49,7 @@ from ._protocol import (
     b64encode,
 )
 from ._ratelimit import RateLimiter
+from ._reports import parse_report
 from ._requests import (
     parse_admin,
     parse_checkpoint,
@@ -140,6 +142,8 @@ class CoordinatorServer:
                 *(web.post(f"{base}/{op}", self._post) for op in Op),
             ]
         )
+        self.dashboard = Dashboard(self.store, self.machine, self.run, self.peer_id)
+        self.dashboard.install(self.app)  # GET / and the JSON it polls (read-only)
 
     async def start(self) -> str:
         self._runner = web.AppRunner(self.app, access_log=None)
@@ -151,6 +155,7 @@ class CoordinatorServer:
         host, port = server.sockets[0].getsockname()[:2]  # type: ignore[attr-defined]
         self.url = f"http://{host}:{port}"
         log.info("coordinator_listening", url=self.url, run=self.run, peer=self.peer_id)
+        log.info("dashboard", url=f"{self.url}/")
         if self._gossip is not None:
             self._gossip.changed(self._signed_state)
         return self.url
@@ -363,7 +368,7 @@ class CoordinatorServer:
             raise RequestRefused(401, "bad_token", f"access token: {exc}") from exc
         if access.peer_id != peer:
             raise RequestRefused(401, "bad_token", "the access token was issued to another peer")
-        m = self.machine
+        m, reports = self.machine, self.dashboard.reports
         with self.store.tx():
             username = "" if access.username == PEER_ONLY_USERNAME else access.username
             m.check_not_banned(peer, username)  # revocation: a ban beats any token, at once
@@ -379,6 +384,8 @@ class CoordinatorServer:
             if op is Op.COLLECTED:
                 m.collected(peer, parse_round(args), parse_missing(args), now)
                 return {}
+            if op is Op.REPORT:
+                return reports.record(peer, parse_report(args), now)
             if op is Op.CHECKPOINT:
                 record = parse_checkpoint(args, peer)
                 return {"checkpoint": m.submit_checkpoint(peer, record, now).to_payload()}

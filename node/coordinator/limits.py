@@ -71,3 +71,25 @@ MAX_MISSING_REPORT = MAX_ROUND_MEMBERS
 COORDINATOR_OUTAGE_S = 60.0
 CLIENT_RETRY_FIRST_S = 0.25
 CLIENT_RETRY_MAX_S = 4.0
+
+# The dashboard (specs/coordinator.md#dashboard). Its JSON is rebuilt only after a change and
+# every list in it is capped, so a page polled by many viewers costs little and stays small.
+# Seconds between two polls of the page (sent in the JSON: the script takes it from there).
+DASHBOARD_POLL_S = 2.0
+# Newest rounds listed with their members, and members listed per round (the count is exact).
+DASHBOARD_ROUNDS = 30
+DASHBOARD_MEMBERS = 64
+# Rounds of held-out loss in the chart (the newest).
+DASHBOARD_LOSS_ROUNDS = 500
+# Newest bans listed, and evidence reports shown per ban.
+DASHBOARD_BANS = 100
+DASHBOARD_EVIDENCE = 32
+# Newest checkpoints listed, and holders named per checkpoint.
+DASHBOARD_CHECKPOINTS = 50
+DASHBOARD_HOLDERS = 64
+# Newest catch-up reports listed.
+DASHBOARD_CATCH_UPS = 50
+# Peers (peer id <-> HF username) and allowlist entries listed.
+DASHBOARD_PEERS = 500
+# Holders named in one catch-up report (bytes per holder); more is refused with 400.
+MAX_REPORT_HOLDERS = 64

@@ -215,6 +215,8 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
         started: list[subprocess.Popen[bytes]] = []
         try:
             url = coordinator.url
+            # Up until the report is printed (the coordinator stops in the finally below).
+            console.print(f"[bold]dashboard[/bold]: {url}/ (live until the report)")
             # Every process starts now (imports take a while on a loaded machine); the late
             # joiner stays out of the run until round `late_after_round` is published.
             for p in procs:

@@ -19,10 +19,13 @@ class Reporter:
     def __init__(self, path: Path | None, *, peer: str) -> None:
         self.path = path
         self.peer = peer
+        # The latest fields of each event, for whoever reports them on (the dashboard).
+        self.last: dict[str, dict[str, Any]] = {}
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
     def event(self, event: str, **fields: Any) -> None:
+        self.last[event] = fields
         line = _human(event, fields)
         if line is not None:
             print(line, flush=True)  # stdout: one line per round for the person running it

@@ -35,6 +35,7 @@ from ._headers import HeaderCollector
 from ._membership import leave_round
 from ._report import Reporter
 from ._round import UpdateHeader
+from ._telemetry import catch_up_report, round_report, send_report
 from ._topics import RunTopics
 from ._trainer import NodeTrainer, OwnUpdate
 
@@ -94,6 +95,9 @@ class RoundLoop:
             return True
         if round_ != trainer.round + 1:
             round_ = self.current_round = await self._catch_up(round_)
+            caught = self.reporter.last.pop("caught_up", None)
+            if caught is not None:  # for the dashboard's late-joiner table
+                await send_report(client, catch_up_report(caught))
             if stop and round_ > stop:
                 await leave_round(client, round_)
                 return True
@@ -147,6 +151,8 @@ class RoundLoop:
             fetch_s=t_fetch,
             aggregate_s=t_aggregate,
         )
+        holds = None if manifest is None else str(manifest)
+        await send_report(client, round_report(round_, loss, str(trainer.state_cid), holds))
         return last
 
     async def _catch_up(self, round_: int) -> int:

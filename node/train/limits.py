@@ -64,3 +64,6 @@ POLL_INTERVAL_S = 0.2
 SLOW_POLL_S = 1.0
 # Seconds between two looks at the headers gossip brought in, while waiting for stragglers.
 HEADER_CHECK_S = 1.0
+# Seconds a node spends sending one dashboard report (held-out loss, catch-up) to the
+# coordinator; past it the report is dropped: the dashboard is not worth delaying a round.
+REPORT_WAIT_S = 5.0
