@@ -36,13 +36,13 @@ from cnode.auth import Identity, load_identity, save_identity
 from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorClient,
-    CoordinatorProcess,
     CoordinatorRejected,
     RoundsConfig,
     RoundStatus,
     RunConfig,
     SyncCoordinatorClient,
 )
+from cnode.node.coordinator.server import CoordinatorProcess
 
 RUN = "bench"
 _TIMEOUT = httpx.Timeout(300.0)  # a starved machine can take minutes per round

@@ -12,13 +12,6 @@ import types
 
 import pytest
 
-# The coordinator's surface is being split into client and server (issue 15, item 3); its
-# __init__ imports RunConfigError without listing it. strict: this fails once that is fixed.
-_COORDINATOR = pytest.param(
-    "cnode.node.coordinator",
-    marks=pytest.mark.xfail(strict=True, reason="RunConfigError missing from __all__ (issue 15)"),
-)
-
 PACKAGES: list[object] = [
     "cnode",
     "cnode.aggregation",
@@ -26,7 +19,8 @@ PACKAGES: list[object] = [
     "cnode.storage",
     "cnode.node",
     "cnode.node.cli",
-    _COORDINATOR,
+    "cnode.node.coordinator",
+    "cnode.node.coordinator.server",
     "cnode.node.hub",
     "cnode.node.p2p",
     "cnode.node.train",
@@ -65,21 +59,11 @@ ROOTS = {
     "cnode.node.p2p": "P2PError",
     "cnode.node.coordinator": "CoordinatorError",
 }
-# The lead's part of issue 15 rebases these two roots on NodeError (files outside this change).
-_PENDING = {"cnode.node.p2p", "cnode.node.coordinator"}
 
 
 @pytest.mark.parametrize(
     "name",
-    [
-        pytest.param(
-            n,
-            marks=pytest.mark.xfail(strict=True, reason="root not yet under NodeError (issue 15)"),
-        )
-        if n in _PENDING
-        else n
-        for n in ROOTS
-    ],
+    list(ROOTS),
 )
 def test_errors_hang_from_the_package_root_and_node_roots_from_node_error(name: str) -> None:
     from cnode import CnodeError

@@ -186,12 +186,7 @@ def import_cycles(folder: str, root: Path = ROOT) -> list[list[str]]:
         "storage",
         "auth",
         "aggregation",
-        pytest.param(
-            "node",
-            marks=pytest.mark.xfail(
-                strict=True, reason="node/train/_demo <-> _demo_report (issue 15, item 5)"
-            ),
-        ),
+        "node",
     ],
 )
 def test_no_import_cycles(folder: str) -> None:

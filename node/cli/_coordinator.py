@@ -20,14 +20,12 @@ from cnode.node._exceptions import UsageError
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     AccessConfig,
-    CoordinatorServer,
     NetworkConfig,
     RoundsConfig,
     RunConfig,
-    ServeSettings,
-    StateGossip,
     load_run_config,
 )
+from cnode.node.coordinator.server import CoordinatorServer, ServeSettings, StateGossip
 from cnode.node.p2p import P2PSettings
 
 log = structlog.get_logger(__name__)

@@ -3,9 +3,10 @@
 It never touches model data. Its state lives in SQLite (WAL) and every read of it is signed by the
 coordinator key; nodes pin that key's peer id in their run config. Spec: specs/coordinator.md.
 
-Server side: :class:`CoordinatorServer` (asyncio, in-process) or :class:`CoordinatorProcess`
-(``cnode coordinator serve`` in its own process). Node side: :class:`CoordinatorClient` (async,
-trio or asyncio) and :class:`SyncCoordinatorClient` (CLI).
+This package is the node side: :class:`CoordinatorClient` (async, trio or asyncio),
+:class:`SyncCoordinatorClient` (CLI), the signed messages and the run config. The server side
+(:class:`CoordinatorServer`, :class:`CoordinatorProcess`, the state machine and SQLite) is
+:mod:`cnode.node.coordinator.server`, which a training node never imports.
 """
 
 from . import limits as limits
@@ -28,10 +29,8 @@ from ._exceptions import CoordinatorUnavailable as CoordinatorUnavailable
 from ._exceptions import RateLimited as RateLimited
 from ._exceptions import RequestRefused as RequestRefused
 from ._exceptions import RunConfigError as RunConfigError
-from ._gossip import StateGossip as StateGossip
 from ._gossip import run_state_topic as run_state_topic
 from ._gossip import run_state_validator as run_state_validator
-from ._process import CoordinatorProcess as CoordinatorProcess
 from ._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
 from ._protocol import REQUEST_TYPE as REQUEST_TYPE
 from ._protocol import STATE_TYPE as STATE_TYPE
@@ -43,8 +42,6 @@ from ._protocol import Phase as Phase
 from ._protocol import RoundInfo as RoundInfo
 from ._protocol import RoundStatus as RoundStatus
 from ._protocol import RunState as RunState
-from ._server import CoordinatorServer as CoordinatorServer
-from ._server import ServeSettings as ServeSettings
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",
@@ -55,9 +52,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "CheckpointRecord",
     "CoordinatorClient",
     "CoordinatorError",
-    "CoordinatorProcess",
     "CoordinatorRejected",
-    "CoordinatorServer",
     "CoordinatorUnavailable",
     "JoinResult",
     "NetworkConfig",
@@ -70,10 +65,9 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "RoundStatus",
     "RoundsConfig",
     "RunConfig",
+    "RunConfigError",
     "RunState",
     "STATE_TYPE",
-    "ServeSettings",
-    "StateGossip",
     "SyncCoordinatorClient",
     "check_peer_addrs",
     "is_private_addr",

@@ -19,11 +19,12 @@ from typing import Any
 import multiaddr
 
 from . import limits
+from ._exceptions import CoordinatorError
 
 __all__ = ["AddressError", "check_peer_addrs", "is_private_addr", "parse_peer_addr"]
 
 
-class AddressError(ValueError):
+class AddressError(CoordinatorError, ValueError):
     """An address a peer advertises is not one the run accepts; the message names it."""
 
 

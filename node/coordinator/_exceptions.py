@@ -15,7 +15,7 @@
 
 from __future__ import annotations
 
-from cnode import CnodeError
+from cnode.node._exceptions import NodeError
 
 __all__ = [
     "BadRunState",
@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 
-class CoordinatorError(CnodeError):
+class CoordinatorError(NodeError):
     """Raised by the coordinator or its client; the root of this package's tree."""
 
 

@@ -14,6 +14,15 @@ from typing import Any
 import structlog
 
 from . import limits
+from ._admin import (
+    AdminAction,
+    AllowlistAdd,
+    AllowlistList,
+    AllowlistRemove,
+    BanPeer,
+    LogPage,
+    UnbanPeer,
+)
 from ._bans import BanBook
 from ._config import RunConfig
 from ._exceptions import RequestRefused
@@ -314,6 +323,36 @@ class RunMachine:
     def _log(self, now: float, kind: str, **detail: Any) -> None:
         self.store.append_log(now, "coordinator", kind, detail)
         log.info(kind, **detail)
+
+    # -- administration -----------------------------------------------------------------------
+
+    def admin(self, action: AdminAction, by: str, now: float) -> dict[str, Any]:
+        """Apply one admin action (the caller checked the signer is an admin)."""
+        s = self.store
+        match action:
+            case AllowlistAdd(kind, value):
+                if s.allowlist_size() >= limits.MAX_ALLOWLIST:
+                    raise RequestRefused(
+                        409, "allowlist_full", "allowlist has MAX_ALLOWLIST entries"
+                    )
+                added = s.allow(kind, value, by, now)
+                s.append_log(now, by, "allowlist_add", {"kind": kind, "value": value})
+                return {"changed": added}
+            case AllowlistRemove(kind, value):
+                removed = s.disallow(kind, value)
+                s.append_log(now, by, "allowlist_remove", {"kind": kind, "value": value})
+                return {"changed": removed}
+            case AllowlistList():
+                return {"allowlist": s.allowlist()}
+            case BanPeer(peer, reason):
+                self.bans.ban(peer, reason, by, now)
+                return {}
+            case UnbanPeer(peer):
+                self.bans.unban(peer, by, now)
+                return {}
+            case LogPage(after, limit):
+                return {"log": s.log_page(after, limit)}
+        raise AssertionError(f"unhandled admin action {action!r}")
 
     # -- checkpoints --------------------------------------------------------------------------
 

@@ -13,6 +13,15 @@ from typing import Any
 from cnode.storage import CID, StorageError
 
 from . import limits
+from ._admin import (
+    AdminAction,
+    AllowlistAdd,
+    AllowlistList,
+    AllowlistRemove,
+    BanPeer,
+    LogPage,
+    UnbanPeer,
+)
 from ._exceptions import RequestRefused
 from ._protocol import CheckpointRecord
 
@@ -112,7 +121,8 @@ def parse_evidence(args: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def parse_admin(args: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+def parse_admin(args: Mapping[str, Any]) -> AdminAction:
+    """The typed admin action of a request's ``args`` (400 naming what is wrong)."""
     action = require(args, "action", str)
     if action not in _ADMIN_ACTIONS:
         raise RequestRefused(400, "bad_request", f"unknown admin action {action[:40]!r}")
@@ -120,13 +130,16 @@ def parse_admin(args: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
         kind = require(args, "kind", str)
         if kind not in _ALLOW_KINDS:
             raise RequestRefused(400, "bad_request", f"kind must be one of {_ALLOW_KINDS}")
-        return action, {"kind": kind, "value": _text(args, "value")}
+        value = _text(args, "value")
+        if action == "allowlist.add":
+            return AllowlistAdd(kind, value)
+        return AllowlistRemove(kind, value)
     if action == "ban":
-        return action, {"peer": _text(args, "peer"), "reason": _text(args, "reason")}
+        return BanPeer(_text(args, "peer"), _text(args, "reason"))
     if action == "unban":
-        return action, {"peer": _text(args, "peer")}
+        return UnbanPeer(_text(args, "peer"))
     if action == "log":
         after = require(args, "after", int, optional=True) or 0
         limit = require(args, "limit", int, optional=True) or limits.MAX_LOG_PAGE
-        return action, {"after": after, "limit": max(1, min(limit, limits.MAX_LOG_PAGE))}
-    return action, {}
+        return LogPage(after, max(1, min(limit, limits.MAX_LOG_PAGE)))
+    return AllowlistList()

@@ -394,29 +394,7 @@ class CoordinatorServer:
     def _admin(self, signer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
         if signer not in self.admins:
             raise RequestRefused(403, "not_admin", f"peer {signer} is not an admin of this run")
-        action, a = parse_admin(args)
-        now, m, s = time.time(), self.machine, self.store
-        by = f"admin:{signer}"
-        with s.tx():
-            m.consume_counter(signer, counter)
-            if action == "allowlist.add":
-                if s.allowlist_size() >= limits.MAX_ALLOWLIST:
-                    raise RequestRefused(
-                        409, "allowlist_full", "allowlist has MAX_ALLOWLIST entries"
-                    )
-                added = s.allow(a["kind"], a["value"], by, now)
-                s.append_log(now, by, "allowlist_add", {"kind": a["kind"], "value": a["value"]})
-                return {"changed": added}
-            if action == "allowlist.remove":
-                removed = s.disallow(a["kind"], a["value"])
-                s.append_log(now, by, "allowlist_remove", {"kind": a["kind"], "value": a["value"]})
-                return {"changed": removed}
-            if action == "allowlist.ls":
-                return {"allowlist": s.allowlist()}
-            if action == "ban":
-                m.bans.ban(a["peer"], a["reason"], by, now)
-                return {}
-            if action == "unban":
-                m.bans.unban(a["peer"], by, now)
-                return {}
-            return {"log": s.log_page(a["after"], a["limit"])}
+        action = parse_admin(args)
+        with self.store.tx():
+            self.machine.consume_counter(signer, counter)
+            return self.machine.admin(action, f"admin:{signer}", time.time())

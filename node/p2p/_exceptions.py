@@ -20,10 +20,10 @@ Messages name the peer (short id) and CID involved; they never contain secrets.
 
 from __future__ import annotations
 
-from cnode import CnodeError
+from cnode.node._exceptions import NodeError
 
 
-class P2PError(CnodeError):
+class P2PError(NodeError):
     """Raised by cnode.node.p2p when a network operation cannot be done."""
 
 

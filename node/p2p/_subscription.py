@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 import trio
@@ -13,18 +13,23 @@ from cnode.auth import Opened
 from . import limits
 from ._announce import EnvelopeValidator
 
-if TYPE_CHECKING:
-    from ._node import P2PNode
-
 __all__ = ["Subscription"]
 
 log = structlog.get_logger(__name__)
 
 
+class _Topics(Protocol):
+    """What a subscription needs of its node (``P2PNode``): joining and leaving its topic."""
+
+    async def _join(self, sub: Subscription) -> None: ...
+
+    def _leave(self, sub: Subscription) -> None: ...
+
+
 class Subscription:
     """Validated messages of one topic, as an async iterator (and async context manager)."""
 
-    def __init__(self, node: P2PNode, topic: str, validator: EnvelopeValidator) -> None:
+    def __init__(self, node: _Topics, topic: str, validator: EnvelopeValidator) -> None:
         self._node = node
         self.topic = topic
         self.validator = validator

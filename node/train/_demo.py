@@ -17,7 +17,6 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,44 +28,14 @@ from rich.table import Table
 from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
 
+from ._demo_report import final_report
+from ._demo_swarm import DemoSettings, _Proc
 from ._report import read_report
 
 __all__ = ["DemoSettings", "run_demo"]
 
 RUN_ID = "demo"
 _READER = Identity.generate()  # reads the coordinator's signed state; needs no membership
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    """What the demo runs."""
-
-    workdir: Path | None = None  # keep everything here (default: a temporary folder, removed)
-    rounds: int = 8  # rounds of the run
-    honest: int = 4  # honest nodes started at once
-    late_after_round: int = 3  # the late joiner starts when this round is aggregated
-    attack: str = "gaussian"  # what the attacker sends (aggregation's attack harness)
-    timeout_s: float = 600.0  # the whole demo gives up after this
-    training: dict[str, Any] = field(default_factory=dict)  # [training] table overrides
-
-
-@dataclass
-class _Proc:
-    name: str
-    role: str
-    home: Path
-    peer: str
-    port: int
-    popen: subprocess.Popen[bytes] | None = None
-
-    @property
-    def report(self) -> Path:
-        return self.home / "report.jsonl"
-
-    @property
-    def node_log(self) -> Path:
-        return self.home / "node.log"
-
 
 
 def _free_port() -> int:
@@ -194,9 +163,7 @@ def _coordinator_line(url: str, run_config: Path) -> str:
 
 def run_demo(settings: DemoSettings, console: Console) -> int:
     """Run the swarm, show it live, print the report; 0 when every check held."""
-    from cnode.node.coordinator import CoordinatorProcess
-
-    from ._demo_report import final_report
+    from cnode.node.coordinator.server import CoordinatorProcess
 
     with _workdir(settings.workdir) as work:
         procs = _prepare(work, settings)

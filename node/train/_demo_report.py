@@ -11,7 +11,7 @@ from rich.table import Table
 from ._report import read_report
 
 if TYPE_CHECKING:
-    from ._demo import DemoSettings, _Proc
+    from ._demo_swarm import DemoSettings, _Proc
 
 __all__ = ["final_report"]
 

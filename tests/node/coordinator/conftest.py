@@ -18,13 +18,12 @@ from cnode.auth import Identity, seal
 from cnode.node.coordinator import (
     REQUEST_TYPE,
     AccessConfig,
-    CoordinatorServer,
     RoundsConfig,
     RunConfig,
-    ServeSettings,
     SyncCoordinatorClient,
 )
 from cnode.node.coordinator._protocol import b64encode
+from cnode.node.coordinator.server import CoordinatorServer, ServeSettings
 
 
 @dataclass

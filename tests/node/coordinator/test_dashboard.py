@@ -21,12 +21,12 @@ from cnode.auth import Identity, make_hf_binding, save_identity
 from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorClient,
-    CoordinatorProcess,
     CoordinatorRejected,
     RoundsConfig,
     RunConfig,
 )
 from cnode.node.coordinator import limits as coordinator_limits
+from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.storage import compute_cid
 from tests.support.browser import open_page
 from tests.support.hf_hub import FakeHub

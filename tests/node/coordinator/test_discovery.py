@@ -19,9 +19,9 @@ from cnode.node.coordinator import (
     NetworkConfig,
     RoundStatus,
     RunConfig,
-    ServeSettings,
 )
 from cnode.node.coordinator import limits as coordinator_limits
+from cnode.node.coordinator.server import ServeSettings
 from cnode.storage import compute_cid
 
 from .conftest import Running, body, post, refused, run_config, start_server

@@ -15,7 +15,6 @@ from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorClient,
     CoordinatorError,
-    CoordinatorProcess,
     CoordinatorRejected,
     JoinResult,
     RoundsConfig,
@@ -23,6 +22,7 @@ from cnode.node.coordinator import (
     RunConfig,
     SyncCoordinatorClient,
 )
+from cnode.node.coordinator.server import CoordinatorProcess
 
 pytestmark = pytest.mark.slow
 

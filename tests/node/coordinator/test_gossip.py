@@ -12,13 +12,13 @@ from cnode.auth import Identity, save_identity
 from cnode.node.coordinator import (
     AccessConfig,
     CoordinatorClient,
-    CoordinatorProcess,
     RoundsConfig,
     RunConfig,
     RunState,
     run_state_topic,
     run_state_validator,
 )
+from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.p2p import P2PSettings, open_p2p_node
 from cnode.storage import BlockStore
 

@@ -28,7 +28,8 @@ from cnode.node._config import (
     NodeConfig,
     save_config,
 )
-from cnode.node.coordinator import CoordinatorProcess, SyncCoordinatorClient, load_run_config
+from cnode.node.coordinator import SyncCoordinatorClient, load_run_config
+from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train._report import read_report
 
 RUN = "t"
@@ -62,7 +63,6 @@ class Node:
     @property
     def log(self) -> Path:
         return self.home / "node.log"
-
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
         events = read_report(self.report)

@@ -12,7 +12,8 @@ import tomli_w
 import trio
 
 from cnode.auth import Identity, save_identity
-from cnode.node.coordinator import CoordinatorClient, CoordinatorProcess, load_run_config
+from cnode.node.coordinator import CoordinatorClient, load_run_config
+from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train import StateMismatchError
 from cnode.node.train._agreement import agree_on_checkpoint
 from cnode.storage import CID, compute_cid

@@ -27,7 +27,7 @@ import tomli_w
 
 from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE
-from cnode.node.coordinator import CoordinatorProcess
+from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train._report import read_report
 
 from .swarm import TINY_TRAINING

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cnode.node.coordinator import CoordinatorProcess
+from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train._report import read_report
 from tests.support.fixtures import hf_hub  # noqa: F401  (pytest finds it by name)
 from tests.support.hf_hub import FakeHub

@@ -1,0 +1,17 @@
+"""The coordinator's server side: what ``cnode coordinator serve`` (and a test) runs.
+
+Kept out of ``cnode.node.coordinator`` so that a training node, which only talks to a
+coordinator, never imports the HTTP server, the run state machine or SQLite.
+
+- :class:`CoordinatorServer`: the aiohttp server of one run, in this process (asyncio).
+- :class:`CoordinatorProcess`: ``cnode coordinator serve`` in its own process.
+- :class:`StateGossip`: its libp2p node that gossips the signed state.
+- :class:`ServeSettings`: what one server serves.
+"""
+
+from ._gossip import StateGossip as StateGossip
+from ._process import CoordinatorProcess as CoordinatorProcess
+from ._server import CoordinatorServer as CoordinatorServer
+from ._server import ServeSettings as ServeSettings
+
+__all__ = ["CoordinatorProcess", "CoordinatorServer", "ServeSettings", "StateGossip"]

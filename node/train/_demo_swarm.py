@@ -1,0 +1,43 @@
+"""What ``cnode demo`` runs, and its processes: shared by the demo and its report."""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DemoSettings"]
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What the demo runs."""
+
+    workdir: Path | None = None  # keep everything here (default: a temporary folder, removed)
+    rounds: int = 8  # rounds of the run
+    honest: int = 4  # honest nodes started at once
+    late_after_round: int = 3  # the late joiner starts when this round is aggregated
+    attack: str = "gaussian"  # what the attacker sends (aggregation's attack harness)
+    timeout_s: float = 600.0  # the whole demo gives up after this
+    training: dict[str, Any] = field(default_factory=dict)  # [training] table overrides
+
+
+@dataclass
+class _Proc:
+    """One node process of the demo: who it is, where its home is, and its process."""
+
+    name: str
+    role: str
+    home: Path
+    peer: str
+    port: int
+    popen: subprocess.Popen[bytes] | None = None
+
+    @property
+    def report(self) -> Path:
+        return self.home / "report.jsonl"
+
+    @property
+    def node_log(self) -> Path:
+        return self.home / "node.log"
