@@ -18,6 +18,11 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
    10 msg/s per-topic spam limit that also throttles our own publishes, and a 120 s heartbeat.
    :func:`gossipsub_router` sets the heartbeat and rate; the node bounds message size
    (MAX_ANNOUNCEMENT_SIZE, an error, not a silent drop) and paces publishes (PUBLISH_MAX_PER_S).
+   It also queues every message, for 30 s, for each connected peer not (yet) subscribed to its
+   topic — meant for the race with the peer's subscription hello, it fills for a peer that never
+   subscribes (the coordinator's gossip node, on the update and announce topics), up to 100 per
+   peer with a warning at every overflow (about 390 per demo node). The router keeps them
+   GOSSIP_PENDING_TTL_S: the race takes milliseconds, and the queue no longer grows.
 6. Listeners bind with SO_REUSEPORT, so a second node on the same fixed port starts "fine" and
    the kernel splits inbound connections between the two processes (half the dials then fail
    the Noise handshake). :func:`refuse_shared_port` probes each fixed port first.
@@ -266,6 +271,7 @@ def gossipsub_router() -> GossipSub:
         heartbeat_initial_delay=0.1,
         heartbeat_interval=limits.GOSSIP_HEARTBEAT_S,
         max_messages_per_topic_per_second=limits.GOSSIP_MAX_MSGS_PER_TOPIC_PER_S,
+        pending_messages_ttl=limits.GOSSIP_PENDING_TTL_S,
     )
 
 

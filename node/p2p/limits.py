@@ -89,3 +89,8 @@ MAX_INBOUND_CONNECTIONS = 512
 # Seconds a stream reset may spend sending its frame (defect 11: on a wedged connection it would
 # wait forever, inside a shielded scope that no caller's timeout can cancel).
 STREAM_RESET_S = 2.0
+# Seconds gossipsub keeps a message queued for a connected peer that has not (yet) subscribed to
+# its topic (defect 5): enough for the subscription hello that follows a connection (what it
+# misses, our republishes resend), short enough that a peer that never subscribes collects at
+# most PUBLISH_MAX_PER_S x this (py-libp2p's default: 30 s, capped at 100 with a warning each).
+GOSSIP_PENDING_TTL_S = 1.0

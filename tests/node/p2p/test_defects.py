@@ -296,6 +296,40 @@ def test_gossipsub_router_settings() -> None:
     router = defects.gossipsub_router()
     assert router.heartbeat_interval == limits.GOSSIP_HEARTBEAT_S  # library default: 120 s
     assert router.max_messages_per_topic_per_second >= 2 * limits.PUBLISH_MAX_PER_S
+    assert router._pending_messages_ttl == limits.GOSSIP_PENDING_TTL_S  # library default: 30 s
+
+
+def test_a_peer_that_never_subscribes_collects_no_queue(tmp_path: Path) -> None:
+    """The coordinator's gossip node joins only the state topic; the nodes it is connected to
+    publish on others. Their routers must not keep those messages for it."""
+    topic = "/cnode/test/unsubscribed"
+    validator = EnvelopeValidator(ANNOUNCE_PAYLOAD_TYPE, allow=lambda _peer: True)
+
+    async def main() -> tuple[int, int]:
+        store = BlockStore(tmp_path / "blocks")
+        ida, idb = Identity.generate(), Identity.generate()
+        async with (
+            open_p2p_node(ida, store, P2PSettings(), allow=bool) as a,
+            open_p2p_node(idb, store, P2PSettings(), allow=bool) as b,  # never subscribes
+        ):
+            await b.connect(a.listen_addrs[0])
+            router = a._pubsub.router
+            async with a.subscribe(topic, validator):
+                await trio.sleep(1)
+                peak = 0
+                for i in range(150):  # at PUBLISH_MAX_PER_S: three seconds of publishing
+                    await a.publish(topic, seal(ida, ANNOUNCE_PAYLOAD_TYPE, {"i": i}))
+                    peak = max(peak, len(router._pending_messages.get(b._host.get_id(), [])))
+                await trio.sleep(limits.GOSSIP_PENDING_TTL_S + 0.5)
+                await a.publish(topic, seal(ida, ANNOUNCE_PAYLOAD_TYPE, {"i": -1}))
+                left = len(router._pending_messages.get(b._host.get_id(), []))
+                return peak, left
+
+    peak, left = trio.run(main)
+    # Library defaults kept all 150 (capped at 100, a warning per publish past it).
+    assert peak <= limits.PUBLISH_MAX_PER_S * limits.GOSSIP_PENDING_TTL_S + 10  # burst 8
+    assert peak < 100
+    assert left <= 1
 
 
 def test_dial_error_names_address(tmp_path: Path) -> None:
