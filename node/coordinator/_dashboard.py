@@ -214,6 +214,9 @@ class Dashboard:
                     "closed_at_ms": _ms(row["closed_at"]),
                     "deadline_ms": _ms(row["deadline"]),
                     "published_at_ms": _ms(row["published_at"]),
+                    # The round's one agreed input set (specs/coordinator.md#agreement).
+                    "agreed_at_ms": _ms(row["agreed_at"]),
+                    "excluded": json.loads(row["excluded"] or "{}"),
                     "member_count": int(total[0]),
                     "members": [
                         {

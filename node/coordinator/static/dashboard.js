@@ -139,12 +139,14 @@
     return text;
   }
 
-  function memberRow(m) {
+  function memberRow(m, excludedWhy) {
+    // excludedWhy: why the round's agreed input set left this member's update out
     return el("tr", { class: "member state-row-" + m.status },
       el("td", {}, peerCell(m.peer)),
       el("td", {}, m.username || ""),
       el("td", {}, el("span", { class: "state state-" + m.status }, m.status)),
-      el("td", { class: "muted" }, m.ready_at_ms ? "ready " + time(m.ready_at_ms) : ""));
+      el("td", { class: "muted" }, m.ready_at_ms ? "ready " + time(m.ready_at_ms) : ""),
+      el("td", { class: "muted excluded" }, excludedWhy ? "left out: " + excludedWhy : ""));
   }
 
   function roundRow(r) {
@@ -154,8 +156,11 @@
       r.published_at_ms ? "published " + time(r.published_at_ms) +
         " (" + secs(r.opened_at_ms, r.published_at_ms) + ")" : null,
       r.deadline_ms && !r.published_at_ms ? "deadline " + time(r.deadline_ms) : null,
+      r.agreed_at_ms ? "agreed " + time(r.agreed_at_ms) : null,
     ].filter(Boolean).join(", ");
-    const members = el("table", { class: "members" }, el("tbody", {}, r.members.map(memberRow)));
+    const excluded = r.excluded || {};
+    const members = el("table", { class: "members" }, el("tbody", {}, r.members.map(m =>
+      excluded[m.peer] ? memberRow(m, excluded[m.peer]) : memberRow(m))));
     const more = r.member_count > r.members.length ?
       el("p", { class: "muted" }, (r.member_count - r.members.length) + " more") : null;
     return el("tr", { class: "round", "data-round": r.round },
