@@ -186,7 +186,8 @@ class RoundLoop:
         if self.exchange.refused_by:  # holders refused us: banned, and not told yet?
             self.exchange.refused_by.clear()
             self.take_state(await self.client.run_state(), via="poll")
-            self.bans.check_not_banned(me, self.run_id)
+        # Banned (learned from gossip, a poll, or just now): say so, before anything else.
+        self.bans.check_not_banned(me, self.run_id)
         await self.client.collected(round_, missing=sorted(got.missing))
         agreed: RoundInfo | None = None
         with trio.move_on_after(max(deadline_s, 0.0) + limits.AGREED_WAIT_SLACK_S):
