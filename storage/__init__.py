@@ -47,6 +47,9 @@ from ._manifest import CheckpointMeta as CheckpointMeta
 from ._manifest import FileRef as FileRef
 from ._manifest import Layer as Layer
 from ._manifest import Manifest as Manifest
+from ._unixfs import UnixFSView as UnixFSView
+from ._unixfs import recorded_root as recorded_unixfs_root
+from ._unixfs import unixfs_view as unixfs_view
 from ._verify import Fault as Fault
 from ._verify import VerifyReport as VerifyReport
 from ._verify import verify_checkpoint as verify_checkpoint
@@ -78,6 +81,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "NonCanonicalCBORError",
     "RAW",
     "StorageError",
+    "UnixFSView",
     "VerifyReport",
     "compute_cid",
     "export_car",
@@ -95,7 +99,9 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "read_hf_manifest",
     "read_manifest",
     "read_tokenizer_files",
+    "recorded_unixfs_root",
     "save_checkpoint",
+    "unixfs_view",
     "verify_block",
     "verify_car",
     "verify_checkpoint",

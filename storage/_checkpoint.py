@@ -7,6 +7,7 @@ of the model (only a non-contiguous or non-CPU tensor is copied, one tensor at a
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from ._manifest import (
     parse_root,
     resolve,
 )
+from ._unixfs import EXTRA_KEY, build_view, recorded_root
 
 if TYPE_CHECKING:  # torch is imported only by the functions that need it (fast CLI start)
     import torch
@@ -111,6 +113,7 @@ def save_layers(
         view = memoryview(bytes(data))
         files[name] = FileRef(len(view), write_chunks(store, view))
     all_layers = list(layers)
+    meta = _with_view(store, meta, files, all_layers)
     root_cid, nodes = encode_manifest(meta, files, all_layers, layout)
     # Linked nodes first, root last: a held root always has its pages.
     for cid, data in reversed(nodes):
@@ -125,6 +128,40 @@ def save_layers(
         bytes=sum(layer.nbytes for layer in all_layers),
     )
     return root_cid
+
+
+def _with_view(
+    store: BlockStore, meta: CheckpointMeta, files: dict[str, FileRef], layers: list[Layer]
+) -> CheckpointMeta:
+    """Store a checkpoint's UnixFS view and record its directory CID in ``extra``.
+
+    specs/manifest.md#unixfs-view. Updates get no view. The view is built from the config as
+    the manifest will decode it, so a reader rebuilds exactly the same blocks.
+    """
+    if meta.kind != "checkpoint":
+        return meta
+    _, nodes = encode_manifest(meta, files, [])
+    view = build_view(layers, parse_root(nodes[0][1]).meta.model_config, files)
+    for cid, data in reversed(view.blocks):  # leaves and file nodes first, directory last
+        store.put(cid, data)
+    return dataclasses.replace(meta, extra={**meta.extra, EXTRA_KEY: view.root})
+
+
+def view_closure(store: BlockReader, manifest_cid: CID, extra: Mapping[str, object]) -> list[CID]:
+    """The blocks of the UnixFS view the manifest records, once its pages are all held.
+
+    The view is rebuilt from the manifest; a recorded directory that differs from the rebuilt
+    one is listed alone (verify reports it). Nothing for a manifest that records no view.
+    """
+    recorded = recorded_root(extra)
+    if recorded is None:
+        return []
+    try:
+        manifest = resolve(manifest_cid, store.get)
+    except (BlockNotFoundError, CorruptBlockError, ManifestError):
+        return []  # pages still missing: known once they are held
+    view = build_view(manifest.layers, manifest.model_config, manifest.tokenizer_files)
+    return view.cids() if view.root == recorded else [recorded]
 
 
 def save_checkpoint(
@@ -216,8 +253,9 @@ def _held_node(store: BlockReader, cid: CID) -> bytes | None:
 def manifest_closure(store: BlockReader, manifest_cid: CID) -> list[CID]:
     """Every block the manifest needs that can be known from what is held, in fetch order.
 
-    Root, layer pages, each layer's chunk pages and chunks, then side-file chunks. Pages not
-    held end the walk below them. Raises ManifestError if a held node breaks the schema.
+    Root, layer pages, each layer's chunk pages and chunks, side-file chunks, then the blocks of
+    the UnixFS view it records (once every page is held). Pages not held end the walk below
+    them. Raises ManifestError if a held node breaks the schema.
     """
     out: dict[CID, None] = {manifest_cid: None}
     data = _held_node(store, manifest_cid)
@@ -239,6 +277,7 @@ def manifest_closure(store: BlockReader, manifest_cid: CID) -> list[CID]:
         out.update(dict.fromkeys(p.chunks))
     for ref in root.meta.tokenizer_files.values():
         out.update(dict.fromkeys(ref.chunks))
+    out.update(dict.fromkeys(view_closure(store, manifest_cid, root.meta.extra)))
     return list(out)
 
 
