@@ -20,9 +20,15 @@ from ._checkpoint import read_tokenizer_files as read_tokenizer_files
 from ._checkpoint import save_checkpoint as save_checkpoint
 from ._cid import CID as CID
 from ._cid import DAG_CBOR as DAG_CBOR
+from ._cid import DAG_PB as DAG_PB
 from ._cid import RAW as RAW
 from ._cid import compute_cid as compute_cid
 from ._cid import verify_block as verify_block
+from ._dag import block_links as block_links
+from ._dag import car_header as car_header
+from ._dag import car_section as car_section
+from ._dag import is_unixfs_file as is_unixfs_file
+from ._dag import read_car as read_car
 from ._encode import ManifestLayout as ManifestLayout
 from ._exceptions import BlockMismatchError as BlockMismatchError
 from ._exceptions import BlockNotFoundError as BlockNotFoundError
@@ -68,6 +74,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "CheckpointMeta",
     "CorruptBlockError",
     "DAG_CBOR",
+    "DAG_PB",
     "DTYPES",
     "Fault",
     "FileRef",
@@ -83,18 +90,23 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "StorageError",
     "UnixFSView",
     "VerifyReport",
+    "block_links",
+    "car_header",
+    "car_section",
     "compute_cid",
     "export_car",
     "export_hf",
     "import_car",
     "import_hf",
     "import_hf_verified",
+    "is_unixfs_file",
     "limits",
     "list_checkpoints",
     "load_checkpoint",
     "load_layer",
     "manifest_closure",
     "missing_blocks",
+    "read_car",
     "read_file",
     "read_hf_manifest",
     "read_manifest",
