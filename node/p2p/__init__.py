@@ -1,7 +1,8 @@
 """cnode.node.p2p: the libp2p host, block exchange, multi-holder fetch and announcements.
 
-Protocols: ``/cnode/blocks/1.0.0`` and ``/cnode/admit/1.0.0`` (specs/blocks.md) and signed
-announcements over gossipsub (specs/announce.md). The py-libp2p 0.8.1 workarounds live in
+Protocols: ``/cnode/blocks/1.0.0`` and ``/cnode/admit/1.0.0`` (specs/blocks.md), signed
+announcements over gossipsub (specs/announce.md), and the trustless HTTP gateway subset, served
+and fetched from (specs/gateway.md). The py-libp2p 0.8.1 workarounds live in
 ``_defects.py``; the asyncio bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
 
 Trio callers::
@@ -34,10 +35,17 @@ from ._exceptions import PeerProtocolError as PeerProtocolError
 from ._exceptions import RejectedMessage as RejectedMessage
 from ._exceptions import RemoteRefusedError as RemoteRefusedError
 from ._exceptions import StreamBroken as StreamBroken
+from ._gateway import GatewayServer as GatewayServer
+from ._gateway import RunningGateway as RunningGateway
+from ._gateway import start_gateway as start_gateway
+from ._gateway_client import GatewayHolder as GatewayHolder
+from ._gateway_client import check_gateway_url as check_gateway_url
+from ._gateway_client import gateway_client as gateway_client
 from ._node import P2PNode as P2PNode
 from ._node import P2PSettings as P2PSettings
 from ._node import Subscription as Subscription
 from ._node import open_p2p_node as open_p2p_node
+from ._scheduler import DirectHolder as DirectHolder
 from ._scheduler import FetchProgress as FetchProgress
 from ._scheduler import FetchReport as FetchReport
 from ._wire import ADMIT_PROTOCOL_ID as ADMIT_PROTOCOL_ID
@@ -52,11 +60,14 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "BLOCKS_PROTOCOL_ID",
     "BadBlockError",
     "DialError",
+    "DirectHolder",
     "EnvelopeValidator",
     "FetchError",
     "FetchProgress",
     "FetchReport",
     "FrameTooLargeError",
+    "GatewayHolder",
+    "GatewayServer",
     "HolderTable",
     "ListenError",
     "P2PError",
@@ -66,13 +77,17 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "PeerProtocolError",
     "RejectedMessage",
     "RemoteRefusedError",
+    "RunningGateway",
     "StreamBroken",
     "Subscription",
     "TokenBucket",
     "TrioPortal",
     "announce_topic",
     "announcement_validator",
+    "check_gateway_url",
+    "gateway_client",
     "limits",
     "open_p2p_node",
+    "start_gateway",
     "trio_portal",
 ]

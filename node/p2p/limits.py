@@ -85,3 +85,10 @@ SUBSCRIBER_BUFFER = 1024
 
 # Inbound connections a listener keeps open at once (live ones; closed ones free their slot).
 MAX_INBOUND_CONNECTIONS = 512
+
+# Trustless HTTP gateway (specs/gateway.md#limits): requests served at once (more: HTTP 429), and
+# the most blocks one CAR response walks (a checkpoint of MAX_TOTAL_BYTES has ~2M chunks).
+GATEWAY_MAX_REQUESTS = 64
+GATEWAY_MAX_CAR_BLOCKS = 4_000_000
+# Gateway client: largest CAR body accepted for one block (dag-scope=block): header + one section.
+GATEWAY_MAX_BLOCK_CAR = 64 * 1024 + MAX_BLOCK_SIZE + 64
