@@ -67,9 +67,9 @@ def _cbor_links(data: bytes) -> list[CID]:
         return list(parse_chunk_page(data))
     except ManifestError:
         pass
-    out: list[CID] = []
-    _value_links(_cbor.decode(data), out)
-    return out
+    found: list[CID] = []
+    _value_links(_cbor.decode(data), found)
+    return found
 
 
 def block_links(cid: CID, data: bytes) -> list[CID]:
