@@ -37,6 +37,7 @@ from ._exceptions import RemoteRefusedError as RemoteRefusedError
 from ._exceptions import StreamBroken as StreamBroken
 from ._gateway import GatewayServer as GatewayServer
 from ._gateway import RunningGateway as RunningGateway
+from ._gateway import gateway_beside_trio as gateway_beside_trio
 from ._gateway import start_gateway as start_gateway
 from ._gateway_client import GatewayHolder as GatewayHolder
 from ._gateway_client import check_gateway_url as check_gateway_url
@@ -85,6 +86,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "announce_topic",
     "announcement_validator",
     "check_gateway_url",
+    "gateway_beside_trio",
     "gateway_client",
     "limits",
     "open_p2p_node",

@@ -13,10 +13,14 @@ It runs on asyncio (aiohttp); the libp2p node runs on trio behind ``_bridge.trio
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import structlog
+import trio
 from aiohttp import web
 
 from cnode.storage import (
@@ -33,6 +37,9 @@ from cnode.storage import (
 )
 
 from . import limits
+from ._bucket import TokenBucket
+
+T = TypeVar("T")
 
 log = structlog.get_logger(__name__)
 
@@ -310,3 +317,41 @@ async def start_gateway(
     url = f"http://{bound_host}:{bound_port}"
     log.warning("gateway_open", url=url, note="serves every block held to anyone who asks")
     return RunningGateway(url, server, runner)
+
+
+@asynccontextmanager
+async def gateway_beside_trio(
+    store: BlockStore, host: str, port: int, bucket: TokenBucket
+) -> AsyncIterator[str]:
+    """Trio side: run a gateway in its own asyncio thread while the block runs; yield its URL.
+
+    For a trio program (``cnode train``): aiohttp gets a thread and loop of its own; its
+    uploads take from ``bucket`` (the node's, so libp2p and HTTP share one cap) through
+    ``trio.from_thread``. Leaving the block stops the gateway, then the loop, then the thread.
+    """
+    token = trio.lowlevel.current_trio_token()
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="cnode-gateway", daemon=True)
+    thread.start()
+
+    take: TakeFn | None = None
+    if bucket.rate:
+
+        async def take(amount: int) -> None:
+            await asyncio.to_thread(trio.from_thread.run, bucket.take, amount, trio_token=token)
+
+    def on_loop(coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, loop).result(limits.GATEWAY_STOP_S)
+
+    try:
+        gateway = await trio.to_thread.run_sync(on_loop, start_gateway(store, host, port, take))
+        try:
+            yield gateway.url
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(on_loop, gateway.stop())
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        with trio.CancelScope(shield=True):
+            await trio.to_thread.run_sync(thread.join, limits.GATEWAY_STOP_S)
+        loop.close()

@@ -90,5 +90,7 @@ MAX_INBOUND_CONNECTIONS = 512
 # the most blocks one CAR response walks (a checkpoint of MAX_TOTAL_BYTES has ~2M chunks).
 GATEWAY_MAX_REQUESTS = 64
 GATEWAY_MAX_CAR_BLOCKS = 4_000_000
+# Seconds a gateway run beside trio (cnode train) may take to start or to stop.
+GATEWAY_STOP_S = 10.0
 # Gateway client: largest CAR body accepted for one block (dag-scope=block): header + one section.
 GATEWAY_MAX_BLOCK_CAR = 64 * 1024 + MAX_BLOCK_SIZE + 64

@@ -11,6 +11,8 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -40,6 +42,7 @@ from cnode.node.p2p import (
     P2PNode,
     P2PSettings,
     PeerAdmission,
+    gateway_beside_trio,
     open_p2p_node,
 )
 from cnode.storage import CID, BlockStore
@@ -83,6 +86,10 @@ class TrainSettings:
     join_after_round: int = 0  # stay out of the run until this round is published (late join)
     default_coordinator_url: str = ""
     hf_repo: str | None = None  # a checkpointer also uploads each checkpoint to this Hub repo
+    # --gateway HOST:PORT: also serve every held block over HTTP (specs/gateway.md), open to all
+    gateway: tuple[str, int] | None = None
+    # --fetch-gateway URL: trustless gateways tried for a checkpoint after peers, before the Hub
+    fetch_gateways: tuple[str, ...] = ()
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -212,6 +219,7 @@ class _Session:
             workdir=settings.home / "tmp",
             login=login,
             hf_repo=settings.hf_repo,
+            gateways=settings.fetch_gateways,
         )
         self.done = False  # every asked-for round is finished (set before the host shuts down)
         self.left = False  # SIGTERM/SIGINT: leave the current round and stop
@@ -273,7 +281,7 @@ class _Session:
             identity, store, p2p, allow=self.allow, admission=admission
         ) as node:
             self.reporter.event("listening", addrs=node.listen_addrs)
-            async with trio.open_nursery() as nursery:
+            async with self._gateway(store, node), trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_headers, node)
                 nursery.start_soon(self._republish_headers, node)
                 nursery.start_soon(self._follow_run_state, client, node, run_config.coordinator)
@@ -285,6 +293,21 @@ class _Session:
                 nursery.cancel_scope.cancel()
             if self.left:
                 await self._leave(client)
+
+    @asynccontextmanager
+    async def _gateway(self, store: BlockStore, node: P2PNode) -> AsyncIterator[None]:
+        """With ``--gateway``: serve the store over HTTP beside libp2p (one upload cap).
+
+        It bypasses the run's admission (HTTP has no peer id): the operator's explicit choice,
+        logged as ``gateway_open`` and reported.
+        """
+        if self.settings.gateway is None:
+            yield
+            return
+        host, port = self.settings.gateway
+        async with gateway_beside_trio(store, host, port, node.server.bucket) as url:
+            self.reporter.event("gateway", url=url)
+            yield
 
     async def _republish_headers(self, node: P2PNode) -> None:
         """Publish the latest own header again every HEADER_REPUBLISH_S for a while.
