@@ -1,4 +1,4 @@
-"""The JS reference IPFS tools (tests/js: @ipld/car + ipfs-unixfs-exporter), run with node.
+"""The JS reference IPFS tools (tests/js: @ipld/car + ipfs-unixfs-exporter, @helia/verified-fetch).
 
 ``make test`` installs them (``npm ci`` in tests/js, from the committed package-lock.json). A
 missing node or install is an error with the command that fixes it, never a skip.
