@@ -5,6 +5,7 @@ of the UnixFS view into a folder ``from_pretrained`` loads. Every process is sto
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -121,3 +122,20 @@ def test_ipfs_tool_unpacks_the_gateways_car_into_a_folder_from_pretrained_loads(
     ids = torch.tensor([[1, 5, 7, 42, 99, 3]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, loaded(ids).logits)
+
+
+@pytest.mark.slow
+def test_gateway_uploads_go_through_the_holders_rate_cap(tmp_path: Path, running: Procs) -> None:
+    """The holder's --rate caps its gateway too: 2 MB at 1 MB/s take about 2 s."""
+    from .test_fetch_processes import _small_checkpoint
+
+    rate = 1_000_000
+    home, root, _total = _small_checkpoint(tmp_path, 2_000_000)
+    _proc, _addr, url = _gateway(running, home, "--rate", str(rate))
+    began = time.monotonic()
+    response = httpx.get(f"{url}/ipfs/{root}?format=car", timeout=60)
+    seconds = time.monotonic() - began
+    assert response.status_code == 200 and len(response.content) > 2_000_000
+    floor = (len(response.content) - rate / 10) / rate * 0.85  # the bucket's burst goes at once
+    assert floor >= 1.5
+    assert floor <= seconds < 10 * len(response.content) / rate, seconds
