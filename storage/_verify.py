@@ -67,6 +67,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
+        view = None if m is None else m.extra.get(EXTRA_KEY)
         return {
             "manifest": self.manifest_cid,
             "ok": self.ok,
@@ -80,6 +81,7 @@ class VerifyReport:
             "epoch": None if m is None else m.epoch,
             "round": None if m is None else m.round,
             "step": None if m is None else m.step,
+            "unixfs": None if m is None or view is None else str(view),
         }
 
 
