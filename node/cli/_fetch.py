@@ -80,7 +80,7 @@ def _fetch(args: argparse.Namespace) -> int:
     peers = list(args.peer) or ([] if gateways_given else list(config.bootstrap))
     if not peers and not args.gateway:
         raise P2PCommandError(
-            "nothing to fetch from: give --peer MULTIADDR or --gateway URL (or config bootstrap)"
+            "no peers to fetch from: give --peer MULTIADDR or --gateway URL (or config bootstrap)"
         )
     settings = P2PSettings(listen=(args.listen,))
     console = Console(stderr=True)
