@@ -56,3 +56,5 @@ HF_WHOAMI_TIMEOUT_S = 15.0
 MIN_TOKEN_TTL_S = 30
 MAX_TOKEN_TTL_S = 7 * 24 * 3600
 MAX_ROUND_TIMEOUT_S = 24 * 3600
+# Most trustless gateways a run config may list (specs/gateway.md, specs/training.md).
+MAX_RUN_GATEWAYS = 16

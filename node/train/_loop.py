@@ -263,6 +263,10 @@ class _Session:
             await client.join(hf_binding=self.login.binding, hf_token=self.login.token)
         else:
             await client.join()
+        # Gateways to catch up from: --fetch-gateway first, then the run config's.
+        self.catch_up.gateways = tuple(
+            dict.fromkeys([*self.settings.fetch_gateways, *run_config.gateways])
+        )
         p2p = P2PSettings(
             listen=(self.settings.listen,),
             bootstrap=self.settings.bootstrap,

@@ -89,8 +89,10 @@ class Swarm:
         round_timeout_s: float = 20.0,
         hf_endpoint: str | None = None,
         checkpoint_every: int = 1,
+        gateways: list[str] | None = None,
     ) -> None:
         self.tmp = tmp
+        self.gateways = list(gateways or [])  # the run config's trustless gateways
         self.hf_endpoint = hf_endpoint  # the (fake) Hub of the coordinator and of every node
         self.nodes: dict[str, Node] = {}
         for name in names:
@@ -117,6 +119,8 @@ class Swarm:
             "access": {"peers": [n.peer for n in self.nodes.values()]},
             "training": TINY_TRAINING,
         }
+        if self.gateways:
+            config["gateways"] = self.gateways
         self.run_config = tmp / "run.toml"
         self.run_config.write_text(tomli_w.dumps(config), encoding="utf-8")
         self.coordinator = CoordinatorProcess(

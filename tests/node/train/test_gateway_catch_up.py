@@ -1,7 +1,11 @@
 """Gateways in a run: a training node serves a trustless gateway beside libp2p (``--gateway``);
-when the swarm is gone, new nodes that no peer can serve catch up from a gateway
-(``--fetch-gateway``, tried after peers and before the Hub), every block verified, and train on
-from the checkpoint together."""
+when the swarm is gone, a new node that no peer can serve catches up from the run config's
+``gateways`` (tried after peers, before the Hub), every block verified; a second one (with
+``--fetch-gateway``) joins it, and they train on from the checkpoint together.
+
+The second starts once the first has caught up: two nodes joining the same round within the
+same second may miss each other's update header (gossipsub mesh not formed yet; seen here with
+the near-instant gateway catch-up), which is the swarm's matter, not the gateway's."""
 
 from __future__ import annotations
 
@@ -20,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture
 def swarm(tmp_path: Path) -> Iterator[Swarm]:
-    made = Swarm(tmp_path, ["a", "b", "c", "d"], min_participants=2)
+    gateway = f"http://127.0.0.1:{_free_port()}"  # where a's store is served later
+    made = Swarm(tmp_path, ["a", "b", "c", "d"], min_participants=2, gateways=[gateway])
     try:
         yield made
     finally:
@@ -51,19 +56,19 @@ def test_new_nodes_catch_up_from_a_gateway_when_no_peer_serves(
 
     # a and b are gone. a's store is served again by a holder whose libp2p address nobody
     # knows: only its gateway is reachable, so c and d's peers cannot serve the checkpoint.
-    holder, _addr = running.holder(a.home, "--open", "--gateway", "127.0.0.1:0")
-    gateway = holder.wait_line("gateway ").split(" ", 1)[1]
-    c = swarm.start("c", "--fetch-gateway", gateway, rounds=3)
-    d = swarm.start("d", "--fetch-gateway", gateway, rounds=3)
-    sources = {}
+    (gateway,) = swarm.gateways
+    holder, _addr = running.holder(a.home, "--open", "--gateway", gateway.removeprefix("http://"))
+    assert holder.wait_line("gateway ") == f"gateway {gateway}"
+    c = swarm.start("c", rounds=3)  # its gateway comes from the run config
+    swarm.wait("c's catch-up", lambda: bool(c.events("caught_up")), timeout=120)
+    (caught,) = c.events("caught_up")
+    assert caught["manifest"] == record.manifest and caught["source"] == "gateways", caught
+    assert caught["bytes_per_holder"][f"gateway:{gateway}"] > 0, caught
+    d = swarm.start("d", "--fetch-gateway", gateway, rounds=3)  # peers (c) first, then this
     for node in (c, d):
         assert swarm.wait_exit(node, timeout=180) == 0, swarm.describe()
-        (caught,) = node.events("caught_up")
-        assert caught["manifest"] == record.manifest and caught["bytes"] > 0
-        sources[node.name] = caught["source"]
-        if caught["source"] == "gateways":
-            assert f"gateway:{gateway}" in caught["bytes_per_holder"], caught
-    assert "gateways" in sources.values(), sources
+    (caught,) = d.events("caught_up")
+    assert caught["manifest"] == record.manifest and caught["source"] in ("peers", "gateways")
     finals = final_states([c, d])
     assert {r for r, _ in finals.values()} == {3}, finals
     assert len({cid for _, cid in finals.values()}) == 1, finals
