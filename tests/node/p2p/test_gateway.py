@@ -176,3 +176,28 @@ def test_uploads_go_through_the_rate_cap(held: tuple[BlockStore, CID], tmp_path:
     assert r.status_code == car.status_code == 200
     assert sum(taken) == len(r.content) + len(car.content)
     assert max(taken) <= 64 * 1024  # sent in pieces, so other streams share the cap fairly
+
+
+def test_gateway_beside_trio_takes_from_the_nodes_bucket(held: Held) -> None:
+    """``cnode train``'s way: aiohttp in its own thread, uploads through a trio TokenBucket."""
+    import trio
+
+    from cnode.node.p2p import TokenBucket, gateway_beside_trio
+
+    store, root = held
+    chunk = read_manifest(store, root).layers[0].chunks[0]  # 1 MiB
+
+    async def main() -> tuple[int, float]:
+        bucket = TokenBucket(2_000_000)  # 2 MB/s, a burst of 200 kB
+        with trio.fail_after(30):
+            async with (
+                gateway_beside_trio(store, "127.0.0.1", 0, bucket) as url,
+                httpx.AsyncClient(timeout=None) as client,
+            ):
+                began = trio.current_time()
+                r = await client.get(f"{url}/ipfs/{chunk}?format=raw")
+                return len(r.content), trio.current_time() - began
+
+    size, seconds = trio.run(main)
+    assert size == 1 << 20
+    assert seconds >= (size - 200_000) / 2_000_000 * 0.85  # ~0.42 s: the cap held
