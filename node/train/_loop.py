@@ -11,8 +11,6 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,7 +40,6 @@ from cnode.node.p2p import (
     P2PNode,
     P2PSettings,
     PeerAdmission,
-    gateway_beside_trio,
     open_p2p_node,
 )
 from cnode.storage import CID, BlockStore
@@ -52,6 +49,7 @@ from ._bans import KnownBans
 from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import RoundStalledError, StateMismatchError, TrainingConfigError
+from ._gateway import maybe_gateway
 from ._headers import HeaderCollector
 from ._report import Reporter
 from ._round import UpdateHeader, header_cid
@@ -285,7 +283,8 @@ class _Session:
             identity, store, p2p, allow=self.allow, admission=admission
         ) as node:
             self.reporter.event("listening", addrs=node.listen_addrs)
-            async with self._gateway(store, node), trio.open_nursery() as nursery:
+            gateway = maybe_gateway(self.settings.gateway, store, node, self.reporter)
+            async with gateway, trio.open_nursery() as nursery:
                 nursery.start_soon(self._drain_headers, node)
                 nursery.start_soon(self._republish_headers, node)
                 nursery.start_soon(self._follow_run_state, client, node, run_config.coordinator)
@@ -297,21 +296,6 @@ class _Session:
                 nursery.cancel_scope.cancel()
             if self.left:
                 await self._leave(client)
-
-    @asynccontextmanager
-    async def _gateway(self, store: BlockStore, node: P2PNode) -> AsyncIterator[None]:
-        """With ``--gateway``: serve the store over HTTP beside libp2p (one upload cap).
-
-        It bypasses the run's admission (HTTP has no peer id): the operator's explicit choice,
-        logged as ``gateway_open`` and reported.
-        """
-        if self.settings.gateway is None:
-            yield
-            return
-        host, port = self.settings.gateway
-        async with gateway_beside_trio(store, host, port, node.server.bucket) as url:
-            self.reporter.event("gateway", url=url)
-            yield
 
     async def _republish_headers(self, node: P2PNode) -> None:
         """Publish the latest own header again every HEADER_REPUBLISH_S for a while.
