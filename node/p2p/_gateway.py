@@ -208,18 +208,17 @@ class GatewayServer:
         self.requests_served += 1
         if not want.car:
             headers["Content-Length"] = str(len(data))
-            response = web.StreamResponse(headers=headers)
-            await response.prepare(request)
-            if request.method == "GET":
-                await self._send(response, data)
-            await response.write_eof()
-            return response
         response = web.StreamResponse(headers=headers)
         await response.prepare(request)
-        if request.method == "GET":
-            await self._send(response, car_header([cid]))
-            await self._walk(response, cid, data, want)
-        await response.write_eof()
+        try:
+            if request.method == "GET" and not want.car:
+                await self._send(response, data)
+            elif request.method == "GET":
+                await self._send(response, car_header([cid]))
+                await self._walk(response, cid, data, want)
+            await response.write_eof()
+        except ConnectionResetError:  # the client went away mid-answer: nothing to tell it
+            log.info("gateway_client_gone", cid=str(cid), sent=self.bytes_sent)
         return response
 
     async def _walk(

@@ -201,3 +201,17 @@ def test_gateway_beside_trio_takes_from_the_nodes_bucket(held: Held) -> None:
     size, seconds = trio.run(main)
     assert size == 1 << 20
     assert seconds >= (size - 200_000) / 2_000_000 * 0.85  # ~0.42 s: the cap held
+
+
+def test_a_client_leaving_mid_car_leaves_the_gateway_serving(held: Held) -> None:
+    import socket
+
+    store, root = held
+    with gateway_thread(store) as gateway:
+        host, port = gateway.url.removeprefix("http://").split(":")
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=10) as sock:
+                sock.sendall(f"GET /ipfs/{root}?format=car HTTP/1.1\r\nHost: t\r\n\r\n".encode())
+                assert sock.recv(100).startswith(b"HTTP/1.1 200")
+        r = httpx.get(f"{gateway.url}/ipfs/{root}?format=raw", timeout=10)
+        assert r.status_code == 200 and r.content == store.get(root)
