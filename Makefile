@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# The JS reference IPFS tools the interop tests run (tests/js/package-lock.json pins them).
+JS_STAMP := tests/js/node_modules/.installed
 
 .PHONY: setup browser test demo lint bench clean
 
@@ -26,7 +28,11 @@ browser:
 	      { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; \
 	  else echo "chromium missing and not root: the browser tests will be skipped"; fi; }
 
-test: setup browser
+$(JS_STAMP): tests/js/package.json tests/js/package-lock.json
+	cd tests/js && npm ci --no-audit --no-fund
+	touch $(JS_STAMP)
+
+test: setup browser $(JS_STAMP)
 	$(BIN)/python -m pytest -q
 
 lint: setup
@@ -40,4 +46,4 @@ bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info tests/js/node_modules

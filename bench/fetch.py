@@ -7,6 +7,11 @@
    (``--rate``); fetch time against the ideal size / (k * R). R defaults to 5 MB/s so that
    4R stays below what one (shared, loaded) core here verifies and stores.
 
+3. Gateway (issue 14): one holder process serving both ``/cnode/blocks/1.0.0`` and a trustless
+   HTTP gateway (``--gateway``); the same checkpoint fetched by a joiner process over libp2p,
+   over the gateway (raw blocks) and over the gateway (one-block CARs), in the same run.
+   ``--only gateway`` runs just this part (``--gateway-mb``, default 200).
+
 Fetch time is what the joiner reports for the transfer itself (after connecting). Figures go to
 stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100).
 """
@@ -83,11 +88,14 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
             proc.wait()
 
 
-def _fetch(home: Path, root: str, addrs: list[str]) -> tuple[float, float, int]:
+def _fetch(
+    home: Path, root: str, addrs: list[str], extra: tuple[str, ...] = ()
+) -> tuple[float, float, int]:
     """Run a joiner process; return (transfer seconds, MB/s, peak RSS bytes)."""
     args = [sys.executable, "-m", "cnode", "checkpoint", "fetch", root, "--home", str(home)]
     for addr in addrs:
         args += ["--peer", addr]
+    args += extra
     proc = subprocess.Popen(
         [*args, "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -192,13 +200,58 @@ def _raw_stream_mb_per_s(nbytes: int) -> float:
         _stop([server])
 
 
+def _gateway_section(base: Path, size_mb: int) -> None:
+    print(f"\n== one holder, libp2p vs trustless gateway, {size_mb} MB ==", flush=True)
+    store = base / "gw-store"
+    root = _make_checkpoint(store, size_mb)
+    size = sum(p.stat().st_size for p in (store / "blocks").rglob("*") if p.is_file())
+    proc = _cnode(
+        "checkpoint",
+        "serve",
+        *("--home", str(_home(base, "gw", store)), "--listen", "/ip4/127.0.0.1/tcp/0"),
+        *("--open", "--gateway", "127.0.0.1:0"),
+    )
+    try:
+        assert proc.stdout is not None
+        addr = proc.stdout.readline().strip().split(" ", 1)[1]
+        url = proc.stdout.readline().strip().split(" ", 1)[1]
+        runs = {
+            "libp2p": ([addr], ()),
+            "gateway raw": ([], ("--gateway", url)),
+            "gateway car": ([], ("--gateway", url, "--gateway-format", "car")),
+        }
+        figures = {}
+        for name, (addrs, extra) in runs.items():
+            seconds, mbps, rss = _fetch(base / f"joiner-{name}", root, addrs, extra)
+            figures[name] = mbps
+            print(
+                f"{name}: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s "
+                f"(joiner peak RSS {rss / 1e6:.0f} MB)",
+                flush=True,
+            )
+            shutil.rmtree(base / f"joiner-{name}", ignore_errors=True)
+        for name in ("gateway raw", "gateway car"):
+            print(f"ratio {name} / libp2p: {figures[name] / figures['libp2p']:.2f}")
+    finally:
+        _stop([proc])
+        shutil.rmtree(store, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=400)
     parser.add_argument("--capped-mb", type=int, default=100)
+    parser.add_argument("--gateway-mb", type=int, default=200)
     parser.add_argument("--rate", type=int, default=5_000_000, help="R, bytes/s per holder")
+    parser.add_argument("--only", choices=("gateway",), help="run only this part")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="cnode-bench-fetch-"))
+    if args.only == "gateway":
+        try:
+            _gateway_section(base, args.gateway_mb)
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        return
     try:
         print(f"== uncapped loopback, {args.size_mb} MB, 1 holder ==", flush=True)
         big = base / "big-store"
@@ -244,6 +297,8 @@ def main() -> None:
                 flush=True,
             )
             shutil.rmtree(base / f"joiner-k{k}", ignore_errors=True)
+        shutil.rmtree(small, ignore_errors=True)
+        _gateway_section(base, args.gateway_mb)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -19,9 +19,17 @@ from ._checkpoint import save_checkpoint as save_checkpoint
 from ._checkpoint import tensor_layer as tensor_layer
 from ._cid import CID as CID
 from ._cid import DAG_CBOR as DAG_CBOR
+from ._cid import DAG_PB as DAG_PB
 from ._cid import RAW as RAW
 from ._cid import compute_cid as compute_cid
 from ._cid import verify_block as verify_block
+from ._closure import manifest_closure as manifest_closure
+from ._closure import missing_blocks as missing_blocks
+from ._dag import block_links as block_links
+from ._dag import car_header as car_header
+from ._dag import car_section as car_section
+from ._dag import is_unixfs_file as is_unixfs_file
+from ._dag import read_car as read_car
 from ._encode import ManifestLayout as ManifestLayout
 from ._exceptions import BlockMismatchError as BlockMismatchError
 from ._exceptions import BlockNotFoundError as BlockNotFoundError
@@ -47,11 +55,12 @@ from ._manifest import FileRef as FileRef
 from ._manifest import Layer as Layer
 from ._manifest import Manifest as Manifest
 from ._state import state_cid_of_layers as state_cid_of_layers
+from ._unixfs import UnixFSView as UnixFSView
+from ._unixfs import recorded_root as recorded_unixfs_root
+from ._unixfs import unixfs_view as unixfs_view
 from ._verify import Fault as Fault
 from ._verify import VerifyReport as VerifyReport
 from ._verify import verify_checkpoint as verify_checkpoint
-from ._walk import manifest_closure as manifest_closure
-from ._walk import missing_blocks as missing_blocks
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_exports.py)
     "AggregationRecord",
@@ -67,6 +76,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "CheckpointMeta",
     "CorruptBlockError",
     "DAG_CBOR",
+    "DAG_PB",
     "DTYPES",
     "Fault",
     "FileRef",
@@ -80,26 +90,34 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "NonCanonicalCBORError",
     "RAW",
     "StorageError",
+    "UnixFSView",
     "VerifyReport",
+    "block_links",
+    "car_header",
+    "car_section",
     "compute_cid",
     "export_car",
     "export_hf",
     "import_car",
     "import_hf",
     "import_hf_verified",
+    "is_unixfs_file",
     "limits",
     "list_checkpoints",
     "load_checkpoint",
     "load_layer",
     "manifest_closure",
     "missing_blocks",
+    "read_car",
     "read_file",
     "read_hf_manifest",
     "read_manifest",
     "read_tokenizer_files",
+    "recorded_unixfs_root",
     "save_checkpoint",
     "state_cid_of_layers",
     "tensor_layer",
+    "unixfs_view",
     "verify_block",
     "verify_car",
     "verify_checkpoint",

@@ -33,6 +33,7 @@ import structlog
 
 from . import limits
 from ._cid import CID, RAW, compute_cid, matches, new_hash, verify_block
+from ._closure import reachable_blocks
 from ._exceptions import (
     BlockNotFoundError,
     CorruptBlockError,
@@ -40,7 +41,7 @@ from ._exceptions import (
     ManifestError,
     StorageError,
 )
-from ._walk import BlockReader, reachable_blocks
+from ._walk import BlockReader
 
 log = structlog.get_logger(__name__)
 

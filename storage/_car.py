@@ -34,6 +34,7 @@ from ._cid import (
     read_varint,
     varint,
 )
+from ._closure import manifest_closure
 from ._exceptions import (
     BlockNotFoundError,
     CARError,
@@ -43,7 +44,6 @@ from ._exceptions import (
     StorageError,
 )
 from ._verify import VerifyReport, verify_checkpoint
-from ._walk import manifest_closure
 
 log = structlog.get_logger(__name__)
 

@@ -7,6 +7,7 @@ of the model (only a non-contiguous or non-CPU tensor is copied, one tensor at a
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ import structlog
 from . import limits
 from ._blockstore import BlockStore
 from ._cid import CID, DAG_CBOR, RAW
+from ._closure import missing_blocks
 from ._encode import DEFAULT_LAYOUT, ManifestLayout, encode_manifest
 from ._exceptions import (
     BlockNotFoundError,
@@ -35,7 +37,8 @@ from ._manifest import (
     iter_chunks,
     parse_root,
 )
-from ._walk import BlockReader, missing_blocks, resolve
+from ._unixfs import EXTRA_KEY, build_view
+from ._walk import BlockReader, resolve
 
 if TYPE_CHECKING:  # torch is imported only by the functions that need it (fast CLI start)
     import torch
@@ -117,6 +120,7 @@ def save_layers(
         view = memoryview(bytes(data))
         files[name] = FileRef(len(view), write_chunks(store, view))
     all_layers = list(layers)
+    meta = _with_view(store, meta, files, all_layers)
     root_cid, nodes = encode_manifest(meta, files, all_layers, layout)
     # Linked nodes first, root last: a held root always has its pages.
     for cid, data in reversed(nodes):
@@ -131,6 +135,23 @@ def save_layers(
         bytes=sum(layer.nbytes for layer in all_layers),
     )
     return root_cid
+
+
+def _with_view(
+    store: BlockStore, meta: CheckpointMeta, files: dict[str, FileRef], layers: list[Layer]
+) -> CheckpointMeta:
+    """Store a checkpoint's UnixFS view and record its directory CID in ``extra``.
+
+    specs/manifest.md#unixfs-view. Updates get no view. The view is built from the config as
+    the manifest will decode it, so a reader rebuilds exactly the same blocks.
+    """
+    if meta.kind != "checkpoint":
+        return meta
+    _, nodes = encode_manifest(meta, files, [])
+    view = build_view(layers, parse_root(nodes[0][1]).meta.model_config, files)
+    for cid, data in reversed(view.blocks):  # leaves and file nodes first, directory last
+        store.put(cid, data)
+    return dataclasses.replace(meta, extra={**meta.extra, EXTRA_KEY: view.root})
 
 
 def save_checkpoint(

@@ -19,9 +19,10 @@ from ._exceptions import BlockMismatchError, BlockTooLargeError, InvalidCIDError
 
 RAW = 0x55
 DAG_CBOR = 0x71
+DAG_PB = 0x70  # UnixFS directory and file nodes (specs/manifest.md#unixfs-view)
 SHA2_256 = 0x12
 
-_CODEC_NAMES = {RAW: "raw", DAG_CBOR: "dag-cbor"}
+_CODEC_NAMES = {RAW: "raw", DAG_CBOR: "dag-cbor", DAG_PB: "dag-pb"}
 
 
 def varint(n: int) -> bytes:
@@ -83,7 +84,9 @@ class CID:
 
     def __post_init__(self) -> None:
         if self.codec not in limits.ALLOWED_CODECS:
-            raise InvalidCIDError(f"CID codec 0x{self.codec:x} is not allowed (raw or dag-cbor)")
+            raise InvalidCIDError(
+                f"CID codec 0x{self.codec:x} is not allowed (raw, dag-cbor or dag-pb)"
+            )
         if len(self.digest) != limits.DIGEST_SIZE:
             raise InvalidCIDError(f"CID digest must be {limits.DIGEST_SIZE} bytes")
 
@@ -155,7 +158,7 @@ def decode_cid_prefix(data: bytes | memoryview) -> tuple[CID, int]:
         raise InvalidCIDError(f"unknown CID version {version}")
     codec, pos = _read_cid_varint(data, pos)
     if codec not in limits.ALLOWED_CODECS:
-        raise InvalidCIDError(f"CID codec 0x{codec:x} is not allowed (raw or dag-cbor)")
+        raise InvalidCIDError(f"CID codec 0x{codec:x} is not allowed (raw, dag-cbor or dag-pb)")
     hash_code, pos = _read_cid_varint(data, pos)
     if hash_code not in limits.ALLOWED_HASHES:
         raise InvalidCIDError(f"CID hash 0x{hash_code:x} is not allowed (sha2-256 only)")

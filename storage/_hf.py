@@ -35,9 +35,10 @@ from ._blockstore import BlockStore
 from ._car import export_car, iter_sections, read_header
 from ._checkpoint import read_file, read_manifest, save_layers, write_stream
 from ._cid import CID, DAG_CBOR, compute_cid
+from ._closure import missing_blocks
 from ._exceptions import CARError, CheckpointError, HFFolderError, ManifestError
 from ._manifest import DTYPES, CheckpointMeta, Layer, Manifest, check_layer_name
-from ._walk import missing_blocks
+from ._unixfs import build_view, recorded_root
 
 log = structlog.get_logger(__name__)
 
@@ -351,6 +352,20 @@ def _verified_chunks(
             store.put(want, data)
 
 
+def _rebuild_view(store: BlockStore, manifest_cid: CID, manifest: Manifest) -> None:
+    """Store the UnixFS view the manifest records: its blocks follow from the manifest alone."""
+    recorded = recorded_root(manifest.extra)
+    if recorded is None:
+        return
+    view = build_view(manifest.layers, manifest.model_config, manifest.tokenizer_files)
+    if view.root != recorded:
+        raise HFFolderError(
+            f"manifest {manifest_cid} records UnixFS view {recorded}, its layers give {view.root}"
+        )
+    for cid, data in reversed(view.blocks):
+        store.put(cid, data)
+
+
 def import_hf_verified(
     store: BlockStore,
     folder: Path,
@@ -400,6 +415,7 @@ def import_hf_verified(
             if os.fstat(g.fileno()).st_size != ref.size:
                 raise HFFolderError(f"{name} is not the manifest's ({ref.size} bytes)")
             _verified_chunks(store, g, ref.size, ref.chunks, name)
+    _rebuild_view(store, manifest_cid, manifest)
     missing = missing_blocks(store, manifest_cid)
     if missing:  # cannot happen after the checks above; a loud error if it ever does
         raise HFFolderError(f"{folder}: {len(missing)} blocks still missing, e.g. {missing[0]}")

@@ -16,10 +16,11 @@ from typing import Any
 
 from . import _cbor, limits
 from ._blockstore import BlockChecker, BlockStore
-from ._cid import CID
+from ._cid import CID, DAG_PB
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError, StorageError
 from ._manifest import Manifest, chunk_count, chunk_length, parse_root
-from ._walk import walk_manifest
+from ._unixfs import EXTRA_KEY, build_view
+from ._walk import resolve, walk_manifest
 
 # Threads hashing blocks at once: reads and sha256 release the GIL, so two cores both hash.
 VERIFY_WORKERS = 4
@@ -58,6 +59,7 @@ class VerifyReport:
 
     def to_dict(self) -> dict[str, Any]:
         m = self.manifest
+        view = None if m is None else m.extra.get(EXTRA_KEY)
         return {
             "manifest": self.manifest_cid,
             "ok": self.ok,
@@ -71,6 +73,7 @@ class VerifyReport:
             "epoch": None if m is None else m.epoch,
             "round": None if m is None else m.round,
             "step": None if m is None else m.step,
+            "unixfs": None if m is None or view is None else str(view),
         }
 
 
@@ -166,6 +169,7 @@ def verify_checkpoint(
         on_total(sum(length for length, _ in jobs.values()))
     _check_blocks(store, jobs, report, on_progress)
     _check_aggregation(store, root.meta, report)
+    _check_view(store, manifest_cid, root.meta, report)
     if any(f.kind.endswith("-corrupt") for f in report.faults) and isinstance(store, BlockStore):
         report.notes.append(f"corrupt blocks were moved to {store.root / 'quarantine'}")
     parent = root.meta.parent
@@ -205,6 +209,42 @@ def _check_blocks(
                 report.bytes_checked += size
             if on_progress is not None:
                 on_progress(expected)
+
+
+def _check_view(
+    store: BlockChecker, manifest_cid: CID, meta: Manifest, report: VerifyReport
+) -> None:
+    """The UnixFS view (specs/manifest.md#unixfs-view): recorded CID = rebuilt CID, all held."""
+    if EXTRA_KEY not in meta.extra:
+        if meta.kind == "checkpoint":
+            report.notes.append("no UnixFS view recorded (a manifest from an older cnode)")
+        return
+    recorded = meta.extra[EXTRA_KEY]
+    if not isinstance(recorded, CID) or recorded.codec != DAG_PB:
+        report.fault("unixfs-invalid", f"extra.{EXTRA_KEY} must be a dag-pb CID link")
+        return
+    if report.faults:
+        report.notes.append("UnixFS view not checked: the manifest has faults")
+        return
+    try:
+        manifest = resolve(manifest_cid, store.get)
+    except (ManifestError, BlockNotFoundError, CorruptBlockError) as exc:
+        report.notes.append(f"UnixFS view not checked: {exc}")
+        return
+    view = build_view(manifest.layers, manifest.model_config, manifest.tokenizer_files)
+    if view.root != recorded:
+        report.fault(
+            "unixfs-mismatch",
+            f"manifest records UnixFS directory {recorded}; its layers and files give {view.root}",
+            recorded,
+        )
+        return
+    for cid in view.cids():
+        status, _ = store.check(cid)
+        if status != "ok":
+            report.fault(f"unixfs-{status}", f"UnixFS view block {cid} is {status}", cid)
+        else:
+            report.blocks_checked += 1
 
 
 def _check_aggregation(store: BlockChecker, meta: Manifest, report: VerifyReport) -> None:

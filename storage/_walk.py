@@ -1,4 +1,4 @@
-"""The one walk over a manifest's tree of nodes, and what is built on it: closure, missing, gc.
+"""The one walk over a manifest's tree of nodes (closure, missing and gc build on it: _closure).
 
 See specs/manifest.md#manifest. A manifest is a root node whose layers may continue in layer
 pages, each layer's chunks in chunk pages. :func:`walk_manifest` reads every page the root
@@ -6,8 +6,8 @@ reaches, in fetch order, bounded by MAX_MANIFEST_NODES and MAX_LAYERS; ``resolve
 ``manifest_closure`` (what is known from what is held) and ``verify_checkpoint`` (every fault
 reported) all walk with it, so the bounds are enforced in one place.
 
-Only the manifest schema (``_manifest``) is needed here, not the block store: the store's gc
-imports :func:`reachable_blocks` from this module, and nothing here imports the store.
+Only the manifest schema (``_manifest``) is needed here, not the block store, so the store, the
+UnixFS view and the closure may all import it.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Protocol
 
 from . import limits
 from ._cid import CID
-from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
+from ._exceptions import ManifestError
 from ._manifest import (
     Layer,
     Manifest,
@@ -160,51 +160,3 @@ def resolve(root_cid: CID, get: Callable[[CID], bytes]) -> Manifest:
     if total != root.total_bytes:
         raise ManifestError(f"manifest says {root.total_bytes} bytes but layers sum to {total}")
     return Manifest(**{**root.meta.__dict__, "layers": tuple(layers)})
-
-
-def _held_node(store: BlockReader, cid: CID) -> bytes | None:
-    try:
-        return store.get(cid)
-    except (BlockNotFoundError, CorruptBlockError):
-        return None
-
-
-def manifest_closure(store: BlockReader, manifest_cid: CID) -> list[CID]:
-    """Every block the manifest needs that can be known from what is held, in fetch order.
-
-    Root, layer pages, each layer's chunk pages and chunks, then side-file chunks. Pages not
-    held end the walk below them. Raises ManifestError if a held node breaks the schema or the
-    tree breaks MAX_MANIFEST_NODES.
-    """
-    out: dict[CID, None] = {manifest_cid: None}
-    data = _held_node(store, manifest_cid)
-    if data is None:
-        return list(out)
-    walk = walk_manifest(parse_root(data), lambda cid, _what: _held_node(store, cid))
-    out.update(dict.fromkeys(walk.layer_pages))
-    for walked in walk.layers:
-        for page, chunks in walked.pages:
-            out[page] = None
-            out.update(dict.fromkeys(chunks or ()))
-        out.update(dict.fromkeys(walked.layer.chunks))
-    for ref in walk.root.meta.tokenizer_files.values():
-        out.update(dict.fromkeys(ref.chunks))
-    return list(out)
-
-
-def missing_blocks(store: BlockReader, manifest_cid: CID) -> list[CID]:
-    """Blocks the manifest needs that are not held, as far as is known from what is held.
-
-    Incremental: an absent root gives ``[root]``; absent pages are listed, not their content.
-    A fetcher loops fetch/missing_blocks until the list is empty.
-    """
-    return [cid for cid in manifest_closure(store, manifest_cid) if not store.has(cid)]
-
-
-def reachable_blocks(store: BlockReader, manifest_cid: CID) -> set[CID]:
-    """Held blocks gc must keep for this root (a root that is not a manifest keeps itself)."""
-    try:
-        closure = manifest_closure(store, manifest_cid)
-    except ManifestError:
-        closure = [manifest_cid]
-    return {cid for cid in closure if store.has(cid)}

@@ -12,9 +12,10 @@ MAX_BLOCK_SIZE = 1 << 20
 # unchanged tensor gives the same chunk CIDs in the next checkpoint.
 CHUNK_SIZE = 1 << 20
 
-# CIDs: only CIDv1, only these codecs (raw 0x55, dag-cbor 0x71), only sha2-256 with 32-byte digests.
+# CIDs: only CIDv1, only these codecs (raw 0x55, dag-cbor 0x71, dag-pb 0x70 for the UnixFS view),
+# only sha2-256 with 32-byte digests.
 CID_VERSION = 1
-ALLOWED_CODECS = frozenset({0x55, 0x71})
+ALLOWED_CODECS = frozenset({0x55, 0x71, 0x70})
 ALLOWED_HASHES = frozenset({0x12})
 DIGEST_SIZE = 32
 
@@ -60,3 +61,6 @@ MAX_CAR_SECTION_SIZE = MAX_BLOCK_SIZE + 64
 # Hugging Face folders: largest safetensors JSON header and config.json we read.
 MAX_SAFETENSORS_HEADER = 16 << 20
 MAX_CONFIG_JSON_SIZE = 1 << 20
+
+# UnixFS view (specs/manifest.md#unixfs-view): most links per DAG-PB file node (kubo's default).
+UNIXFS_FANOUT = 174

@@ -35,6 +35,7 @@ from cnode.storage import (
     import_hf,
     list_checkpoints,
     read_manifest,
+    recorded_unixfs_root,
     verify_car,
     verify_checkpoint,
 )
@@ -91,6 +92,9 @@ def _print_report(report: VerifyReport) -> None:
             f"manifest {report.manifest_cid}: {m.kind} of run {m.run_id!r}, epoch {m.epoch}, "
             f"round {m.round}, step {m.step}; {report.layers} layers"
         )
+        view = recorded_unixfs_root(m.extra)
+        if view is not None:
+            console.print(f"UnixFS view (ipfs get, /ipfs/CID on a gateway): {view}")
     console.print(f"checked {report.blocks_checked} blocks, {report.bytes_checked} bytes")
     for note in report.notes:
         console.print(f"note: {note}")

@@ -12,6 +12,7 @@ Never set it outside tests.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import signal
 from pathlib import Path
@@ -117,6 +118,11 @@ def register(subparsers: Any) -> None:
     who.add_argument("--allow-peer", action="append", help="serve only this peer id (repeatable)")
     p.add_argument("--run", help="run id whose announcement topic to join")
     p.add_argument("--announce", action="append", default=[], help="manifest CID to announce")
+    p.add_argument(
+        "--gateway",
+        metavar="HOST:PORT",
+        help="also serve blocks over HTTP as a trustless gateway (specs/gateway.md; needs --open)",
+    )
     p.set_defaults(handler=_serve)
 
 
@@ -142,6 +148,18 @@ def _serve(args: argparse.Namespace) -> int:
 
     def allow(peer: str) -> bool:
         return bool(args.open) or peer in allowed
+
+    if args.gateway:
+        from ._gateway import parse_host_port, serve_with_gateway
+
+        address = parse_host_port(args.gateway)
+        if not args.open:
+            raise UsageError(
+                "--gateway serves every block to anyone who reaches HOST:PORT (HTTP carries no "
+                "peer id): give --open to choose that explicitly"
+            )
+        asyncio.run(serve_with_gateway(identity, store, settings, allow, announce, address))
+        return 0
 
     async def main() -> None:
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:

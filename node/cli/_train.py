@@ -75,6 +75,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="with --checkpointer: also upload each checkpoint to this Hugging Face model repo "
         "(created if absent; needs cnode init --hf-login; $HF_ENDPOINT picks the Hub)",
     )
+    parser.add_argument(
+        "--gateway",
+        metavar="HOST:PORT",
+        help="also serve every block this node holds as a trustless HTTP gateway "
+        "(specs/gateway.md); it is open to anyone who reaches it, outside the run's admission",
+    )
+    parser.add_argument(
+        "--fetch-gateway",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="trustless gateway to fetch a checkpoint from when peers cannot (before the Hub; "
+        "repeatable)",
+    )
     parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
     parser.add_argument(
         "--attack",
@@ -89,6 +103,7 @@ def _handle(args: argparse.Namespace) -> int:
     import trio
 
     from cnode.aggregation import ATTACKS
+    from cnode.node.p2p import check_gateway_url
     from cnode.node.train import NODE_ATTACKS, TrainSettings, run_node
 
     home = args.home or default_home()
@@ -106,6 +121,16 @@ def _handle(args: argparse.Namespace) -> int:
         raise UsageError("--hf-repo needs --checkpointer (checkpointers upload)")
     if args.rounds < 0 or args.join_after_round < 0:
         raise UsageError("--rounds and --join-after-round must be >= 0")
+    gateway = None
+    if args.gateway is not None:
+        from ._gateway import parse_host_port
+
+        gateway = parse_host_port(args.gateway)
+    for url in args.fetch_gateway:
+        try:
+            check_gateway_url(url)
+        except ValueError as exc:
+            raise UsageError(f"--fetch-gateway: {exc}") from exc
     settings = TrainSettings(
         run=args.run,
         home=home,
@@ -124,5 +149,7 @@ def _handle(args: argparse.Namespace) -> int:
         join_after_round=args.join_after_round,
         hf_repo=args.hf_repo,
         announce_addrs=tuple(args.announce_addr),
+        gateway=gateway,
+        fetch_gateways=tuple(args.fetch_gateway),
     )
     return trio.run(run_node, settings)

@@ -11,6 +11,7 @@ import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from . import limits
 from ._exceptions import RunConfigError
@@ -66,9 +67,15 @@ class RunConfig:
     network: NetworkConfig = field(default_factory=NetworkConfig)
     training: dict[str, Any] = field(default_factory=dict)  # model, data, aggregator: node/train
     initial_checkpoint: str = ""  # manifest CID the run starts from (round 0); empty = none
+    # Trustless HTTP gateways (specs/gateway.md) a joiner fetches a checkpoint from when peers
+    # cannot serve it, before the Hub; http(s) URLs, at most MAX_RUN_GATEWAYS.
+    gateways: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if not self.gateways:
+            del d["gateways"]  # a run without gateways keeps the bytes it had before the key
+        return d
 
     def public_dict(self) -> dict[str, Any]:
         """The config as the signed run state carries it: without the allowlist seeds.
@@ -122,6 +129,12 @@ class RunConfig:
             )
         if r.warmup_s < 0 or r.cooldown_s < 0 or r.checkpoint_every < 0:
             raise RunConfigError("rounds.warmup_s, cooldown_s and checkpoint_every must be >= 0")
+        if len(self.gateways) > limits.MAX_RUN_GATEWAYS:
+            raise RunConfigError(f"gateways: at most {limits.MAX_RUN_GATEWAYS} URLs")
+        for url in self.gateways:
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.netloc or parts.query:
+                raise RunConfigError(f"gateways: {url!r} is not an http(s) URL")
         ttl = self.access.token_ttl_s
         if not limits.MIN_TOKEN_TTL_S <= ttl <= limits.MAX_TOKEN_TTL_S:
             raise RunConfigError(

@@ -93,3 +93,6 @@ DASHBOARD_CATCH_UPS = 50
 DASHBOARD_PEERS = 500
 # Holders named in one catch-up report (bytes per holder); more is refused with 400.
 MAX_REPORT_HOLDERS = 64
+
+# Most trustless gateways a run config may list (specs/gateway.md, specs/training.md).
+MAX_RUN_GATEWAYS = 16

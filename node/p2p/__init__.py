@@ -1,7 +1,8 @@
 """cnode.node.p2p: the libp2p host, block exchange, multi-holder fetch and announcements.
 
-Protocols: ``/cnode/blocks/1.0.0`` and ``/cnode/admit/1.0.0`` (specs/blocks.md) and signed
-announcements over gossipsub (specs/announce.md). The py-libp2p 0.8.1 workarounds live in
+Protocols: ``/cnode/blocks/1.0.0`` and ``/cnode/admit/1.0.0`` (specs/blocks.md), signed
+announcements over gossipsub (specs/announce.md), and the trustless HTTP gateway subset, served
+and fetched from (specs/gateway.md). The py-libp2p 0.8.1 workarounds live in
 ``_defects.py``; the asyncio bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
 
 Trio callers::
@@ -36,8 +37,16 @@ from ._exceptions import PeerProtocolError as PeerProtocolError
 from ._exceptions import RejectedMessage as RejectedMessage
 from ._exceptions import RemoteRefusedError as RemoteRefusedError
 from ._exceptions import StreamBroken as StreamBroken
+from ._gateway import GatewayServer as GatewayServer
+from ._gateway import RunningGateway as RunningGateway
+from ._gateway import gateway_beside_trio as gateway_beside_trio
+from ._gateway import start_gateway as start_gateway
+from ._gateway_client import GatewayHolder as GatewayHolder
+from ._gateway_client import check_gateway_url as check_gateway_url
+from ._gateway_client import gateway_client as gateway_client
 from ._node import P2PNode as P2PNode
 from ._node import open_p2p_node as open_p2p_node
+from ._scheduler import DirectHolder as DirectHolder
 from ._scheduler import FetchProgress as FetchProgress
 from ._scheduler import FetchReport as FetchReport
 from ._settings import P2PSettings as P2PSettings
@@ -55,11 +64,14 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "BLOCKS_PROTOCOL_ID",
     "BadBlockError",
     "DialError",
+    "DirectHolder",
     "EnvelopeValidator",
     "FetchError",
     "FetchProgress",
     "FetchReport",
     "FrameTooLargeError",
+    "GatewayHolder",
+    "GatewayServer",
     "HolderTable",
     "ListenError",
     "NotAdmittedError",
@@ -70,6 +82,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "PeerProtocolError",
     "RejectedMessage",
     "RemoteRefusedError",
+    "RunningGateway",
     "StreamBroken",
     "Subscription",
     "TokenBucket",
@@ -77,8 +90,12 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "announce_topic",
     "announcement_validator",
     "check_peer_address",
+    "check_gateway_url",
+    "gateway_beside_trio",
+    "gateway_client",
     "limits",
     "open_p2p_node",
+    "start_gateway",
     "trio_portal",
     "unwrap_node_errors",
 ]

@@ -50,7 +50,7 @@ from ._exceptions import (
     RemoteRefusedError,
     StreamBroken,
 )
-from ._scheduler import FetchReport, ProgressFn, Transfer
+from ._scheduler import DirectHolder, FetchReport, ProgressFn, Transfer
 from ._server import BlockServer
 from ._settings import NodeIdentity, P2PSettings, peer_info
 from ._stream import Libp2pStream
@@ -162,17 +162,22 @@ class P2PNode:
         holders: Sequence[str] | None = None,
         *,
         progress: ProgressFn | None = None,
+        gateways: Sequence[DirectHolder] = (),
     ) -> FetchReport:
         """Fetch ``root`` and every block it needs that the store lacks; verify each.
 
         Holders: ``holders`` plus every peer that announced ``root``, partial holders included
         (they answer LACKING for what they lack, and are not asked for it again); if both are
-        empty, every connected peer. Loops fetch / ``missing_blocks`` until nothing is missing.
+        empty, every connected peer. ``gateways`` (trustless HTTP gateways, specs/gateway.md)
+        are holders too, sharing the same queue. Loops fetch / ``missing_blocks`` until nothing
+        is missing.
 
         Error handling: FetchError when some block cannot be had from any holder; every block
         stored until then stays stored, so calling fetch again resumes.
         """
-        transfer = Transfer(self.store, self._open_stream, self._sources([root], holders), progress)
+        transfer = Transfer(
+            self.store, self._open_stream, self._sources([root], holders), progress, gateways
+        )
         rounds = 0
         while True:
             missing = await trio.to_thread.run_sync(missing_blocks, self.store, root)

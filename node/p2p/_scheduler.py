@@ -59,6 +59,28 @@ class RequestStream(ByteStream, Protocol):
 
 
 OpenStream = Callable[[str], Awaitable[RequestStream]]
+OnBlock = Callable[[CID, bytes], Awaitable[None]]
+
+
+class DirectHolder(Protocol):
+    """A holder reached without a libp2p stream (a trustless HTTP gateway, specs/gateway.md).
+
+    It answers one request like ``request_blocks`` does: blocks in request order, each
+    verified against its CID before ``on_block``; ``on_block_start(cid)`` once a block's
+    bytes begin to arrive; ``on_frame()`` on any progress; returns the CIDs it lacks; raises
+    the same errors (BadBlockError, PeerProtocolError, RemoteRefusedError, StreamBroken,
+    DialError).
+    """
+
+    name: str
+
+    async def request(
+        self,
+        cids: list[CID],
+        on_block: OnBlock,
+        on_frame: Callable[[], None],
+        on_block_start: Callable[[CID], None],
+    ) -> set[CID]: ...
 
 
 @dataclass(frozen=True)
@@ -155,6 +177,8 @@ class Transfer:
             StreamBroken on failure).
         holders: peer ids to fetch from.
         progress: called after every stored block.
+        direct: holders reached without a libp2p stream (gateways), by name; their names
+            are holders too and share the queue, the stealing and the drop rules.
     """
 
     def __init__(
@@ -163,10 +187,12 @@ class Transfer:
         open_stream: OpenStream,
         holders: Iterable[str],
         progress: ProgressFn | None = None,
+        direct: Iterable[DirectHolder] = (),
     ) -> None:
         self.store = store
         self.open_stream = open_stream
-        self.holders = {peer: _Holder(peer) for peer in holders}
+        self.direct = {d.name: d for d in direct}
+        self.holders = {peer: _Holder(peer) for peer in [*holders, *self.direct]}
         self.progress = progress
         self.started = trio.current_time()
         self.bytes = 0
@@ -385,6 +411,9 @@ class Transfer:
                 scope.deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
 
             on_frame()
+            direct = self.direct.get(holder.peer)
+            if direct is not None:
+                return await direct.request(request.cids, on_block, on_frame, on_block_start)
             stream = await self.open_stream(holder.peer)
             try:
                 lacked = await request_blocks(

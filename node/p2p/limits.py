@@ -94,3 +94,12 @@ STREAM_RESET_S = 2.0
 # misses, our republishes resend), short enough that a peer that never subscribes collects at
 # most PUBLISH_MAX_PER_S x this (py-libp2p's default: 30 s, capped at 100 with a warning each).
 GOSSIP_PENDING_TTL_S = 1.0
+
+# Trustless HTTP gateway (specs/gateway.md#limits): requests served at once (more: HTTP 429), and
+# the most blocks one CAR response walks (a checkpoint of MAX_TOTAL_BYTES has ~2M chunks).
+GATEWAY_MAX_REQUESTS = 64
+GATEWAY_MAX_CAR_BLOCKS = 4_000_000
+# Seconds a gateway run beside trio (cnode train) may take to start or to stop.
+GATEWAY_STOP_S = 10.0
+# Gateway client: largest CAR body accepted for one block (dag-scope=block): header + one section.
+GATEWAY_MAX_BLOCK_CAR = 64 * 1024 + MAX_BLOCK_SIZE + 64

@@ -27,7 +27,7 @@ from cnode.node.hub import (
     download_checkpoint,
     upload_checkpoint,
 )
-from cnode.node.p2p import FetchError, P2PNode
+from cnode.node.p2p import FetchError, GatewayHolder, P2PNode, gateway_client
 from cnode.storage import CID, HFFolderError
 
 from . import limits
@@ -54,6 +54,7 @@ class CatchUp:
     workdir: Path  # temporary Hub folders go here (as big as the model)
     login: HubLogin | None  # `cnode init --hf-login`, if any
     hf_repo: str | None  # --hf-repo: upload each checkpoint there
+    gateways: tuple[str, ...] = ()  # --fetch-gateway: trustless gateways, after peers
     # Dials the peers the run state lists, before a fetch (a joiner may not know them yet).
     connect_peers: Callable[[], Awaitable[None]] | None = None
 
@@ -110,7 +111,7 @@ class CatchUp:
                 await trio.sleep(limits.POLL_INTERVAL_S)
 
     async def _fetch(self, node: P2PNode, record: CheckpointRecord) -> None:
-        """Fetch ``record``'s checkpoint from peers (the Hub as fallback), verify, adopt."""
+        """Fetch ``record``'s checkpoint from peers, then gateways, then the Hub; verify, adopt."""
         began = time.monotonic()
         cid = CID.parse(record.manifest)
         if self.connect_peers is not None:
@@ -118,15 +119,7 @@ class CatchUp:
         # Blocks are verified whoever serves them, but banned peers are not asked at all.
         peers = [p for p in node.connected_peers() if p not in self.bans]
         try:
-            with trio.fail_after(limits.CATCH_UP_FETCH_S):
-                report = await node.fetch(cid, holders=peers)
-            fetched: dict[str, object] = {
-                "source": "peers",
-                "fetch_seconds": report.seconds,
-                "bytes": report.bytes,
-                "bytes_per_holder": dict(report.per_holder_bytes),
-                "dropped": dict(report.dropped),
-            }
+            fetched = await self._from_peers_then_gateways(node, cid, peers)
         except (FetchError, trio.TooSlowError) as exc:
             if record.hf_repo is None or record.hf_revision is None:
                 raise CatchUpError(
@@ -144,6 +137,31 @@ class CatchUp:
             seconds=time.monotonic() - began,
             **fetched,
         )
+
+    async def _from_peers_then_gateways(
+        self, node: P2PNode, cid: CID, peers: list[str]
+    ) -> dict[str, object]:
+        """Peers first; if they cannot finish, gateways (with the peers still in the mix)."""
+        source = "peers"
+        try:
+            with trio.fail_after(limits.CATCH_UP_FETCH_S):
+                report = await node.fetch(cid, holders=peers)
+        except (FetchError, trio.TooSlowError) as exc:
+            if not self.gateways:
+                raise
+            log.warning("catch_up_from_gateways", manifest=str(cid), peers_error=str(exc))
+            source = "gateways"
+            async with gateway_client() as http:
+                holders = [GatewayHolder(url, http) for url in self.gateways]
+                with trio.fail_after(limits.CATCH_UP_FETCH_S):
+                    report = await node.fetch(cid, holders=peers, gateways=holders)
+        return {
+            "source": source,
+            "fetch_seconds": report.seconds,
+            "bytes": report.bytes,
+            "bytes_per_holder": dict(report.per_holder_bytes),
+            "dropped": dict(report.dropped),
+        }
 
     async def _download(self, cid: CID, where: HubRevision, *, reason: str) -> dict[str, object]:
         """The fallback when no peer serves the checkpoint: the Hub commit the coordinator named.

@@ -31,6 +31,7 @@ from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
 from ._exchange import UpdateExchange
+from ._gateway import maybe_gateway
 from ._headers import HeaderCollector
 from ._membership import leave_round
 from ._peers import PeerFinder, advertised_addrs
@@ -69,6 +70,10 @@ class TrainSettings:
     default_coordinator_url: str = ""
     hf_repo: str | None = None  # a checkpointer also uploads each checkpoint to this Hub repo
     announce_addrs: tuple[str, ...] = ()  # --announce-addr: advertise these instead (port maps)
+    # --gateway HOST:PORT: also serve every held block over HTTP (specs/gateway.md), open to all
+    gateway: tuple[str, int] | None = None
+    # --fetch-gateway URL: trustless gateways tried for a checkpoint after peers, before the Hub
+    fetch_gateways: tuple[str, ...] = ()
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -219,6 +224,10 @@ class _Session:
                     workdir=settings.home / "tmp",
                     login=self.login,
                     hf_repo=settings.hf_repo,
+                    # Gateways to catch up from: --fetch-gateway first, then the run config's.
+                    gateways=tuple(
+                        dict.fromkeys([*settings.fetch_gateways, *self.run_config.gateways])
+                    ),
                     connect_peers=lambda: _dial_state(client, finder),
                 ),
                 bans=self.bans,
@@ -228,7 +237,8 @@ class _Session:
                 collect_timeout_s=self.run_config.rounds.collect_timeout_s,
             )
             loop.topics.on_state = lambda state: loop.take_state(state, via="gossip")
-            async with trio.open_nursery() as nursery:
+            gateway = maybe_gateway(settings.gateway, self.store, node, self.reporter)
+            async with gateway, trio.open_nursery() as nursery:
                 nursery.start_soon(loop.topics.run_all, node)
                 nursery.start_soon(
                     finder.follow,

@@ -52,6 +52,17 @@ def test_verify_ok_json(home: Path, saved: str, capsys: pytest.CaptureFixture[st
     report = json.loads(capsys.readouterr().out)
     assert report["ok"] is True and report["manifest"] == saved and report["layers"] == 2
     assert report["round"] == 4 and report["faults"] == []
+    view = read_manifest(_store(home), CID.parse(saved)).extra["unixfs"]
+    assert report["unixfs"] == str(view)  # the directory `ipfs get` turns into a model folder
+
+
+def test_verify_shows_the_unixfs_view(
+    home: Path, saved: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["checkpoint", "verify", saved, "--home", str(home)]) == 0
+    out = capsys.readouterr().out
+    view = read_manifest(_store(home), CID.parse(saved)).extra["unixfs"]
+    assert "UnixFS view" in out and str(view) in out.replace("\n", "")
 
 
 def test_verify_names_every_fault(

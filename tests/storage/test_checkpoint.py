@@ -21,6 +21,7 @@ from cnode.storage import (
     read_manifest,
     read_tokenizer_files,
     save_checkpoint,
+    unixfs_view,
 )
 from cnode.storage._cbor import decode, encode
 
@@ -82,7 +83,9 @@ def test_dedup_unchanged_layers(store: BlockStore) -> None:
     state["block.0.norm.bias"] = state["block.0.norm.bias"] + 1
     save_checkpoint(store, state, meta(round=3))
     new = set(store.iter_cids()) - before
-    assert len(new) == 2  # the changed one-chunk layer + the new manifest
+    # the changed one-chunk layer + the new manifest + the UnixFS view's weights file node and
+    # directory (its header and config.json blocks are unchanged)
+    assert len(new) == 2 + 2
 
 
 def test_tied_weights_stored_once(store: BlockStore) -> None:
@@ -91,7 +94,8 @@ def test_tied_weights_stored_once(store: BlockStore) -> None:
     cid = save_checkpoint(store, {"wte.weight": w, "lm_head.weight": w}, meta())
     m = read_manifest(store, cid)
     assert m.layers[0].chunks == m.layers[1].chunks
-    assert len(list(store.iter_cids())) - before == 3 + 1  # 3 chunks + manifest
+    view = len(unixfs_view(store, cid).blocks)  # header, file node, directory
+    assert len(list(store.iter_cids())) - before == 3 + 1 + view  # 3 chunks + manifest + view
 
 
 def test_linked_nodes_when_lists_are_large(store: BlockStore) -> None:
@@ -133,7 +137,8 @@ def test_aggregation_record_round_trips(store: BlockStore) -> None:
     record = AggregationRecord("centered_clip", {"tau": 1.0, "iters": 3}, [update])
     cid = save_checkpoint(store, small_state(), meta(aggregation=record, extra={"note": "x"}))
     m = read_manifest(store, cid)
-    assert m.aggregation == record and m.extra == {"note": "x"}
+    assert m.aggregation == record
+    assert m.extra == {"note": "x", "unixfs": unixfs_view(store, cid).root}
 
 
 @pytest.mark.parametrize(
@@ -344,7 +349,7 @@ def test_layer_list_over_one_block_at_the_default_layout(tmp_path) -> None:  # t
     assert report.ok and report.layers == n, report.faults[:3]
 
     car = tmp_path / "big.car"
-    assert export_car(store, cid, car) == 1 + len(pages) + 16
+    assert export_car(store, cid, car) == 1 + len(pages) + 16 + len(unixfs_view(store, cid).blocks)
     dst = BlockStore(tmp_path / "dst")
     assert import_car(dst, car) == cid
     assert verify_checkpoint(dst, cid).ok  # every block arrived and hashes to its CID

@@ -55,7 +55,7 @@ def test_round_trips_and_prefixes() -> None:
         (bytes([1, 0x55, 0x12, 32]) + bytes(31), "truncated CID digest"),
         ("b!!!!", "bad base32"),
         (bytes([2, 0x55, 0x12, 32]) + bytes(32), "unknown CID version 2"),
-        (bytes([1, 0x70, 0x12, 32]) + bytes(32), "codec 0x70 is not allowed"),
+        (bytes([1, 0xA9, 0x02, 0x12, 32]) + bytes(32), "codec 0x129 is not allowed"),
         (bytes([1, 0x55, 0x13, 64]) + bytes(64), "hash 0x13 is not allowed"),
         (bytes([1, 0x55, 0x12, 20]) + bytes(20), "digest size 20"),
         (bytes([1, 0x55, 0x12, 32]) + bytes(33), "trailing bytes"),

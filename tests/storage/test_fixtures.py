@@ -1,7 +1,10 @@
 """The bytes in specs/fixtures/manifest/ pin the format: today's code must produce exactly them.
 
 Regenerate (only on a deliberate, versioned format change) with
-``.venv/bin/python -m tests.storage.test_fixtures``.
+``.venv/bin/python -m tests.storage.test_fixtures``. It writes ``unixfs.car``/``unixfs.json``
+(today's format: the checkpoint records its UnixFS view) and ``raw_cids.json``.
+``small.car``, ``small.json`` and ``bad_manifests.json`` are frozen: written before manifests
+recorded a UnixFS view (``extra.unixfs``), they prove such manifests stay readable.
 """
 
 from __future__ import annotations
@@ -24,7 +27,10 @@ from cnode.storage import (
     import_car,
     load_checkpoint,
     read_manifest,
+    recorded_unixfs_root,
     save_checkpoint,
+    unixfs_view,
+    verify_checkpoint,
 )
 from cnode.storage._cbor import decode
 
@@ -70,9 +76,34 @@ def test_fixture_car_imports_and_matches(tmp_path: Path) -> None:
 
 
 def test_saving_the_same_state_today_gives_the_fixture_cid(tmp_path: Path) -> None:
-    expected = json.loads((FIXTURES / "small.json").read_text())
-    cid = save_checkpoint(BlockStore(tmp_path / "s"), fixture_state(), fixture_meta())
+    expected = json.loads((FIXTURES / "unixfs.json").read_text())
+    store = BlockStore(tmp_path / "s")
+    cid = save_checkpoint(store, fixture_state(), fixture_meta())
     assert str(cid) == expected["manifest"]
+    assert store.get(cid).hex() == expected["manifest_block_hex"]
+    view = unixfs_view(store, cid)
+    assert str(view.root) == expected["unixfs"]
+    assert [[str(c), d.hex()] for c, d in view.blocks] == expected["view_blocks"]
+    assert {n: str(c) for n, c in view.files.items()} == expected["files"]
+
+
+def test_unixfs_fixture_imports_and_verifies(tmp_path: Path) -> None:
+    expected = json.loads((FIXTURES / "unixfs.json").read_text())
+    store = BlockStore(tmp_path / "s")
+    root = import_car(store, FIXTURES / "unixfs.car")
+    manifest = read_manifest(store, root)
+    assert str(recorded_unixfs_root(manifest.extra)) == expected["unixfs"]
+    report = verify_checkpoint(store, root)
+    assert report.ok and not any("UnixFS" in note for note in report.notes)
+
+
+def test_frozen_manifest_without_a_view_stays_valid(tmp_path: Path) -> None:
+    store = BlockStore(tmp_path / "s")
+    root = import_car(store, FIXTURES / "small.car")
+    assert recorded_unixfs_root(read_manifest(store, root).extra) is None
+    report = verify_checkpoint(store, root)
+    assert report.ok
+    assert "no UnixFS view recorded (a manifest from an older cnode)" in report.notes
 
 
 def test_raw_cid_vectors() -> None:
@@ -98,6 +129,7 @@ def _write(path: Path, data: bytes) -> Path:
 
 
 def _bad_cases(root_hex: str) -> list[dict[str, str]]:
+    """How bad_manifests.json was made from small.car's root (frozen; kept as its record)."""
     import dag_cbor
 
     root: Any = dag_cbor.decode(bytes.fromhex(root_hex))
@@ -138,28 +170,20 @@ def regenerate() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = BlockStore(Path(tmp))
         cid = save_checkpoint(store, fixture_state(), fixture_meta())
-        export_car(store, cid, FIXTURES / "small.car")
-        manifest = read_manifest(store, cid)
-        tensors, _ = load_checkpoint(store, cid)
-        root_hex = store.get(cid).hex()
+        export_car(store, cid, FIXTURES / "unixfs.car")
+        view = unixfs_view(store, cid)
         description = {
-            "about": "small.car: one checkpoint; values are the tensors as float64 lists",
+            "about": "unixfs.car: the checkpoint of small.car saved with its UnixFS view "
+            "(specs/manifest.md#unixfs-view); view_blocks = [CID, hex] of the blocks the view "
+            "adds, directory first; files = the directory's entries",
             "manifest": str(cid),
-            "manifest_block_hex": root_hex,
+            "manifest_block_hex": store.get(cid).hex(),
             "manifest_decoded": repr(decode(store.get(cid))),
-            "layers": [
-                {
-                    "name": layer.name,
-                    "dtype": layer.dtype,
-                    "shape": list(layer.shape),
-                    "nbytes": layer.nbytes,
-                    "chunks": [str(c) for c in layer.chunks],
-                    "values": tensors[layer.name].to(torch.float64).flatten().tolist(),
-                }
-                for layer in manifest.layers
-            ],
+            "unixfs": str(view.root),
+            "files": {name: str(c) for name, c in view.files.items()},
+            "view_blocks": [[str(c), d.hex()] for c, d in view.blocks],
         }
-        (FIXTURES / "small.json").write_text(json.dumps(description, indent=2) + "\n")
+        (FIXTURES / "unixfs.json").write_text(json.dumps(description, indent=2) + "\n")
         vectors = [
             {"bytes_hex": b.hex(), "cid": str(compute_cid(b)), "note": note}
             for b, note in [
@@ -169,8 +193,6 @@ def regenerate() -> None:
             ]
         ]
         (FIXTURES / "raw_cids.json").write_text(json.dumps(vectors, indent=2) + "\n")
-        bad = _bad_cases(root_hex)
-        (FIXTURES / "bad_manifests.json").write_text(json.dumps(bad, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -82,7 +82,8 @@ def test_import_of_hf_saved_folder(store: BlockStore, tmp_path: Path) -> None:
     model.save_pretrained(tmp_path / "saved")  # transformers' own writer (drops tied lm_head)
     cid = import_hf(store, tmp_path / "saved")
     tensors, manifest = load_checkpoint(store, cid)
-    assert manifest.extra == {"source": "hf"} and manifest.model_config["n_layer"] == 2
+    assert manifest.extra["source"] == "hf" and manifest.model_config["n_layer"] == 2
+    assert set(manifest.extra) == {"source", "unixfs"}
     state = model.state_dict()
     for name, tensor in tensors.items():
         assert torch.equal(tensor, state[name]), name

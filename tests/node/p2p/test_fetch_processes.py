@@ -206,7 +206,8 @@ def test_upload_rate_cap_holds_end_to_end(tmp_path: Path, running: Procs) -> Non
     floor = (total - rate / 10) / rate * 0.85
     assert floor >= 1.5
     assert floor <= seconds < 10 * total / rate, summary
-    assert sum(1 for _ in BlockStore(joiner / "blocks").iter_cids()) == 3
+    # 2 chunks + manifest + the UnixFS view (safetensors header, file node, directory)
+    assert sum(1 for _ in BlockStore(joiner / "blocks").iter_cids()) == 3 + 3
 
 
 def test_every_log_line_carries_the_own_peer(tmp_path: Path, running: Procs) -> None:

@@ -89,8 +89,10 @@ class Swarm:
         checkpoint_every: int = 1,
         coordinator_port: int = 0,  # fixed, so it can restart on the same URL
         collect_timeout_s: float = 30.0,
+        gateways: list[str] | None = None,
     ) -> None:
         self.tmp = tmp
+        self.gateways = list(gateways or [])  # the run config's trustless gateways
         self.hf_endpoint = hf_endpoint  # the (fake) Hub of the coordinator and of every node
         self.nodes: dict[str, Node] = {}
         for name in names:
@@ -119,6 +121,8 @@ class Swarm:
             "network": {"allow_private_addrs": True},  # everyone is on 127.0.0.1
             "training": TINY_TRAINING,
         }
+        if self.gateways:
+            config["gateways"] = self.gateways
         self.run_config = tmp / "run.toml"
         self.run_config.write_text(tomli_w.dumps(config), encoding="utf-8")
         self.coordinator = CoordinatorProcess(
