@@ -27,6 +27,7 @@ from ._checkpoint import read_manifest
 from ._cid import (
     CID,
     DAG_CBOR,
+    DAG_PB,
     MAX_VARINT_LEN,
     VarintError,
     decode_cid_prefix,
@@ -97,6 +98,11 @@ def read_header(f: BinaryIO) -> CID:
     if not isinstance(roots, list) or len(roots) != limits.MAX_CAR_ROOTS:
         raise CARError("a cnode CAR must have exactly one root (the manifest)")
     root = roots[0]
+    if isinstance(root, CID) and root.codec == DAG_PB:
+        raise CARError(
+            f"the CAR's root {root} is dag-pb (a UnixFS file or folder), not a cnode manifest: "
+            "cnode imports checkpoint CARs, whose root is a DAG-CBOR manifest"
+        )
     if not isinstance(root, CID) or root.codec != DAG_CBOR:
         raise CARError("CAR root must be the DAG-CBOR CID of a manifest")
     return root
