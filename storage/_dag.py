@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import _cbor, limits
-from ._cid import CID, DAG_CBOR, DAG_PB, decode_cid_prefix, read_varint, varint
+from ._cid import CID, DAG_CBOR, DAG_PB, VarintError, decode_cid_prefix, read_varint, varint
 from ._dagpb import UNIXFS_FILE, DagPBError, decode_node, unixfs_type
 from ._exceptions import CARError, InvalidCIDError, ManifestError, StorageError
 from ._manifest import PartialLayer, parse_chunk_page, parse_layer_page, parse_root
@@ -116,8 +116,8 @@ def read_car(data: bytes, max_sections: int) -> tuple[list[CID], list[tuple[CID,
     """
     try:
         size, pos = read_varint(data, 0)
-    except InvalidCIDError as exc:
-        raise CARError("truncated CAR: no header") from exc
+    except VarintError as exc:
+        raise CARError(f"truncated CAR: no header ({exc})") from exc
     if not 0 < size <= limits.MAX_CAR_HEADER_SIZE or pos + size > len(data):
         raise CARError(f"truncated or oversized CAR header ({size} bytes)")
     try:
@@ -136,8 +136,8 @@ def read_car(data: bytes, max_sections: int) -> tuple[list[CID], list[tuple[CID,
             raise CARError(f"CAR has more than the {max_sections} blocks asked for")
         try:
             size, pos = read_varint(data, pos)
-        except InvalidCIDError as exc:
-            raise CARError(f"truncated CAR: section {len(sections)} length") from exc
+        except VarintError as exc:
+            raise CARError(f"truncated CAR: section {len(sections)} length ({exc})") from exc
         if not 0 < size <= limits.MAX_CAR_SECTION_SIZE:
             raise CARError(f"CAR section {len(sections)} of {size} bytes is out of bounds")
         if pos + size > len(data):
