@@ -47,6 +47,8 @@ from ._manifest import FileRef as FileRef
 from ._manifest import Layer as Layer
 from ._manifest import Manifest as Manifest
 from ._state import state_cid_of_layers as state_cid_of_layers
+from ._verified import VerifiedBlock as VerifiedBlock
+from ._verified import verify_received as verify_received
 from ._verify import Fault as Fault
 from ._verify import VerifyReport as VerifyReport
 from ._verify import verify_checkpoint as verify_checkpoint
@@ -80,6 +82,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "NonCanonicalCBORError",
     "RAW",
     "StorageError",
+    "VerifiedBlock",
     "VerifyReport",
     "compute_cid",
     "export_car",
@@ -103,4 +106,5 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "verify_block",
     "verify_car",
     "verify_checkpoint",
+    "verify_received",
 ]
