@@ -8,7 +8,8 @@
    4R stays below what one (shared, loaded) core here verifies and stores.
 
 Fetch time is what the joiner reports for the transfer itself (after connecting). Figures go to
-stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100).
+stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100);
+``--uncapped-only`` runs part 1 alone.
 """
 
 from __future__ import annotations
@@ -197,6 +198,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=400)
     parser.add_argument("--capped-mb", type=int, default=100)
     parser.add_argument("--rate", type=int, default=5_000_000, help="R, bytes/s per holder")
+    parser.add_argument("--uncapped-only", action="store_true", help="skip part 2 (capped)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="cnode-bench-fetch-"))
     try:
@@ -221,6 +223,8 @@ def main() -> None:
         )
         shutil.rmtree(base / "joiner0", ignore_errors=True)
         shutil.rmtree(big, ignore_errors=True)
+        if args.uncapped_only:
+            return
 
         print(
             f"\n== capped: k holders at R = {args.rate / 1e6:.1f} MB/s each, "
