@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from cnode.auth import Identity
+from cnode.node.cli import main
 from cnode.node.train import (
     MalformedUpdateError,
     TrainingConfig,
@@ -68,7 +69,9 @@ def test_update_codec_must_be_known() -> None:
 
 
 @pytest.mark.slow
-def test_int8_swarm_agrees_bit_for_bit_and_replays(tmp_path: Path) -> None:
+def test_int8_swarm_agrees_bit_for_bit_and_replays(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     nodes = [_node(tmp_path, i) for i in range(3)]
     for round_ in (1, 2):
         own = [n.train(round_) for n in nodes]
@@ -79,8 +82,15 @@ def test_int8_swarm_agrees_bit_for_bit_and_replays(tmp_path: Path) -> None:
         assert len({n.state_cid for n in nodes}) == 1
     cids = {n.store_checkpoint() for n in nodes}
     assert len(cids) == 1
-    report = replay_checkpoint(nodes[0].store, cids.pop())
+    checkpoint = cids.pop()
+    report = replay_checkpoint(nodes[0].store, checkpoint)
     assert report.rounds == (1, 2) and report.state_cid == nodes[0].state_cid
+    # The command a user runs: verify every block and signature, then replay the decoded rounds.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text(f'storage_path = "{nodes[0].store.root}"\n')
+    assert main(["checkpoint", "verify", "--replay", str(checkpoint), "--home", str(home)]) == 0
+    assert "replay OK: rounds 1..2 recomputed" in capsys.readouterr().out
 
 
 def test_bf16_updates_decode_to_their_rounded_values(tmp_path: Path) -> None:
