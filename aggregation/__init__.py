@@ -15,10 +15,15 @@ from ._attacks import flip_labels as flip_labels
 from ._attacks import new_attack as new_attack
 from ._ban import BanPolicy as BanPolicy
 from ._ban import BanRecommendation as BanRecommendation
+from ._codec import CODECS as CODECS
+from ._codec import decode_update_tensor as decode_update_tensor
+from ._codec import encode_update_tensor as encode_update_tensor
+from ._codec import encoded_nbytes as encoded_nbytes
 from ._exceptions import AggregationError as AggregationError
 from ._exceptions import AggregationInputError as AggregationInputError
 from ._exceptions import AggregatorConfigError as AggregatorConfigError
 from ._exceptions import NotEnoughUpdatesError as NotEnoughUpdatesError
+from ._exceptions import UpdateEncodingError as UpdateEncodingError
 from ._kernels import tree_sum as tree_sum
 from ._momentum import worker_momentum as worker_momentum
 from ._types import AGGREGATORS as AGGREGATORS
@@ -28,7 +33,7 @@ from ._types import PeerRecord as PeerRecord
 from ._types import TensorSpec as TensorSpec
 from ._validate import validate_update as validate_update
 
-__all__ = [
+__all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_exports.py)
     "AGGREGATORS",
     "ATTACKS",
     "ATTACKS_DATA_LEVEL",
@@ -40,11 +45,16 @@ __all__ = [
     "Attack",
     "BanPolicy",
     "BanRecommendation",
+    "CODECS",
     "NotEnoughUpdatesError",
     "PeerRecord",
     "TensorSpec",
+    "UpdateEncodingError",
     "aggregate",
     "alie_z",
+    "decode_update_tensor",
+    "encode_update_tensor",
+    "encoded_nbytes",
     "flip_labels",
     "new_attack",
     "tree_sum",

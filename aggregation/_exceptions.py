@@ -7,11 +7,13 @@ The tree::
         ├── AggregatorConfigError        the caller asked for an unknown rule or a bad parameter
         ├── AggregationInputError        the caller passed malformed arguments (specs, weights,
         │                                previous aggregate); local misuse, not a peer's fault
-        └── NotEnoughUpdatesError        too few valid updates survived validation
+        ├── NotEnoughUpdatesError        too few valid updates survived validation
+        └── UpdateEncodingError          a peer's encoded update bytes are malformed (codec)
 
 A *peer's* bad update is never an exception: :func:`~cnode.aggregation.aggregate` records it in
 ``PeerRecord.rejected`` with the reason and leaves it out of the math, so one bad peer cannot stop
-a round.
+a round. Decoding happens before that, one update at a time: the caller catches
+``UpdateEncodingError`` and leaves that peer out with its message as the reason.
 """
 
 from cnode import CnodeError
@@ -21,6 +23,7 @@ __all__ = [
     "AggregationInputError",
     "AggregatorConfigError",
     "NotEnoughUpdatesError",
+    "UpdateEncodingError",
 ]
 
 
@@ -38,3 +41,7 @@ class AggregationInputError(AggregationError):
 
 class NotEnoughUpdatesError(AggregationError):
     """Raised by aggregate() when fewer valid updates remain than the rule needs."""
+
+
+class UpdateEncodingError(AggregationError):
+    """Raised by decode_update_tensor() when a peer's encoded bytes are malformed (its fault)."""

@@ -22,6 +22,11 @@ TILE_ELEMENTS = 1 << 13
 MIN_TILE_ELEMENTS = 1 << 10
 TILE_WORK_ELEMENTS = 1 << 16
 
+# Update codec int8-blockwise (_codec.py, specs/training.md#update-codecs): values per block, each
+# block with one float32 scale. Part of the wire format: every peer of a run must use the same
+# value. 4096 keeps the scales at 0.1% of the bytes (ratio to f32: 0.2510).
+CODEC_BLOCK = 4096
+
 # Most updates one aggregate() call accepts (the run's member list is bounded far below this).
 # Working memory is about 6 blocks of max(n x W, ...) float64: 48 MiB up to n = 1024.
 MAX_UPDATES = 4096

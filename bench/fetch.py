@@ -13,7 +13,8 @@
    ``--only gateway`` runs just this part (``--gateway-mb``, default 200).
 
 Fetch time is what the joiner reports for the transfer itself (after connecting). Figures go to
-stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100).
+stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100);
+``--uncapped-only`` runs part 1 alone.
 """
 
 from __future__ import annotations
@@ -244,6 +245,7 @@ def main() -> None:
     parser.add_argument("--gateway-mb", type=int, default=200)
     parser.add_argument("--rate", type=int, default=5_000_000, help="R, bytes/s per holder")
     parser.add_argument("--only", choices=("gateway",), help="run only this part")
+    parser.add_argument("--uncapped-only", action="store_true", help="skip part 2 (capped)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="cnode-bench-fetch-"))
     if args.only == "gateway":
@@ -274,6 +276,8 @@ def main() -> None:
         )
         shutil.rmtree(base / "joiner0", ignore_errors=True)
         shutil.rmtree(big, ignore_errors=True)
+        if args.uncapped_only:
+            return
 
         print(
             f"\n== capped: k holders at R = {args.rate / 1e6:.1f} MB/s each, "

@@ -13,6 +13,11 @@ update is ~41 MB of float32). Per round, each cnode peer:
              block verified against its CID;
 * aggregate  load the four updates, CenteredClip (default config), apply, state CID.
 
+Each codec given with ``--codec`` (the run's ``update_codec``: f32, bf16, int8-blockwise; default
+f32 and int8-blockwise) runs its own swarm; the report gives each one's phases and the update
+bytes on the wire (one peer's update manifest, every block; and the bytes each peer fetched),
+int8-blockwise against f32.
+
 The baseline runs in the same invocation, the same way: four processes with torch.distributed
 (gloo, loopback), the same model and step, then ``all_reduce(delta) / 4`` and apply.
 Printed: the median over rounds (and peers) of each phase, and fetch+aggregate vs the
@@ -20,6 +25,7 @@ all-reduce. No coordinator is involved (it adds two small HTTP requests per roun
 
     .venv/bin/python bench/round.py              # 3 rounds
     .venv/bin/python bench/round.py --rounds 5
+    .venv/bin/python bench/round.py --codec int8-blockwise --no-baseline
 """
 
 from __future__ import annotations
@@ -56,17 +62,17 @@ def _quiet() -> None:
 # -- cnode peers -------------------------------------------------------------------------------
 
 
-def _cnode_peer(index: int, work: str, rounds: int, out: str) -> None:
+def _cnode_peer(index: int, work: str, rounds: int, out: str, codec: str) -> None:
     import torch
 
     torch.set_num_threads(1)
     _quiet()
     import trio
 
-    trio.run(_cnode_peer_async, index, Path(work), rounds, Path(out))
+    trio.run(_cnode_peer_async, index, Path(work), rounds, Path(out), codec)
 
 
-async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> None:
+async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path, codec: str) -> None:
     import trio
 
     from cnode.auth import Identity
@@ -78,11 +84,11 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
         header_cid,
         updates_topic,
     )
-    from cnode.storage import BlockStore
+    from cnode.storage import BlockStore, manifest_closure
 
     identity = Identity.generate()
     store = BlockStore(work / f"peer{index}")
-    config = TrainingConfig.from_dict(TRAINING)
+    config = TrainingConfig.from_dict({**TRAINING, "update_codec": codec})
     trainer = await trio.to_thread.run_sync(
         lambda: NodeTrainer(config, run="bench", identity=identity, store=store)
     )
@@ -126,12 +132,18 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
                         if not store.has(cid):
                             store.put(cid, envelope)
                         mine[peer] = (cid, header)
+                fetched: list[int] = []
+
+                async def fetch(update: Any, peer: str, into: list[int] = fetched) -> None:
+                    into.append((await node.fetch(update, holders=[peer])).bytes)
+
                 async with trio.open_nursery() as fetches:
                     for peer, (_cid, header) in mine.items():
                         if peer != trainer.peer:
-                            fetches.start_soon(
-                                lambda u=header.update, p=peer: node.fetch(u, holders=[p])
-                            )
+                            fetches.start_soon(fetch, header.update, peer)
+                update_bytes = sum(
+                    store.size(c) for c in manifest_closure(store, own.header.update)
+                )
                 t_fetch = time.perf_counter() - t3
                 cpu_fetch = time.process_time() - c3
                 # Wait until every peer has fetched, so no peer serves blocks (GIL-bound, in the
@@ -156,6 +168,8 @@ async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path) -> N
                         "aggregate_cpu": cpu_aggregate,
                         "round": time.perf_counter() - t0,
                         "state": str(trainer.state_cid),
+                        "update_bytes": update_bytes,
+                        "fetched_bytes": sum(fetched),
                     }
                 )
                 (work / f"done{index}.{round_}").write_text("")
@@ -239,9 +253,44 @@ def _median(results: list[list[dict[str, Any]]], key: str, skip_first: bool) -> 
     return statistics.median(values)
 
 
+def _report_cnode(codec: str, cnode: list[list[dict[str, Any]]], skip: bool) -> dict[str, float]:
+    rows = {
+        k: _median(cnode, k, skip)
+        for k in ("train", "publish", "wait", "fetch", "aggregate", "round")
+    }
+    cpu = {k: _median(cnode, f"{k}_cpu", skip) for k in ("fetch", "aggregate")}
+    states = {r["state"] for peer in cnode for r in peer[-1:]}
+    print(
+        f"\ncnode round, update_codec = {codec!r} (median over peers and rounds"
+        f"{', first round left out' if skip else ''}), seconds:"
+    )
+    for key, value in rows.items():
+        extra = f"   (CPU {cpu[key]:.3f} s of this process)" if key in cpu else ""
+        print(f"  {key:<10} {value:8.3f}{extra}")
+    rows["update_bytes"] = _median(cnode, "update_bytes", False)
+    rows["fetched_bytes"] = _median(cnode, "fetched_bytes", False)
+    print(
+        f"  update on the wire: {rows['update_bytes'] / 1e6:.2f} MB per peer "
+        f"(all its blocks); each peer fetched {rows['fetched_bytes'] / 1e6:.2f} MB per round"
+    )
+    print(f"  honest peers agree on the final state: {len(states) == 1} ({len(states)} distinct)")
+    print(f"  load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    return rows
+
+
 def main() -> None:
+    from cnode.aggregation import CODECS
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--codec",
+        nargs="+",
+        choices=CODECS,
+        default=["f32", "int8-blockwise"],
+        help="the run's update_codec; several: one swarm each, compared",
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="skip the gloo all-reduce")
     args = parser.parse_args()
     from cnode.node.train import TrainingConfig, build_model, model_state
 
@@ -250,42 +299,43 @@ def main() -> None:
     )
     print(
         f"bench/round.py: {PEERS} peers on loopback, {params:,} parameters "
-        f"({params * 4 / 1e6:.1f} MB per update), {args.rounds} rounds, {os.cpu_count()} CPUs"
+        f"({params * 4 / 1e6:.1f} MB per f32 update), {args.rounds} rounds, "
+        f"{os.cpu_count()} CPUs, codecs {', '.join(args.codec)}"
     )
-
-    cnode = _run(_cnode_peer, lambda i, tmp, out: (i, tmp, args.rounds, out))
-    states = {r["state"] for peer in cnode for r in peer[-1:]}
+    skip = args.rounds > 1  # the first round includes warm-up (allocations, first connections)
+    results: dict[str, dict[str, float]] = {}
+    for codec in args.codec:
+        cnode = _run(_cnode_peer, lambda i, tmp, out, c=codec: (i, tmp, args.rounds, out, c))
+        results[codec] = _report_cnode(codec, cnode, skip)
+    if "f32" in results:
+        for codec, rows in results.items():
+            if codec != "f32":
+                ratio = rows["update_bytes"] / results["f32"]["update_bytes"]
+                fetched = rows["fetched_bytes"] / results["f32"]["fetched_bytes"]
+                print(
+                    f"\n{codec} vs f32: update bytes {ratio:.3f}x, fetched bytes {fetched:.3f}x, "
+                    f"round {rows['round'] / results['f32']['round']:.2f}x"
+                )
+    if args.no_baseline:
+        sys.stdout.flush()
+        return
     base = _run(
         _allreduce_peer,
         lambda i, tmp, out: (i, f"file://{tmp}/rendezvous", args.rounds, out),
     )
-    skip = args.rounds > 1  # the first round includes warm-up (allocations, first connections)
-    rows = [
-        (k, _median(cnode, k, skip))
-        for k in ("train", "publish", "wait", "fetch", "aggregate", "round")
-    ]
-    cpu = {k: _median(cnode, f"{k}_cpu", skip) for k in ("fetch", "aggregate")}
-    print(
-        "\ncnode round (median over peers and rounds"
-        f"{', first round left out' if skip else ''}), seconds:"
-    )
-    for key, value in rows:
-        extra = f"   (CPU {cpu[key]:.3f} s of this process)" if key in cpu else ""
-        print(f"  {key:<10} {value:8.3f}{extra}")
-    print(f"  load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     b_rows = [(k, _median(base, k, skip)) for k in ("train", "wait", "allreduce", "round")]
-    print("\nall-reduce baseline (gloo, same model and step), seconds:")
+    print("\nall-reduce baseline (gloo, same model and step, float32), seconds:")
     for key, value in b_rows:
         print(f"  {key:<10} {value:8.3f}")
-    exchange = dict(rows)["fetch"] + dict(rows)["aggregate"]
     allreduce = dict(b_rows)["allreduce"]
-    print(
-        f"\nfetch+aggregate {exchange:.3f} s vs all-reduce {allreduce:.3f} s: "
-        f"ratio {exchange / allreduce:.2f}x"
-    )
-    comm = dict(rows)["publish"] + exchange
-    print(f"publish+fetch+aggregate {comm:.3f} s: ratio {comm / allreduce:.2f}x to the all-reduce")
-    print(f"honest peers agree on the final state: {len(states) == 1} ({len(states)} distinct)")
+    for codec, rows in results.items():
+        exchange = rows["fetch"] + rows["aggregate"]
+        comm = rows["publish"] + exchange
+        print(
+            f"{codec}: fetch+aggregate {exchange:.3f} s, ratio {exchange / allreduce:.2f}x to "
+            f"the all-reduce {allreduce:.3f} s; publish+fetch+aggregate {comm:.3f} s, "
+            f"{comm / allreduce:.2f}x"
+        )
     sys.stdout.flush()
 
 

@@ -58,6 +58,8 @@ from ._state import state_cid_of_layers as state_cid_of_layers
 from ._unixfs import UnixFSView as UnixFSView
 from ._unixfs import recorded_root as recorded_unixfs_root
 from ._unixfs import unixfs_view as unixfs_view
+from ._verified import VerifiedBlock as VerifiedBlock
+from ._verified import verify_received as verify_received
 from ._verify import Fault as Fault
 from ._verify import VerifyReport as VerifyReport
 from ._verify import verify_checkpoint as verify_checkpoint
@@ -91,6 +93,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "RAW",
     "StorageError",
     "UnixFSView",
+    "VerifiedBlock",
     "VerifyReport",
     "block_links",
     "car_header",
@@ -121,4 +124,5 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "verify_block",
     "verify_car",
     "verify_checkpoint",
+    "verify_received",
 ]

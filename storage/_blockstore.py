@@ -41,6 +41,7 @@ from ._exceptions import (
     ManifestError,
     StorageError,
 )
+from ._verified import VerifiedBlock
 from ._walk import BlockReader
 
 log = structlog.get_logger(__name__)
@@ -291,6 +292,22 @@ class BlockStore:
         except FileNotFoundError:
             pass
         self._files.write(cid, data)
+
+    def put_verified(self, block: VerifiedBlock) -> None:
+        """Store a block the block exchange hashed on receipt, without hashing it again.
+
+        Only a :class:`VerifiedBlock` is taken, and only :func:`verify_received` makes one (by
+        hashing its bytes): so nothing reaches the disk unhashed. Reads still verify.
+        """
+        if type(block) is not VerifiedBlock:
+            raise TypeError(f"put_verified takes a VerifiedBlock, not {type(block).__name__}")
+        path = self._files.path(block.cid)
+        try:
+            if path.stat().st_size == len(block.data):
+                return
+        except FileNotFoundError:
+            pass
+        self._files.write(block.cid, block.data)
 
     def put_new(self, data: bytes | bytearray | memoryview, codec: int = RAW) -> CID:
         """Compute the CID of ``data``, store it, and return the CID."""

@@ -40,6 +40,7 @@ class BlockMismatchError(StorageError):
     def __init__(self, message: str, cid: object = None) -> None:
         super().__init__(message)
         self.cid = cid
+        self.computed: object = None  # what the bytes hash to, when known (verify_received)
 
 
 class CorruptBlockError(BlockMismatchError):

@@ -89,6 +89,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="accept private and loopback peer addresses (one machine, a LAN); off for the "
         "internet",
     )
+    new.add_argument(
+        "--update-codec",
+        choices=("f32", "bf16", "int8-blockwise"),  # cnode.aggregation.CODECS, without torch
+        default="int8-blockwise",
+        help="how updates travel: training.update_codec (default int8-blockwise, 0.25x f32)",
+    )
     new.add_argument("--peer", action="append", default=[], help="allowlist a peer id")
     new.add_argument("--user", action="append", default=[], help="allowlist an HF username")
     new.add_argument("--org", action="append", default=[], help="allowlist an HF org")
@@ -186,6 +192,7 @@ def _new_run(args: argparse.Namespace) -> int:
         ),
         access=AccessConfig(users=args.user, peers=args.peer, orgs=args.org),
         network=NetworkConfig(allow_private_addrs=args.allow_private_addrs),
+        training={"update_codec": args.update_codec},
     )
     config.check()
     args.out.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")

@@ -32,6 +32,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--late-after", type=int, default=3, help="start the late joiner after this round"
     )
+    parser.add_argument(
+        "--codec",
+        default="int8-blockwise",
+        choices=("f32", "bf16", "int8-blockwise"),
+        help="how updates travel: the run's training.update_codec (default int8-blockwise)",
+    )
     parser.set_defaults(handler=_handle)
 
 
@@ -47,5 +53,6 @@ def _handle(args: argparse.Namespace) -> int:
         rounds=args.rounds,
         late_after_round=args.late_after,
         attack=args.attack,
+        codec=args.codec,
     )
     return run_demo(settings, Console())

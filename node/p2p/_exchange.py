@@ -1,8 +1,10 @@
 """Requesting side of ``/cnode/blocks/1.0.0`` (specs/blocks.md#interaction): one request.
 
 :func:`request_blocks` sends one REQUEST and reads the answer, checking every frame against the
-request. Each BLOCK's CID is recomputed from its bytes *before* the block is handed on; a
-mismatch raises BadBlockError with the evidence. Peer choice and retries are not here (see
+request. Each BLOCK's CID is recomputed from its bytes *before* the block is handed on, once
+(``cnode.storage.verify_received``): the caller gets a ``VerifiedBlock`` that the store writes
+without hashing again (``BlockStore.put_verified``); a mismatch raises BadBlockError with the
+evidence. Peer choice and retries are not here (see
 _scheduler.py).
 """
 
@@ -12,26 +14,32 @@ from collections.abc import Awaitable, Callable, Sequence
 
 import trio
 
-from cnode.storage import CID, BlockTooLargeError, compute_cid
+from cnode.storage import (
+    CID,
+    BlockMismatchError,
+    BlockTooLargeError,
+    VerifiedBlock,
+    verify_received,
+)
 
 from . import limits
 from ._exceptions import BadBlockError, PeerProtocolError, RemoteRefusedError
 from ._wire import Block, ByteStream, End, Error, FrameReader, Lacking, Request
 
-OnBlock = Callable[[CID, bytes], Awaitable[None]]
+OnBlock = Callable[[VerifiedBlock], Awaitable[None]]
 
 
-def _checked_cid(claimed: CID, data: bytes) -> None:
+def _checked(claimed: CID, data: bytes) -> VerifiedBlock:
     try:
-        computed = compute_cid(data, claimed.codec)
+        return verify_received(claimed, bytes(data))
     except BlockTooLargeError as exc:
         raise PeerProtocolError(f"block {claimed} is over MAX_BLOCK_SIZE") from exc
-    if computed != claimed:
+    except BlockMismatchError as exc:
         raise BadBlockError(
-            f"bytes sent for {claimed} hash to {computed}",
+            f"bytes sent for {claimed} hash to {exc.computed}",
             claimed=str(claimed),
-            computed=str(computed),
-        )
+            computed=str(exc.computed),
+        ) from exc
 
 
 async def request_blocks(
@@ -46,7 +54,7 @@ async def request_blocks(
     Args:
         stream: a fresh stream to the holder, negotiated to PROTOCOL_ID.
         cids: 1 to MAX_REQUEST_CIDS distinct CIDs.
-        on_block: awaited with (cid, bytes) once the bytes are proven to hash to the CID.
+        on_block: awaited with a VerifiedBlock once the bytes are proven to hash to the CID.
         on_frame: called on every frame (the scheduler's no-progress timer).
         on_block_start: called with a BLOCK's CID as soon as its header has arrived, before
             its bytes. Blocks come in request order, so every CID requested before it and not
@@ -84,9 +92,9 @@ async def request_blocks(
         if isinstance(frame, Block):
             if frame.cid not in unanswered:
                 raise PeerProtocolError(f"unrequested or repeated block {frame.cid}")
-            await trio.to_thread.run_sync(_checked_cid, frame.cid, frame.data)
+            block = await trio.to_thread.run_sync(_checked, frame.cid, frame.data)
             unanswered.discard(frame.cid)
-            await on_block(frame.cid, frame.data)
+            await on_block(block)
         elif isinstance(frame, Lacking):
             if not set(frame.cids) <= unanswered:
                 raise PeerProtocolError("LACKING names CIDs not requested or already answered")

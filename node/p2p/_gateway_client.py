@@ -25,7 +25,15 @@ from urllib.parse import urlsplit
 import httpx
 import structlog
 
-from cnode.storage import CID, BlockTooLargeError, CARError, compute_cid, read_car
+from cnode.storage import (
+    CID,
+    BlockMismatchError,
+    BlockTooLargeError,
+    CARError,
+    VerifiedBlock,
+    read_car,
+    verify_received,
+)
 from cnode.storage import limits as storage_limits
 
 from . import limits
@@ -44,7 +52,7 @@ CAR_TYPE = "application/vnd.ipld.car"
 CAR_ACCEPT = f"{CAR_TYPE}; version=1; order=dfs; dups=n"
 MODES = ("raw", "car")
 
-OnBlock = Callable[[CID, bytes], Awaitable[None]]
+OnBlock = Callable[[VerifiedBlock], Awaitable[None]]
 
 
 def check_gateway_url(url: str) -> str:
@@ -83,16 +91,16 @@ class GatewayHolder:
         """Fetch ``cids`` in order; ``on_block`` each verified one; return those lacked (404)."""
         lacked: set[CID] = set()
         for cid in cids:
-            data = await self._fetch(cid, on_frame, on_block_start)
-            if data is None:
+            block = await self._fetch(cid, on_frame, on_block_start)
+            if block is None:
                 lacked.add(cid)
                 continue
-            await on_block(cid, data)
+            await on_block(block)
         return lacked
 
     async def _fetch(
         self, cid: CID, on_frame: Callable[[], None], on_block_start: Callable[[CID], None]
-    ) -> bytes | None:
+    ) -> VerifiedBlock | None:
         if self.mode == "raw":
             url, accept, media, bound = (
                 f"{self.url}/ipfs/{cid}?format=raw",
@@ -136,8 +144,7 @@ class GatewayHolder:
         except httpx.TransportError as exc:
             raise StreamBroken(f"{self.name} broke off while sending {cid}: {exc}") from exc
         data = bytes(body) if self.mode == "raw" else self._from_car(cid, bytes(body))
-        _verify(self.name, cid, data)
-        return data
+        return _verify(self.name, cid, data)
 
     def _from_car(self, cid: CID, body: bytes) -> bytes:
         try:
@@ -155,12 +162,14 @@ class GatewayHolder:
         return data
 
 
-def _verify(name: str, cid: CID, data: bytes) -> None:
+def _verify(name: str, cid: CID, data: bytes) -> VerifiedBlock:
+    """The one hash of a received block (the store does not hash it again)."""
     try:
-        computed = compute_cid(data, cid.codec)
+        return verify_received(cid, data)
     except BlockTooLargeError as exc:
         raise PeerProtocolError(f"{name} sent a block over MAX_BLOCK_SIZE for {cid}") from exc
-    if computed != cid:
+    except BlockMismatchError as exc:
+        computed = exc.computed
         log.error(
             "gateway_sent_bad_block",
             gateway=name,
@@ -172,7 +181,7 @@ def _verify(name: str, cid: CID, data: bytes) -> None:
             f"{name} sent bytes for {cid} that hash to {computed}",
             claimed=str(cid),
             computed=str(computed),
-        )
+        ) from exc
 
 
 def gateway_client() -> httpx.AsyncClient:

@@ -32,7 +32,7 @@ from typing import Protocol
 import structlog
 import trio
 
-from cnode.storage import CID, BlockStore
+from cnode.storage import CID, BlockStore, VerifiedBlock
 
 from . import limits
 from ._exceptions import (
@@ -59,7 +59,7 @@ class RequestStream(ByteStream, Protocol):
 
 
 OpenStream = Callable[[str], Awaitable[RequestStream]]
-OnBlock = Callable[[CID, bytes], Awaitable[None]]
+OnBlock = Callable[[VerifiedBlock], Awaitable[None]]
 
 
 class DirectHolder(Protocol):
@@ -386,12 +386,14 @@ class Transfer:
                 log.debug("moved_block_started", holder=holder.peer[-8:], cid=str(cid))
                 raise _Abandoned
 
-        async def on_block(cid: CID, data: bytes) -> None:
+        async def on_block(block: VerifiedBlock) -> None:
+            cid, data = block.cid, block.data
             if cid in request.stolen:  # moved while its last bytes were being checked
                 raise _Abandoned
             request.storing = True
             try:
-                await trio.to_thread.run_sync(self.store.put, cid, data)
+                # Hashed once on receipt (request_blocks): the store does not hash it again.
+                await trio.to_thread.run_sync(self.store.put_verified, block)
             finally:
                 request.storing = False
             request.delivered.add(cid)

@@ -19,6 +19,7 @@ from ._demo import DemoSettings as DemoSettings
 from ._demo import run_demo as run_demo
 from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
+from ._exceptions import MalformedUpdateError as MalformedUpdateError
 from ._exceptions import MissingUpdatesError as MissingUpdatesError
 from ._exceptions import PeerUpdateError as PeerUpdateError
 from ._exceptions import ReplayMismatchError as ReplayMismatchError
@@ -56,6 +57,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "DemoSettings",
     "HeaderCollector",
     "LocalResult",
+    "MalformedUpdateError",
     "MissingUpdatesError",
     "ModelConfig",
     "NODE_ATTACKS",

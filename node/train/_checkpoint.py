@@ -189,7 +189,13 @@ def replay_rounds(
                     f"but the replayed parent state is {base}"
                 )
             try:
-                updates[header.peer] = load_update(store, header.update, peer=header.peer)
+                updates[header.peer] = load_update(
+                    store,
+                    header.update,
+                    peer=header.peer,
+                    codec=config.update_codec,
+                    shapes=state,
+                )
             except PeerUpdateError as exc:
                 raise CatchUpError(f"round {number}: {exc}") from exc
         result = aggregate_round(state, updates, config)

@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from cnode.aggregation import CODECS
+
 from . import limits
 from ._exceptions import TrainingConfigError
 
@@ -141,6 +143,11 @@ class TrainingConfig:
     checkpoint_every: int = 1  # the checkpointer stores a checkpoint every N rounds
     aggregator: str = "centered_clip"
     aggregator_params: dict[str, Any] = field(default_factory=dict)
+    # How updates travel: "f32" | "bf16" | "int8-blockwise" (specs/training.md#update-codecs).
+    # The default is "f32" because it is what a [training] table without the key has always
+    # meant (old runs, and the extra.training of their checkpoints, which replay reads); new
+    # runs (`cnode demo`, bench/round.py, the README's run config) write "int8-blockwise".
+    update_codec: str = "f32"
 
     @property
     def samples_per_round(self) -> int:
@@ -189,6 +196,10 @@ class TrainingConfig:
             raise TrainingConfigError(f"training.local_steps must be 1..{limits.MAX_LOCAL_STEPS}")
         if self.batch_size < 1 or self.checkpoint_every < 1:
             raise TrainingConfigError("training.batch_size and checkpoint_every must be >= 1")
+        if self.update_codec not in CODECS:
+            raise TrainingConfigError(
+                f"training.update_codec {self.update_codec!r} is not one of {', '.join(CODECS)}"
+            )
         if not (self.lr > 0 and self.outer_lr > 0):
             raise TrainingConfigError("training.lr and outer_lr must be > 0")
 

@@ -254,7 +254,7 @@ def _coordinator_files(work: Path, procs: list[_Proc], settings: DemoSettings) -
         "access": {"peers": [p.peer for p in procs]},
         # Every node listens on 127.0.0.1 and advertises that address through the coordinator.
         "network": {"allow_private_addrs": True},
-        "training": settings.training,
+        "training": {"update_codec": settings.codec, **settings.training},
     }
     run_config = work / "run.toml"
     run_config.write_text(tomli_w.dumps(config), encoding="utf-8")

@@ -36,7 +36,10 @@ def final_report(
     # 1. Loss per round, from the checkpointer (every honest node computes the same figure).
     first = procs[0]
     rounds = [e for e in events[first.name] if e["event"] == "round"]
-    table = Table(title="held-out loss per round (honest-1; same state on every honest node)")
+    table = Table(
+        title="held-out loss per round (honest-1; same state on every honest node; "
+        f"update_codec {settings.codec})"
+    )
     for col in ("round", "members", "loss", "train s", "publish s", "fetch s", "aggregate s"):
         table.add_column(col, justify="right")
     for e in rounds:

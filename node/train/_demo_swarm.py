@@ -20,6 +20,7 @@ class DemoSettings:
     late_after_round: int = 3  # the late joiner starts when this round is aggregated
     attack: str = "gaussian"  # what the attacker sends (aggregation's attack harness)
     timeout_s: float = 600.0  # the whole demo gives up after this
+    codec: str = "int8-blockwise"  # the run's training.update_codec (a new run's choice)
     training: dict[str, Any] = field(default_factory=dict)  # [training] table overrides
 
 

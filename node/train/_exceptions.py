@@ -6,6 +6,7 @@ The tree::
      └── TrainingError                 anything the training loop reports
           ├── TrainingConfigError      the run's training settings are unusable (its author's fault)
           ├── PeerUpdateError          a peer's update or signed header is invalid (its fault)
+          │    └── MalformedUpdateError  its signed update bytes are malformed (ban evidence)
           ├── StateMismatchError       this node's state differs from the one the swarm agreed on
           ├── ReplayMismatchError      recomputing a checkpoint gives other layers than its manifest
           ├── RoundStalledError        the coordinator published no member list in time
@@ -20,6 +21,7 @@ from cnode.node._exceptions import NodeError
 __all__ = [
     "BannedError",
     "CatchUpError",
+    "MalformedUpdateError",
     "MissingUpdatesError",
     "PeerUpdateError",
     "ReplayMismatchError",
@@ -48,6 +50,15 @@ class PeerUpdateError(TrainingError):
         super().__init__(f"update from {peer[-8:]} rejected: {reason}")
         self.peer = peer
         self.reason = reason
+
+
+class MalformedUpdateError(PeerUpdateError):
+    """Raised by load_update when a peer's update, held whole, is malformed: another codec than
+    the run's, or an encoding that does not decode (wrong length, bad scale, value -128).
+
+    The update manifest CID is named by the peer's signed header, so the bytes prove the fault
+    like NaN in an f32 update does: the trainer records it as a rejected update (ban evidence).
+    """
 
 
 class StateMismatchError(TrainingError):

@@ -14,7 +14,15 @@ from typing import Any
 import structlog
 import torch
 
-from cnode.aggregation import AggregationResult, AggregatorConfig, TensorSpec, aggregate
+from cnode.aggregation import (
+    AggregationResult,
+    AggregatorConfig,
+    TensorSpec,
+    UpdateEncodingError,
+    aggregate,
+    decode_update_tensor,
+    encode_update_tensor,
+)
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
     CID,
@@ -29,7 +37,7 @@ from cnode.storage import (
 
 from . import limits
 from ._config import TrainingConfig
-from ._exceptions import PeerUpdateError
+from ._exceptions import MalformedUpdateError, PeerUpdateError
 from ._model import State
 from ._state import state_cid
 
@@ -38,6 +46,7 @@ __all__ = [
     "RoundResult",
     "UpdateHeader",
     "aggregate_round",
+    "encode_update",
     "expected_specs",
     "header_cid",
     "load_update",
@@ -126,8 +135,30 @@ def open_update_header(
     return header
 
 
-def store_update(store: BlockStore, delta: State, *, run: str, round_: int, base: CID) -> CID:
-    """Store an update as blocks (a ``kind="update"`` manifest); return the manifest CID."""
+def encode_update(delta: State, codec: str) -> tuple[State, State]:
+    """``delta`` encoded with ``codec`` (what is stored) and what every receiver decodes from it.
+
+    The difference ``delta - decoded`` is the sender's quantization residual (error feedback,
+    specs/training.md#error-feedback).
+    """
+    encoded: State = {}
+    decoded: State = {}
+    for name in sorted(delta):
+        tensor = delta[name].to(torch.float32).contiguous()
+        encoded[name] = encode_update_tensor(tensor, codec)
+        decoded[name] = decode_update_tensor(encoded[name], codec, tuple(tensor.shape))
+    return encoded, decoded
+
+
+def store_update(
+    store: BlockStore, encoded: State, *, run: str, round_: int, base: CID, codec: str = "f32"
+) -> CID:
+    """Store an encoded update as blocks (a ``kind="update"`` manifest); return the manifest CID.
+
+    ``encoded`` is what :func:`encode_update` made with ``codec`` (for ``f32``, the delta
+    itself); the manifest records the codec (``extra.codec``), so the update manifest CID that
+    the signed header names covers the compressed bytes and how to read them.
+    """
     meta = CheckpointMeta(
         run_id=run,
         kind="update",
@@ -138,21 +169,52 @@ def store_update(store: BlockStore, delta: State, *, run: str, round_: int, base
         model_config=None,
         tokenizer_files=None,
         aggregation=None,
-        extra={"base": str(base)},
+        extra={"base": str(base), "codec": codec},
     )
-    return save_checkpoint(store, delta, meta)
+    return save_checkpoint(store, encoded, meta)
 
 
-def load_update(store: BlockStore, cid: CID, *, peer: str) -> State:
-    """Read an update manifest and its tensors from ``store``; PeerUpdateError if not an update."""
+def load_update(
+    store: BlockStore,
+    cid: CID,
+    *,
+    peer: str,
+    codec: str = "f32",
+    shapes: Mapping[str, torch.Tensor] | None = None,
+) -> State:
+    """Read an update manifest from ``store`` and decode it; PeerUpdateError if it is bad.
+
+    The manifest must be a ``kind="update"`` manifest whose ``extra.codec`` (absent: ``f32``) is
+    the run's ``codec``. Each layer named in ``shapes`` (the parent state) is decoded to float32
+    of that tensor's shape (required for ``bf16`` and ``int8-blockwise``); other layers are
+    passed on as stored, for :func:`aggregate` to reject by name. ``f32`` tensors are returned
+    as stored: :func:`aggregate` checks them as it always did.
+    """
     try:
         tensors, manifest = load_checkpoint(store, cid)
     except StorageError as exc:
         raise PeerUpdateError(peer, f"update {cid} unreadable: {exc}") from exc
-    kind = getattr(manifest, "kind", None) or getattr(getattr(manifest, "meta", None), "kind", None)
-    if kind != "update":
-        raise PeerUpdateError(peer, f"manifest {cid} is a {kind!r}, not an update")
-    return tensors
+    if manifest.kind != "update":
+        raise PeerUpdateError(peer, f"manifest {cid} is a {manifest.kind!r}, not an update")
+    used = (manifest.extra or {}).get("codec", "f32")
+    if used != codec:
+        raise MalformedUpdateError(
+            peer, f"update {cid} is encoded with {used!r}, the run uses {codec!r}"
+        )
+    if codec == "f32":
+        return tensors  # float32 as stored: aggregate() checks names, shapes, dtype, finiteness
+    if shapes is None:
+        raise ValueError(f"decoding a {codec} update needs the expected shapes")
+    decoded: State = {}
+    for name in sorted(tensors):
+        if name not in shapes:
+            decoded[name] = tensors[name]
+            continue
+        try:
+            decoded[name] = decode_update_tensor(tensors[name], codec, tuple(shapes[name].shape))
+        except UpdateEncodingError as exc:
+            raise MalformedUpdateError(peer, f"update {cid} layer {name!r}: {exc}") from exc
+    return decoded
 
 
 def expected_specs(state: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:

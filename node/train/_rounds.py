@@ -75,7 +75,7 @@ class RoundLoop:
         """A restarted node takes its own latest checkpoint, if it has one."""
         pinned = self.trainer.store.pins().get(self.trainer.pin_name)
         if pinned is not None:
-            await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, pinned)
+            await trio.to_thread.run_sync(self.trainer.resume_checkpoint, pinned)
             self.reporter.event("resumed", round=self.trainer.round, manifest=str(pinned))
 
     async def one_round(self) -> bool:

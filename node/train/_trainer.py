@@ -17,20 +17,27 @@ from typing import Any
 import structlog
 import torch
 
-from cnode.aggregation import ATTACKS, BanPolicy, BanRecommendation
+from cnode.aggregation import ATTACKS, BanPolicy, BanRecommendation, PeerRecord
 from cnode.auth import Identity
 from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
 
 from ._checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from ._config import TrainingConfig
 from ._data import TextData
-from ._exceptions import CatchUpError, PeerUpdateError, StateMismatchError
+from ._exceptions import (
+    CatchUpError,
+    MalformedUpdateError,
+    PeerUpdateError,
+    StateMismatchError,
+)
 from ._local import LocalResult, evaluate, train_local
 from ._model import State, build_model
+from ._residual import Residual, drop_residual, load_residual, save_residual
 from ._round import (
     RoundResult,
     UpdateHeader,
     aggregate_round,
+    encode_update,
     load_update,
     seal_update_header,
     store_update,
@@ -105,6 +112,8 @@ class NodeTrainer:
         self.round = 0  # the last round included in self.state
         self.checkpoint: CID | None = None  # the checkpoint self.state descends from
         self.since_checkpoint: list[RoundLog] = []
+        # Error feedback: what the codec left out of this node's last update (local state).
+        self.residual: Residual | None = None
 
     @property
     def pin_name(self) -> str:
@@ -128,7 +137,28 @@ class NodeTrainer:
             raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
         self.state, self.state_cid, self.round = tensors, got, info.round
         self.checkpoint, self.since_checkpoint = cid, []
+        # Re-synced from a checkpoint: the residual belongs to rounds this state did not see.
+        self.residual = None
+        drop_residual(self.store, self.run)
         log.info("checkpoint_adopted", checkpoint=str(cid), round=info.round, state=str(got))
+
+    def resume_checkpoint(self, cid: CID) -> None:
+        """Restart from this node's own pinned checkpoint, keeping its residual when it fits.
+
+        The residual is kept only when it came from the round this checkpoint ends with (the
+        node trained it and went on from its result) and has the state's names and shapes.
+        """
+        residual = load_residual(self.store, self.run)
+        self.adopt_checkpoint(cid)
+        if residual is None or residual.round != self.round:
+            return
+        fits = set(residual.tensors) == set(self.state) and all(
+            residual.tensors[n].shape == t.shape for n, t in self.state.items()
+        )
+        if fits:
+            self.residual = residual
+            save_residual(self.store, self.run, residual)
+            log.info("residual_resumed", round=residual.round)
 
     # -- a round -----------------------------------------------------------------------------
 
@@ -145,7 +175,17 @@ class NodeTrainer:
             # Testing aid (`--attack`): send what the attack harness makes of the honest update.
             delta = self.attack([], delta, self._rng, 1, 1)
             delta = {k: t.to(torch.float32).contiguous() for k, t in delta.items()}
-        update = store_update(self.store, delta, run=self.run, round_=round_, base=self.state_cid)
+        codec = self.config.update_codec
+        if self.residual is not None and self.residual.round == round_ - 1:
+            delta = {k: t + self.residual.tensors[k] for k, t in delta.items()}
+        encoded, decoded = encode_update(delta, codec)
+        update = store_update(
+            self.store, encoded, run=self.run, round_=round_, base=self.state_cid, codec=codec
+        )
+        if codec != "f32":
+            left = {k: (delta[k] - decoded[k]).contiguous() for k in sorted(delta)}
+            self.residual = Residual(round_, left)
+            save_residual(self.store, self.run, self.residual)
         header = UpdateHeader(self.run, round_, self.peer, local.samples, update, self.state_cid)
         envelope = seal_update_header(self.identity, header)
         cid = self.store.put_new(envelope, DAG_CBOR)
@@ -182,20 +222,32 @@ class NodeTrainer:
         updates: dict[str, State] = {}
         dropped = dict(dropped)
         used: dict[str, CID] = {}
+        malformed: dict[str, PeerRecord] = {}  # provably bad bytes: ban evidence, like NaN
         for peer in sorted(headers):
             cid, header = headers[peer]
             if header.base != self.state_cid:
                 dropped[peer] = f"trained from state {header.base}, not {self.state_cid}"
                 continue
             try:
-                updates[peer] = load_update(self.store, header.update, peer=peer)
+                updates[peer] = load_update(
+                    self.store,
+                    header.update,
+                    peer=peer,
+                    codec=self.config.update_codec,
+                    shapes=self.state,
+                )
+            except MalformedUpdateError as exc:
+                dropped[peer] = exc.reason
+                malformed[peer] = PeerRecord(peer, None, None, rejected=exc.reason)
+                continue
             except PeerUpdateError as exc:
                 dropped[peer] = exc.reason
                 continue
             used[peer] = cid
         result = aggregate_round(self.state, updates, self.config)
-        update_cids = {p: str(headers[p][1].update) for p in used}
-        bans = self.bans.observe(round_, result.aggregation.records, update_cids)
+        update_cids = {p: str(headers[p][1].update) for p in [*used, *malformed]}
+        records = {**result.aggregation.records, **malformed}
+        bans = self.bans.observe(round_, records, update_cids)
         self.state, self.state_cid, self.round = result.state, result.state_cid, round_
         self.since_checkpoint.append(
             RoundLog(

@@ -27,7 +27,7 @@ from cnode.node.p2p._wire import (
     Request,
     decode_frame,
 )
-from cnode.storage import CID
+from cnode.storage import CID, VerifiedBlock
 
 SPECS = Path(__file__).resolve().parents[3] / "specs" / "fixtures"
 BLOCKS = SPECS / "blocks"
@@ -79,8 +79,8 @@ def test_exchange_fixture() -> None:
     cids = list(Request.decode(request[5:]).cids)
     got: dict[CID, bytes] = {}
 
-    async def on_block(cid: CID, data: bytes) -> None:
-        got[cid] = data
+    async def on_block(block: VerifiedBlock) -> None:
+        got[block.cid] = block.data
 
     async def main() -> set[CID]:
         wire = _Wire((BLOCKS / "response-a-lacking-b.bin").read_bytes())
@@ -105,7 +105,7 @@ def test_bad_block_fixture_is_rejected() -> None:
     trio.run(main)
 
 
-async def _unexpected(_cid: CID, _data: bytes) -> None:
+async def _unexpected(_block: VerifiedBlock) -> None:
     raise AssertionError("a bad block must never be handed on")
 
 

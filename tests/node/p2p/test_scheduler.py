@@ -28,7 +28,7 @@ from cnode.node.p2p import FetchError, FetchReport, PeerProtocolError, StreamBro
 from cnode.node.p2p._exchange import request_blocks
 from cnode.node.p2p._scheduler import RequestStream, Transfer
 from cnode.node.p2p._wire import Block, End, Lacking, Request
-from cnode.storage import CID, BlockStore, compute_cid
+from cnode.storage import CID, BlockStore, VerifiedBlock, compute_cid
 
 PIECES = 4
 T = TypeVar("T")
@@ -53,15 +53,21 @@ def _blocks(n: int, size: int = 1000) -> dict[CID, bytes]:
 
 
 class CountingStore(BlockStore):
-    """A BlockStore that counts every put per CID."""
+    """A BlockStore that counts every put per CID (the exchange puts verified blocks)."""
 
     def __init__(self, root: Path) -> None:
         super().__init__(root)
         self.puts: collections.Counter[CID] = collections.Counter()
+        self.hashing_puts = 0  # puts that hash again (put); the exchange makes none
 
     def put(self, cid: CID, data: bytes | bytearray | memoryview) -> None:
         self.puts[cid] += 1
+        self.hashing_puts += 1
         super().put(cid, data)
+
+    def put_verified(self, block: VerifiedBlock) -> None:
+        self.puts[block.cid] += 1
+        super().put_verified(block)
 
 
 @dataclass
@@ -208,6 +214,7 @@ def _assert_fetched_once(out: Outcome, holders: list[FakeHolder], cids: list[CID
     assert set(out.store.iter_cids()) == set(cids)
     assert all(out.store.check(c)[0] == "ok" for c in cids)
     assert out.store.puts == dict.fromkeys(cids, 1)
+    assert out.store.hashing_puts == 0  # one hash per received block, on receipt
     assert _sent(holders) == dict.fromkeys(cids, 1)
 
 
@@ -380,7 +387,7 @@ def test_request_blocks_refuses_out_of_order_blocks() -> None:
     async def main() -> None:
         stream = Reversed(FakeHolder("x", blocks))
 
-        async def keep(_cid: CID, _data: bytes) -> None:
+        async def keep(_block: VerifiedBlock) -> None:
             await trio.lowlevel.checkpoint()
 
         with pytest.raises(PeerProtocolError, match="out of request order"):
@@ -398,9 +405,9 @@ def test_block_start_seen_before_its_bytes() -> None:
         holder = FakeHolder("x", blocks, block_s=1.0, lacks={cids[0]})
         stream = FakeStream(holder)
 
-        async def keep(cid: CID, _data: bytes) -> None:
+        async def keep(block: VerifiedBlock) -> None:
             await trio.lowlevel.checkpoint()
-            seen.append(("block", cid))
+            seen.append(("block", block.cid))
 
         return await request_blocks(
             stream, cids, keep, on_block_start=lambda cid: seen.append(("start", cid))

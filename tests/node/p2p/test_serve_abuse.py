@@ -22,7 +22,7 @@ from cnode.node.p2p import (
 )
 from cnode.node.p2p._exchange import request_blocks
 from cnode.node.p2p._wire import End, Error, FrameReader, Kind, Status
-from cnode.storage import BlockStore
+from cnode.storage import BlockStore, VerifiedBlock
 from tests.support.procs import CnodeProc, Procs, procs
 
 from .conftest import Checkpoint, holder_home
@@ -126,7 +126,7 @@ def test_peer_not_allowed_is_refused(
     trio.run(main)
 
 
-async def _never(_cid: object, _data: bytes) -> None:
+async def _never(_block: VerifiedBlock) -> None:
     raise AssertionError("no block expected")
 
 
@@ -144,8 +144,8 @@ def test_thousand_cycles_against_one_holder(
     holder = ID.from_base58(_peer(addr))
     got: list[bytes] = []
 
-    async def on_block(_cid: object, data: bytes) -> None:
-        got.append(data)
+    async def on_block(block: VerifiedBlock) -> None:
+        got.append(block.data)
 
     async def main() -> None:
         async with AsyncExitStack() as stack:

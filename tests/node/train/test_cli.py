@@ -65,6 +65,18 @@ def test_demo_refuses_a_late_joiner_after_the_last_round(
     assert "--late-after" in capsys.readouterr().err
 
 
+def test_demo_and_train_refuse_an_unknown_update_codec(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--codec", "int4"])
+    assert "invalid choice: 'int4'" in capsys.readouterr().err
+    home = _home(tmp_path)
+    config = _run_config(tmp_path, training={"update_codec": "int4"})
+    assert main(_train(home, config, "--run", "r1")) == 1
+    assert "update_codec 'int4' is not one of" in capsys.readouterr().err
+
+
 def test_hf_repo_needs_the_checkpointer_and_a_hub_login(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

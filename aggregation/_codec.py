@@ -1,0 +1,136 @@
+"""Update codecs: how a peer's float32 update is put into bytes, and read back bit-identically.
+
+Three codecs (specs/training.md#update-codecs):
+
+* ``f32``: the tensor as it is (float32, its shape);
+* ``bf16``: rounded to bfloat16 (its shape); decoding widens to float32, exactly;
+* ``int8-blockwise``: blockwise absmax 8-bit quantization, the scheme of bitsandbytes'
+  ``quantize_blockwise`` (Dettmers et al., "8-bit Optimizers via Block-wise Quantization", 2022)
+  and of hivemind's ``hivemind.compression`` (used by "Training Transformers Together"), with a
+  linear code instead of a dynamic one: the flattened tensor is cut into blocks of
+  ``CODEC_BLOCK`` values; each block keeps one float32 ``scale = absmax / 127`` and one int8
+  ``round(x / scale)`` in [-127, 127] per value. One layer's bytes are
+  ``B x float32 LE scales`` then ``n x int8 values``, ``B = ceil(n / CODEC_BLOCK)``, stored as
+  a 1-D uint8 tensor.
+
+Encoding runs on the sender only. Decoding runs on every receiver and must give the same bytes
+everywhere: it is ``float32(int8) * float32(scale)``, one exactly rounded IEEE product per
+element with no reduction, so neither the thread count nor the order of work can change it.
+A malformed encoding raises :class:`UpdateEncodingError` with the reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from . import limits
+from ._exceptions import AggregationInputError, UpdateEncodingError
+
+__all__ = [
+    "CODECS",
+    "decode_update_tensor",
+    "encode_update_tensor",
+    "encoded_nbytes",
+]
+
+CODECS = ("bf16", "f32", "int8-blockwise")
+_QMAX = 127
+# The largest scale whose products stay finite: 127 x scale <= float32 max.
+_MAX_SCALE = torch.finfo(torch.float32).max / _QMAX
+
+
+def _check_codec(codec: str) -> None:
+    if codec not in CODECS:
+        raise AggregationInputError(f"unknown update codec {codec!r} (known: {', '.join(CODECS)})")
+
+
+def encoded_nbytes(numel: int, codec: str) -> int:
+    """How many bytes ``codec`` makes of a tensor of ``numel`` values."""
+    _check_codec(codec)
+    if codec == "f32":
+        return 4 * numel
+    if codec == "bf16":
+        return 2 * numel
+    return 4 * math.ceil(numel / limits.CODEC_BLOCK) + numel
+
+
+def encode_update_tensor(tensor: torch.Tensor, codec: str) -> torch.Tensor:
+    """Encode one float32 update tensor with ``codec`` (see the module docstring).
+
+    NaN or Inf in a block give that block a NaN or Inf scale (and zero values): the bytes then
+    carry the fault, and every receiver rejects them with a reason, as it rejects NaN in f32.
+    """
+    _check_codec(codec)
+    if tensor.dtype != torch.float32:
+        raise AggregationInputError(f"an update tensor is float32, not {tensor.dtype}")
+    t = tensor.detach().cpu().contiguous()
+    if codec == "f32":
+        return t
+    if codec == "bf16":
+        return t.to(torch.bfloat16)
+    flat = t.reshape(-1)
+    n = flat.numel()
+    blocks = math.ceil(n / limits.CODEC_BLOCK)
+    padded = torch.zeros(blocks * limits.CODEC_BLOCK, dtype=torch.float32)
+    padded[:n] = flat
+    rows = padded.view(blocks, limits.CODEC_BLOCK)
+    absmax = rows.abs().amax(dim=1)  # NaN propagates; +-Inf shows as Inf
+    scales = absmax / _QMAX
+    usable = torch.isfinite(scales) & (scales > 0)
+    divisor = torch.where(usable, scales, torch.ones_like(scales)).unsqueeze(1)
+    q = torch.round(rows / divisor).clamp_(-_QMAX, _QMAX)
+    q = torch.where(usable.unsqueeze(1), q, torch.zeros_like(q)).to(torch.int8)
+    out = torch.empty(4 * blocks + n, dtype=torch.uint8)
+    out[: 4 * blocks] = scales.view(torch.uint8)
+    out[4 * blocks :] = q.reshape(-1)[:n].view(torch.uint8)
+    return out
+
+
+def decode_update_tensor(encoded: torch.Tensor, codec: str, shape: tuple[int, ...]) -> torch.Tensor:
+    """Decode one tensor of ``shape`` encoded with ``codec``; a new float32 tensor.
+
+    Raises:
+        UpdateEncodingError: the dtype, shape or length is wrong, a scale is NaN, Inf, negative
+            or so large that a value would overflow, or a value is -128 (outside [-127, 127]).
+    """
+    _check_codec(codec)
+    numel = math.prod(shape)
+    if codec in ("f32", "bf16"):
+        want = torch.float32 if codec == "f32" else torch.bfloat16
+        if encoded.dtype != want:
+            raise UpdateEncodingError(f"{codec} stores {want}, got {encoded.dtype}")
+        if tuple(encoded.shape) != tuple(shape):
+            raise UpdateEncodingError(f"shape {tuple(encoded.shape)}, expected {tuple(shape)}")
+        return encoded.to(torch.float32).contiguous()
+    if encoded.dtype != torch.uint8 or encoded.dim() != 1:
+        raise UpdateEncodingError(
+            f"int8-blockwise stores 1-D uint8 bytes, got {encoded.dtype} of shape "
+            f"{tuple(encoded.shape)}"
+        )
+    blocks = math.ceil(numel / limits.CODEC_BLOCK)
+    want_len = 4 * blocks + numel
+    if encoded.numel() != want_len:
+        raise UpdateEncodingError(
+            f"int8-blockwise length {encoded.numel()} bytes, expected {want_len} "
+            f"({blocks} scales + {numel} values)"
+        )
+    data = encoded.contiguous()
+    scales = data[: 4 * blocks].view(torch.float32)
+    values = data[4 * blocks :].view(torch.int8)
+    if blocks:
+        bad = ~(torch.isfinite(scales) & (scales >= 0) & (scales <= _MAX_SCALE))
+        if bool(bad.any()):
+            block = int(bad.nonzero()[0])
+            raise UpdateEncodingError(
+                f"int8-blockwise scale of block {block} is {float(scales[block])!r} "
+                f"(must be finite, >= 0 and <= {_MAX_SCALE:.6g})"
+            )
+    low = values == -_QMAX - 1
+    if bool(low.any()):
+        raise UpdateEncodingError(
+            f"int8-blockwise value {int(low.nonzero()[0])} is -128 (must be in [-127, 127])"
+        )
+    per_value = scales.repeat_interleave(limits.CODEC_BLOCK)[:numel]
+    return (values.to(torch.float32) * per_value).reshape(shape)

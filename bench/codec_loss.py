@@ -1,0 +1,92 @@
+"""Held-out loss after N rounds, one run per update codec, everything else equal.
+
+Four honest NodeTrainers with fixed identities (so fixed shards) train the demo's default model
+for ``--rounds`` rounds in one process; updates travel as blocks copied between their stores
+(what the block exchange does), each round aggregated by every node with CenteredClip. Only the
+run's ``update_codec`` differs between runs, so the loss difference is the codec's (with error
+feedback for the lossy ones). ``cnode demo --codec`` shows the same on real processes, but its
+identities, hence shards, are fresh each time.
+
+    .venv/bin/python bench/codec_loss.py                       # f32, bf16, int8-blockwise
+    .venv/bin/python bench/codec_loss.py --rounds 8 --codec f32 int8-blockwise
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import structlog
+import torch
+
+from cnode.aggregation import CODECS
+from cnode.auth import Identity
+from cnode.node.train import NodeTrainer, TrainingConfig, open_update_header
+from cnode.storage import BlockStore, manifest_closure
+
+PEERS = 4
+
+
+def _run(codec: str, rounds: int, work: Path) -> tuple[list[float], int, str]:
+    config = TrainingConfig.from_dict({"update_codec": codec})
+    nodes = [
+        NodeTrainer(
+            config,
+            run="bench",
+            identity=Identity.from_seed(bytes([i + 1]) * 32),
+            store=BlockStore(work / codec / f"n{i}"),
+        )
+        for i in range(PEERS)
+    ]
+    losses, wire = [], 0
+    for round_ in range(1, rounds + 1):
+        own = [node.train(round_) for node in nodes]
+        for node in nodes:
+            headers = {}
+            for o, src in zip(own, nodes, strict=True):
+                for cid in manifest_closure(src.store, o.header.update):
+                    if not node.store.has(cid):
+                        node.store.put(cid, src.store.get(cid))
+                        wire += src.store.size(cid) if node is nodes[0] else 0
+                node.store.put(o.header_cid, o.envelope)
+                header = open_update_header(o.envelope, run="bench", round_=round_)
+                headers[src.peer] = (o.header_cid, header)
+            node.aggregate(round_, headers, {})
+        assert len({n.state_cid for n in nodes}) == 1
+        losses.append(nodes[0].evaluate())
+    return losses, wire, str(nodes[0].state_cid)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--codec", nargs="+", choices=CODECS, default=list(CODECS))
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    torch.set_num_threads(1)
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="cnode-codec-loss-") as tmp:
+        for codec in args.codec:
+            began = time.perf_counter()
+            losses, wire, state = _run(codec, args.rounds, Path(tmp))
+            results[codec] = (losses, wire)
+            print(
+                f"{codec:>15}: loss per round {' '.join(f'{v:.4f}' for v in losses)}; "
+                f"fetched by one node {wire / 1e6:.2f} MB; {time.perf_counter() - began:.0f} s; "
+                f"final state {state[:16]}…"
+            )
+    if "f32" in results:
+        ref_loss, ref_wire = results["f32"][0][-1], results["f32"][1]
+        for codec, (losses, wire) in results.items():
+            print(
+                f"{codec:>15} vs f32 after {args.rounds} rounds: loss {losses[-1]:.4f} vs "
+                f"{ref_loss:.4f} ({(losses[-1] / ref_loss - 1) * 100:+.2f}%), bytes "
+                f"{wire / ref_wire:.3f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
