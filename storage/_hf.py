@@ -38,7 +38,7 @@ from ._cid import CID, DAG_CBOR, compute_cid
 from ._closure import missing_blocks
 from ._exceptions import CARError, CheckpointError, HFFolderError, ManifestError
 from ._manifest import DTYPES, CheckpointMeta, Layer, Manifest, check_layer_name
-from ._unixfs import build_view, recorded_root
+from ._unixfs import build_view, recorded_root, safetensors_header
 
 log = structlog.get_logger(__name__)
 
@@ -81,21 +81,10 @@ def export_hf(
         if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
             raise HFFolderError(f"{out_dir} exists and is not an empty folder")
         tmp.mkdir(parents=True)
-        header: dict[str, Any] = {
-            "__metadata__": {"format": "pt", "cnode_manifest": str(manifest_cid)}
-        }
-        offset = 0
-        for layer in manifest.layers:
-            header[layer.name] = {
-                "dtype": DTYPES[layer.dtype][1],
-                "shape": list(layer.shape),
-                "data_offsets": [offset, offset + layer.nbytes],
-            }
-            offset += layer.nbytes
-        head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-        head += b" " * (-len(head) % 8)  # safetensors aligns the data start to 8 bytes
+        metadata = {"format": "pt", "cnode_manifest": str(manifest_cid)}
+        prefix = safetensors_header(manifest.layers, metadata)
         with open(tmp / WEIGHTS, "wb") as f:
-            f.write(struct.pack("<Q", len(head)) + head)
+            f.write(prefix)
             for layer in manifest.layers:
                 for cid in layer.chunks:
                     data = store.get(cid)

@@ -55,12 +55,15 @@ def config_json(model_config: Mapping[str, Any]) -> bytes:
     return (json.dumps(model_config, indent=2, sort_keys=True) + "\n").encode("utf-8")
 
 
-def safetensors_header(layers: Sequence[Layer]) -> bytes:
+def safetensors_header(
+    layers: Sequence[Layer], metadata: Mapping[str, str] | None = None
+) -> bytes:
     """The safetensors prefix (8-byte length + JSON, padded to 8) for ``layers`` in order.
 
-    Metadata is ``{"format": "pt"}`` only: the file cannot name the manifest that names it.
+    The view's metadata is ``{"format": "pt"}`` only: the file cannot name the manifest that
+    names it. ``export --hf`` adds ``cnode_manifest`` (its folder sits beside the manifest).
     """
-    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
     offset = 0
     for layer in layers:
         header[layer.name] = {
@@ -70,7 +73,7 @@ def safetensors_header(layers: Sequence[Layer]) -> bytes:
         }
         offset += layer.nbytes
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
-    head += b" " * (-len(head) % 8)
+    head += b" " * (-len(head) % 8)  # safetensors aligns the data start to 8 bytes
     return struct.pack("<Q", len(head)) + head
 
 

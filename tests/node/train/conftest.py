@@ -1,4 +1,5 @@
-"""One torch thread per test here: the machine is shared, and two threads per process fight."""
+"""One torch thread per test here (the machine is shared, and two threads per process fight), and
+the swarms a test starts, each closed at its end whatever happened."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+
+from .swarm import Swarm
 
 
 @pytest.fixture(autouse=True)
@@ -16,3 +19,14 @@ def _one_torch_thread() -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture
+def swarms() -> Iterator[list[Swarm]]:
+    """Append each Swarm you start; every one is closed (its processes stopped) at the end."""
+    made: list[Swarm] = []
+    try:
+        yield made
+    finally:
+        for swarm in made:
+            swarm.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,15 +18,6 @@ from .swarm import Swarm, final_states
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture
-def swarms() -> Iterator[list[Swarm]]:
-    made: list[Swarm] = []
-    try:
-        yield made
-    finally:
-        for swarm in made:
-            swarm.close()
 
 
 def test_an_update_nobody_can_fetch_is_dropped_by_the_agreed_decision(

@@ -9,7 +9,6 @@ leaves (SIGTERM) and a node killed (SIGKILL) and restarted from its own store.
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,22 +22,13 @@ from .swarm import Swarm, final_states
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def swarm_factory(tmp_path: Path) -> Iterator[list[Swarm]]:
-    made: list[Swarm] = []
-    try:
-        yield made
-    finally:
-        for swarm in made:
-            swarm.close()
-
 
 def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
-    tmp_path: Path, swarm_factory: list[Swarm]
+    tmp_path: Path, swarms: list[Swarm]
 ) -> None:
     rounds = 5
     swarm = Swarm(tmp_path, ["a", "b", "c", "evil", "late"], min_participants=3)
-    swarm_factory.append(swarm)
+    swarms.append(swarm)
     a = swarm.start("a", rounds=rounds, checkpointer=True)
     b = swarm.start("b", rounds=rounds)
     c = swarm.start("c", rounds=rounds)
@@ -96,11 +86,11 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
 
 
 def test_a_node_leaves_and_a_killed_node_restarts_and_rejoins(
-    tmp_path: Path, swarm_factory: list[Swarm]
+    tmp_path: Path, swarms: list[Swarm]
 ) -> None:
     rounds = 5
     swarm = Swarm(tmp_path, ["a", "b", "c"], min_participants=2, round_timeout_s=8.0)
-    swarm_factory.append(swarm)
+    swarms.append(swarm)
     a = swarm.start("a", rounds=rounds, checkpointer=True)
     b = swarm.start("b", rounds=rounds)
     c = swarm.start("c", rounds=rounds)
