@@ -317,13 +317,21 @@ def test_nonfinite_tensors_are_refused_by_name(store: BlockStore, tmp_path: Path
 
 
 def test_nonfinite_tensors_imported_with_a_warning_when_allowed(
-    store: BlockStore, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    store: BlockStore,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import math
 
     import structlog
 
+    from cnode.storage import _hf
+
     structlog.configure(processors=[structlog.processors.JSONRenderer()])
+    # A logger made under this configuration: the module's own may be cached from an earlier
+    # test's configuration (cache_logger_on_first_use), and would print elsewhere.
+    monkeypatch.setattr(_hf, "log", structlog.get_logger(_hf.__name__))
     try:
         cid = import_hf(store, _nan_folder(tmp_path), allow_nonfinite=True)
     finally:
