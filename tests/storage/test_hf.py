@@ -323,14 +323,20 @@ def test_nonfinite_tensors_imported_with_a_warning_when_allowed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import math
+    import sys
 
     import structlog
 
     from cnode.storage import _hf
 
-    structlog.configure(processors=[structlog.processors.JSONRenderer()])
-    # A logger made under this configuration: the module's own may be cached from an earlier
-    # test's configuration (cache_logger_on_first_use), and would print elsewhere.
+    # Whatever an earlier test configured (a level filter, stderr): start from the defaults,
+    # print JSON lines to this test's captured stdout, with a logger made under it.
+    structlog.reset_defaults()
+    structlog.configure(
+        processors=[structlog.processors.JSONRenderer()],
+        logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+        cache_logger_on_first_use=False,
+    )
     monkeypatch.setattr(_hf, "log", structlog.get_logger(_hf.__name__))
     try:
         cid = import_hf(store, _nan_folder(tmp_path), allow_nonfinite=True)
