@@ -43,7 +43,7 @@ def _host(i: int) -> str:
     return f"10.77.0.{10 + i}"
 
 
-class Testbed:
+class Netbed:
     """The netbed hosts, the coordinator on host 0, and ``cnode train`` processes."""
 
     def __init__(self, tmp: Path, hosts: int, *, min_participants: int) -> None:
@@ -155,12 +155,12 @@ class Testbed:
 
 
 @pytest.fixture
-def testbed_factory(tmp_path: Path) -> Iterator[list[Testbed]]:
+def testbed_factory(tmp_path: Path) -> Iterator[list[Netbed]]:
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
         pytest.skip("network namespaces need root and iproute2 (ip, tc)")
     if not NETBED.exists():
         pytest.skip(f"{NETBED} is missing (../shared beside the checkout)")
-    made: list[Testbed] = []
+    made: list[Netbed] = []
     try:
         yield made
     finally:
@@ -169,10 +169,10 @@ def testbed_factory(tmp_path: Path) -> Iterator[list[Testbed]]:
 
 
 def test_four_hosts_agree_and_a_late_joiner_fetches_from_every_holder(
-    tmp_path: Path, testbed_factory: list[Testbed]
+    tmp_path: Path, testbed_factory: list[Netbed]
 ) -> None:
     rounds = 5
-    bed = Testbed(tmp_path, 5, min_participants=3)
+    bed = Netbed(tmp_path, 5, min_participants=3)
     testbed_factory.append(bed)
     bed.up(["a", "b", "c", "late"])
     bed.start("a", 1, "--checkpointer", rounds=rounds)
@@ -196,10 +196,10 @@ def test_four_hosts_agree_and_a_late_joiner_fetches_from_every_holder(
 
 
 def test_a_node_cut_off_from_its_peers_stops_with_a_clear_error(
-    tmp_path: Path, testbed_factory: list[Testbed]
+    tmp_path: Path, testbed_factory: list[Netbed]
 ) -> None:
     rounds = 12  # the others go on long enough for the cut-off node to try to catch up
-    bed = Testbed(tmp_path, 4, min_participants=2)
+    bed = Netbed(tmp_path, 4, min_participants=2)
     testbed_factory.append(bed)
     bed.up(["a", "b", "c"])
     bed.start("a", 1, "--checkpointer", rounds=rounds)
