@@ -59,16 +59,18 @@ def test_new_nodes_catch_up_from_a_gateway_when_no_peer_serves(
     (gateway,) = swarm.gateways
     holder, _addr = running.holder(a.home, "--open", "--gateway", gateway.removeprefix("http://"))
     assert holder.wait_line("gateway ") == f"gateway {gateway}"
+    # c and d start together: both catch up in the same second and join the same round, the
+    # case where, before the round's agreed input set, they missed each other's header.
     c = swarm.start("c", rounds=3)  # its gateway comes from the run config
-    swarm.wait("c's catch-up", lambda: bool(c.events("caught_up")), timeout=120)
-    (caught,) = c.events("caught_up")
-    assert caught["manifest"] == record.manifest and caught["source"] == "gateways", caught
-    assert caught["bytes_per_holder"][f"gateway:{gateway}"] > 0, caught
-    d = swarm.start("d", "--fetch-gateway", gateway, rounds=3)  # peers (c) first, then this
+    d = swarm.start("d", "--fetch-gateway", gateway, rounds=3)  # peers first, then this
     for node in (c, d):
         assert swarm.wait_exit(node, timeout=180) == 0, swarm.describe()
-    (caught,) = d.events("caught_up")
-    assert caught["manifest"] == record.manifest and caught["source"] in ("peers", "gateways")
+    caught_up = [n.events("caught_up")[0] for n in (c, d)]
+    assert all(e["manifest"] == record.manifest for e in caught_up), caught_up
+    # The first to catch up had only the gateway; the other may have had it from that one.
+    assert all(e["source"] in ("peers", "gateways") for e in caught_up), caught_up
+    from_gateway = [e for e in caught_up if e["source"] == "gateways"]
+    assert from_gateway and from_gateway[0]["bytes_per_holder"][f"gateway:{gateway}"] > 0
     finals = final_states([c, d])
     assert {r for r, _ in finals.values()} == {3}, finals
     assert len({cid for _, cid in finals.values()}) == 1, finals
