@@ -212,7 +212,7 @@ class _Session:
                 reporter=self.reporter,
                 client=client,
                 node=node,
-                topics=RunTopics(run, self.run_config.coordinator, self.headers, lambda s: None),
+                topics=RunTopics(run, self.run_config.coordinator, self.headers),
                 exchange=UpdateExchange(run, node.peer_id, node, self.headers, finder),
                 headers=self.headers,
                 catch_up=CatchUp(
@@ -228,7 +228,7 @@ class _Session:
                     gateways=tuple(
                         dict.fromkeys([*settings.fetch_gateways, *self.run_config.gateways])
                     ),
-                    connect_peers=lambda: _dial_state(client, finder),
+                    connect_peers=lambda: finder.dial_state(client),
                 ),
                 bans=self.bans,
                 every=self.every,
@@ -236,15 +236,16 @@ class _Session:
                 checkpointer=settings.checkpointer,
                 collect_timeout_s=self.run_config.rounds.collect_timeout_s,
             )
-            loop.topics.on_state = lambda state: loop.take_state(state, via="gossip")
             gateway = maybe_gateway(settings.gateway, self.store, node, self.reporter)
             async with gateway, trio.open_nursery() as nursery:
-                nursery.start_soon(loop.topics.run_all, node)
+                nursery.start_soon(
+                    loop.topics.run_all, node, partial(loop.take_state, via="gossip")
+                )
                 nursery.start_soon(
                     finder.follow,
                     client,
                     settings.bootstrap,
-                    lambda state: loop.take_state(state, via="poll"),
+                    partial(loop.take_state, via="poll"),
                 )
                 with trio.CancelScope() as rounds:
                     nursery.start_soon(self._leave_on_signal, rounds)
@@ -263,13 +264,3 @@ class _Session:
                 self.left = True
                 rounds.cancel()
                 return
-
-
-async def _dial_state(client: CoordinatorClient, finder: PeerFinder) -> None:
-    """Dial every peer the run state lists now (a joiner about to fetch a checkpoint)."""
-    state = await client.run_state()
-    addrs: dict[str, list[str]] = {}
-    for record in (state.last_round, state.round):
-        if record is not None:
-            addrs.update(record.addrs)
-    await finder.dial_listed(addrs)

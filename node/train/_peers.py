@@ -103,6 +103,15 @@ def advertised_addrs(
     return out[: coordinator_limits.MAX_PEER_ADDRS]
 
 
+def listed_addrs(state: RunState) -> dict[str, list[str]]:
+    """Peer -> addresses of everyone the state's current and last round list."""
+    addrs: dict[str, list[str]] = {}
+    for record in (state.last_round, state.round):
+        if record is not None:
+            addrs.update(record.addrs)
+    return addrs
+
+
 def _peer_of(address: str) -> str:
     return address.rsplit("/p2p/", 1)[-1]
 
@@ -155,6 +164,10 @@ class PeerFinder:
             self._backoff.pop(peer, None)
         await self.dial(addrs)
 
+    async def dial_state(self, client: CoordinatorClient) -> None:
+        """Dial every peer the run state lists now (a joiner about to fetch a checkpoint)."""
+        await self.dial_listed(listed_addrs(await client.run_state()))
+
     async def follow(
         self,
         client: CoordinatorClient,
@@ -172,8 +185,6 @@ class PeerFinder:
             wanted = dict(extra)
             for address in state.p2p_addrs:  # the coordinator's gossip node
                 wanted.setdefault(_peer_of(address), []).append(address)
-            for record in (state.last_round, state.round):
-                if record is not None:
-                    wanted.update(record.addrs)
+            wanted.update(listed_addrs(state))
             await self.dial(wanted)
             await trio.sleep(limits.DISCOVERY_POLL_S)

@@ -37,20 +37,19 @@ class RunTopics:
         run: str,
         coordinator: str,
         headers: HeaderCollector,
-        on_state: Callable[[RunState], None],
     ) -> None:
         self.run = run
         self.coordinator = coordinator
         self.headers = headers
-        self.on_state = on_state
         self._own: tuple[bytes, float] | None = None  # envelope, republish until (monotonic)
 
-    async def run_all(self, node: P2PNode) -> None:
-        """Run every subscription and the republisher until cancelled."""
+    async def run_all(self, node: P2PNode, on_state: Callable[[RunState], None]) -> None:
+        """Run every subscription and the republisher until cancelled; each signed run state
+        that arrives on gossip goes to ``on_state``."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain_headers, node)
             nursery.start_soon(self._republish_headers, node)
-            nursery.start_soon(self._follow_run_state, node)
+            nursery.start_soon(self._follow_run_state, node, on_state)
 
     async def publish_header(self, node: P2PNode, envelope: bytes) -> None:
         await node.publish(updates_topic(self.run), envelope)
@@ -76,7 +75,9 @@ class RunTopics:
                 except P2PError as exc:
                     log.info("header_republish_failed", error=str(exc))
 
-    async def _follow_run_state(self, node: P2PNode) -> None:
+    async def _follow_run_state(
+        self, node: P2PNode, on_state: Callable[[RunState], None]
+    ) -> None:
         """Take the coordinator's signed state from gossip as soon as it publishes it.
 
         Polling (PeerFinder) would see a ban within DISCOVERY_POLL_S; over gossip it stops a
@@ -91,4 +92,4 @@ class RunTopics:
                 except BadRunState as exc:  # signed, yet malformed: ignore it, polling goes on
                     log.warning("bad_run_state_on_gossip", error=str(exc))
                     continue
-                self.on_state(state)
+                on_state(state)
