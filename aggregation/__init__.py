@@ -26,6 +26,16 @@ from ._exceptions import NotEnoughUpdatesError as NotEnoughUpdatesError
 from ._exceptions import UpdateEncodingError as UpdateEncodingError
 from ._kernels import tree_sum as tree_sum
 from ._momentum import worker_momentum as worker_momentum
+from ._partition import PARTITION_TENSOR as PARTITION_TENSOR
+from ._partition import aggregate_partition as aggregate_partition
+from ._partition import assign_partitions as assign_partitions
+from ._partition import backup_aggregators as backup_aggregators
+from ._partition import combine_records as combine_records
+from ._partition import flat_segments as flat_segments
+from ._partition import partition_count as partition_count
+from ._partition import partition_segments as partition_segments
+from ._partition import segment_ranges as segment_ranges
+from ._partition import verification_choice as verification_choice
 from ._types import AGGREGATORS as AGGREGATORS
 from ._types import AggregationResult as AggregationResult
 from ._types import AggregatorConfig as AggregatorConfig
@@ -47,17 +57,27 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "BanRecommendation",
     "CODECS",
     "NotEnoughUpdatesError",
+    "PARTITION_TENSOR",
     "PeerRecord",
     "TensorSpec",
     "UpdateEncodingError",
     "aggregate",
+    "aggregate_partition",
     "alie_z",
+    "assign_partitions",
+    "backup_aggregators",
+    "combine_records",
     "decode_update_tensor",
     "encode_update_tensor",
     "encoded_nbytes",
+    "flat_segments",
     "flip_labels",
     "new_attack",
+    "partition_count",
+    "partition_segments",
+    "segment_ranges",
     "tree_sum",
     "validate_update",
+    "verification_choice",
     "worker_momentum",
 ]

@@ -27,6 +27,12 @@ TILE_WORK_ELEMENTS = 1 << 16
 # value. 4096 keeps the scales at 0.1% of the bytes (ratio to f32: 0.2510).
 CODEC_BLOCK = 4096
 
+# Partitioned aggregation (_partition.py, specs/aggregation.md "Partitioned aggregation"): the
+# flat update is cut into segments of SEGMENT_VALUES values, the unit a partition is made of and
+# the layer a partitioned update is stored as. Part of the result and of the update layout.
+# 2^18 values: 1 MiB of float32, 257 KiB of int8-blockwise (one 256 KiB chunk and a bit).
+SEGMENT_VALUES = 1 << 18
+
 # Most updates one aggregate() call accepts (the run's member list is bounded far below this).
 # Working memory is about 6 blocks of max(n x W, ...) float64: 48 MiB up to n = 1024.
 MAX_UPDATES = 4096
