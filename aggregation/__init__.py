@@ -35,6 +35,7 @@ from ._partition import flat_segments as flat_segments
 from ._partition import partition_count as partition_count
 from ._partition import partition_segments as partition_segments
 from ._partition import segment_ranges as segment_ranges
+from ._partition import unflatten_segments as unflatten_segments
 from ._partition import verification_choice as verification_choice
 from ._types import AGGREGATORS as AGGREGATORS
 from ._types import AggregationResult as AggregationResult
@@ -77,6 +78,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "partition_segments",
     "segment_ranges",
     "tree_sum",
+    "unflatten_segments",
     "validate_update",
     "verification_choice",
     "worker_momentum",

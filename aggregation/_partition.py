@@ -35,6 +35,7 @@ __all__ = [
     "partition_count",
     "partition_segments",
     "segment_ranges",
+    "unflatten_segments",
     "verification_choice",
 ]
 
@@ -42,11 +43,13 @@ __all__ = [
 PARTITION_TENSOR = "partition"
 
 
-def segment_ranges(numel: int, segment: int = limits.SEGMENT_VALUES) -> list[tuple[int, int]]:
-    """The [start, stop) value ranges of the segments of a flat vector of ``numel`` values."""
-    if numel < 1 or segment < 1:
-        raise AggregationInputError("segment_ranges needs numel >= 1 and segment >= 1")
-    return [(s, min(s + segment, numel)) for s in range(0, numel, segment)]
+def segment_ranges(numel: int, segments: int = limits.SEGMENTS) -> list[tuple[int, int]]:
+    """The [start, stop) value ranges of the segments of a flat vector of ``numel`` values:
+    ``min(segments, numel)`` contiguous ranges, segment ``i`` from ``i * numel // count``."""
+    if numel < 1 or segments < 1:
+        raise AggregationInputError("segment_ranges needs numel >= 1 and segments >= 1")
+    count = min(segments, numel)
+    return [(i * numel // count, (i + 1) * numel // count) for i in range(count)]
 
 
 def partition_count(members: int, segments: int) -> int:
@@ -57,18 +60,37 @@ def partition_count(members: int, segments: int) -> int:
 
 
 def partition_segments(segments: int, parts: int, part: int) -> range:
-    """The segment indices of partition ``part`` of ``parts``: contiguous, sizes differ by <= 1."""
+    """The segment indices of partition ``part`` of ``parts``: contiguous, sizes differ by <= 1.
+    A segment is the unit of work: partition ``p`` of an update is the layers of those
+    segments, a list of chunk CIDs anyone can fetch."""
     if not 0 <= part < parts <= segments:
         raise AggregationInputError(f"partition {part} of {parts} over {segments} segments")
     return range(part * segments // parts, (part + 1) * segments // parts)
 
 
 def flat_segments(
-    tensors: Mapping[str, torch.Tensor], segment: int = limits.SEGMENT_VALUES
+    tensors: Mapping[str, torch.Tensor], segments: int = limits.SEGMENTS
 ) -> list[torch.Tensor]:
     """The segments of ``tensors`` read as one flat float32 vector (sorted names, row-major)."""
     flat = torch.cat([tensors[n].detach().reshape(-1).to(torch.float32) for n in sorted(tensors)])
-    return [flat[a:b].contiguous() for a, b in segment_ranges(flat.numel(), segment)]
+    return [flat[a:b].contiguous() for a, b in segment_ranges(flat.numel(), segments)]
+
+
+def unflatten_segments(
+    segments: Sequence[torch.Tensor], shapes: Mapping[str, tuple[int, ...]]
+) -> dict[str, torch.Tensor]:
+    """The inverse of :func:`flat_segments`: name -> float32 tensor of ``shapes[name]``."""
+    flat = torch.cat([s.reshape(-1) for s in segments]) if segments else torch.empty(0)
+    want = sum(math.prod(shape) for shape in shapes.values())
+    if flat.numel() != want:
+        raise AggregationInputError(f"segments hold {flat.numel()} values, the shapes {want}")
+    out: dict[str, torch.Tensor] = {}
+    offset = 0
+    for name in sorted(shapes):
+        n = math.prod(shapes[name])
+        out[name] = flat[offset : offset + n].reshape(shapes[name]).clone()
+        offset += n
+    return out
 
 
 def _rank(run: str, round_: int, peer: str) -> bytes:

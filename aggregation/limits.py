@@ -28,10 +28,12 @@ TILE_WORK_ELEMENTS = 1 << 16
 CODEC_BLOCK = 4096
 
 # Partitioned aggregation (_partition.py, specs/aggregation.md "Partitioned aggregation"): the
-# flat update is cut into segments of SEGMENT_VALUES values, the unit a partition is made of and
-# the layer a partitioned update is stored as. Part of the result and of the update layout.
-# 2^18 values: 1 MiB of float32, 257 KiB of int8-blockwise (one 256 KiB chunk and a bit).
-SEGMENT_VALUES = 1 << 18
+# flat update is cut into SEGMENTS segments of equal size (within one value), the unit a
+# partition is made of and the layer an update is stored as. A fixed count, not a fixed size, so
+# that a round's partition count min(members, SEGMENTS) follows from its member list alone (the
+# coordinator assigns partitions without knowing the model). Part of the result and of the update
+# layout. 64: partitions of 16 members differ by no segment, of 3 members by one in 21.
+SEGMENTS = 64
 
 # Most updates one aggregate() call accepts (the run's member list is bounded far below this).
 # Working memory is about 6 blocks of max(n x W, ...) float64: 48 MiB up to n = 1024.
