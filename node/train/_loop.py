@@ -42,10 +42,12 @@ from ._trainer import NodeTrainer
 
 __all__ = ["NODE_ATTACKS", "TrainSettings", "run_node"]
 
-# Testing aids (``--attack``) that act on the network rather than on the update: "withhold"
-# publishes its header and says ready, then serves its update to nobody (an update no member can
-# fetch, which the round's agreed decision must drop on every node).
-NODE_ATTACKS = ("withhold",)
+# Testing aids (``--attack``) that act on the network or the aggregation rather than on the
+# update: "withhold" publishes its header and says ready, then serves its update to nobody (an
+# update no member can fetch, which the round's agreed decision must drop on every node) and, as
+# a partition's aggregator, never publishes its result (a backup takes the partition over);
+# "wrong_partition" signs a wrong partition result (caught, recomputed and banned).
+NODE_ATTACKS = ("withhold", "wrong_partition")
 
 log = structlog.get_logger(__name__)
 
@@ -101,7 +103,7 @@ async def run_node(settings: TrainSettings) -> int:
             run=settings.run,
             identity=identity,
             store=store,
-            attack=None if settings.attack in NODE_ATTACKS else settings.attack,
+            attack=settings.attack,
         )
     )
     session = _Session(settings, run_config, identity, store, trainer, reporter, login)
