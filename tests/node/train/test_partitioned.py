@@ -114,7 +114,7 @@ def test_signed_result_round_trips_and_forgeries_are_refused(tmp_path: Path) -> 
     assert opened == result
     with pytest.raises(PeerUpdateError, match="signed by"):
         open_partition_result(envelope, run=RUN, round_=1, signer=nodes[0].peer)
-    with pytest.raises(PeerUpdateError, match="round 2|for round 1"):
+    with pytest.raises(PeerUpdateError, match=r"for round 1"):
         open_partition_result(envelope, run=RUN, round_=2)
     with pytest.raises(ValueError, match="signed by the aggregator it names"):
         seal_partition_result(nodes[0].identity, result)  # type: ignore[arg-type]
@@ -144,7 +144,7 @@ def test_wrong_result_is_proved_wrong_by_its_evidence(tmp_path: Path) -> None:
     with pytest.raises(PartitionEvidenceError, match="root"):
         other, _ = results[1]
         check_partition_evidence(car, str(other), run=RUN, round_=1, partition=0, training=training)
-    with pytest.raises(PartitionEvidenceError, match="unreadable|truncated"):
+    with pytest.raises(PartitionEvidenceError, match=r"unreadable|truncated"):
         check_partition_evidence(
             car[:-7], str(cid), run=RUN, round_=1, partition=0, training=training
         )
