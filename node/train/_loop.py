@@ -34,6 +34,7 @@ from ._exchange import UpdateExchange
 from ._gateway import maybe_gateway
 from ._headers import HeaderCollector
 from ._membership import leave_round
+from ._partition_exchange import PartitionedExchange
 from ._peers import PeerFinder, advertised_addrs
 from ._report import Reporter
 from ._rounds import RoundLoop
@@ -208,6 +209,7 @@ class _Session:
                 await client.join(addrs=addrs)
             self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
             finder = PeerFinder(node, refused=lambda peer: peer in self.bans)
+            exchange = UpdateExchange(run, node.peer_id, node, self.headers, finder)
             loop = RoundLoop(
                 run_id=run,
                 trainer=self.trainer,
@@ -215,7 +217,15 @@ class _Session:
                 client=client,
                 node=node,
                 topics=RunTopics(run, self.run_config.coordinator, self.headers),
-                exchange=UpdateExchange(run, node.peer_id, node, self.headers, finder),
+                exchange=exchange,
+                partitioned=PartitionedExchange(
+                    self.trainer,
+                    node,
+                    client,
+                    exchange,
+                    backup_step_s=self.run_config.rounds.backup_step_s,
+                    withhold=settings.attack == "withhold",
+                ),
                 headers=self.headers,
                 catch_up=CatchUp(
                     run=run,

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 import torch
 
+from cnode._cbor import decode as decode_cbor
 from cnode.aggregation import (
     AggregatorConfig,
     NotEnoughUpdatesError,
@@ -59,6 +60,7 @@ __all__ = [
     "PartitionWork",
     "aggregate_own_partition",
     "apply_partitions",
+    "envelope_type",
     "open_partition_result",
     "partition_result_cid",
     "recompute_partition",
@@ -172,6 +174,21 @@ def _text(value: object, bad: Any) -> str:
     if not isinstance(value, str) or len(value) > limits.MAX_REASON_CHARS:
         raise bad("a reason is not a string within MAX_REASON_CHARS")
     return value
+
+
+def envelope_type(envelope: bytes) -> str | None:
+    """The payload type an envelope claims (unverified: for choosing how to open it)."""
+    try:
+        value = decode_cbor(
+            bytes(envelope),
+            max_size=limits.MAX_PARTITION_RESULT_BYTES,
+            max_depth=8,
+            max_items=4 * limits.MAX_PARTITION_MEMBERS + 64,
+        )
+    except ValueError:  # CBORError: not an envelope any reader would open
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    return kind if isinstance(kind, str) else None
 
 
 def seal_partition_result(identity: Identity, result: PartitionResult) -> bytes:

@@ -157,3 +157,18 @@ def test_wrong_result_is_proved_wrong_by_its_evidence(tmp_path: Path) -> None:
     short = car[: len(car) // 2]
     with pytest.raises(PartitionEvidenceError):
         check_partition_evidence(short, str(cid), run=RUN, round_=1, partition=0, training=training)
+
+
+@pytest.mark.slow
+def test_a_partitioned_checkpoint_replays(tmp_path: Path) -> None:
+    from cnode.node.train import replay_checkpoint
+
+    nodes = [_node(tmp_path, i, MEAN) for i in range(3)]
+    results = _partitioned_round(nodes, 3)
+    outputs = {p: r.output for p, (_, r) in results.items()}  # type: ignore[attr-defined]
+    for node in nodes:
+        node.apply_partitions(1, results, outputs, parts=3, dropped={})  # type: ignore[arg-type]
+    manifest = nodes[0].store_checkpoint()
+    _copy_all(nodes[0].store, nodes[1].store)
+    report = replay_checkpoint(nodes[1].store, manifest)
+    assert report.rounds == (1,) and report.state_cid == nodes[0].state_cid
