@@ -46,7 +46,7 @@ from ._partitioned import (
 from ._round import UpdateHeader, segment_layer
 from ._trainer import NodeTrainer, RoundOutcome
 
-__all__ = ["PartitionedExchange"]
+__all__ = ["PartitionedExchange", "fetch_update_segments"]
 
 log = structlog.get_logger(__name__)
 
@@ -200,24 +200,7 @@ class PartitionedExchange:
     async def _fetch_segments(
         self, update: CID, indices: Sequence[int], holders: Sequence[str]
     ) -> int:
-        """The manifest nodes of ``update`` and the chunks of segments ``indices``: only what a
-        partition needs. Returns the bytes fetched."""
-        store = self.node.store
-        fetched = 0
-        for _ in range(4):  # root, layer pages, chunk pages: at most three levels
-            nodes = [c for c in missing_blocks(store, update) if c.codec == DAG_CBOR]
-            if not store.has(update):
-                nodes = [update]
-            if not nodes:
-                break
-            fetched += (await self.node.fetch_blocks(nodes, holders=holders)).bytes
-        manifest = read_manifest(store, update)
-        names = {segment_layer(i) for i in indices}
-        chunks = [c for layer in manifest.layers if layer.name in names for c in layer.chunks]
-        wanted = [c for c in chunks if not store.has(c)]
-        if wanted:
-            fetched += (await self.node.fetch_blocks(wanted, holders=holders)).bytes
-        return fetched
+        return await fetch_update_segments(self.node, update, indices, holders)
 
     # -- waiting for results, backups ---------------------------------------------------------
 
@@ -415,3 +398,26 @@ class PartitionedExchange:
     async def _fetch_output(self, state: _Round, output: CID, holders: list[str]) -> None:
         report = await self.node.fetch(output, holders=holders)
         state.bytes_in += report.bytes
+
+
+async def fetch_update_segments(
+    node: P2PNode, update: CID, indices: Sequence[int], holders: Sequence[str]
+) -> int:
+    """Fetch the manifest nodes of ``update`` and the chunks of its segments ``indices``: only
+    what a partition needs, every block verified. Returns the bytes fetched."""
+    store = node.store
+    fetched = 0
+    for _ in range(4):  # root, layer pages, chunk pages: at most three levels
+        nodes = [update] if not store.has(update) else []
+        if not nodes:
+            nodes = [c for c in missing_blocks(store, update) if c.codec == DAG_CBOR]
+        if not nodes:
+            break
+        fetched += (await node.fetch_blocks(nodes, holders=holders)).bytes
+    manifest = read_manifest(store, update)
+    names = {segment_layer(i) for i in indices}
+    chunks = [c for layer in manifest.layers if layer.name in names for c in layer.chunks]
+    wanted = [c for c in chunks if not store.has(c)]
+    if wanted:
+        fetched += (await node.fetch_blocks(wanted, holders=holders)).bytes
+    return fetched
