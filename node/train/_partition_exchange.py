@@ -9,9 +9,10 @@ Message by message (specs/training.md#partitioned-rounds):
 2. **Back up.** Past the round's collect deadline, a partition without a result passes to its
    backups in a fixed order, one every ``backup_step_s``; a backup aggregates it the same way.
 3. **Verify.** Once every partition has a recorded result, the seed (sha256 over the recorded
-   result CIDs) picks VERIFY_PARTITIONS other partitions this node recomputes. A result that
-   differs goes to the coordinator as self-proving evidence (a CAR); the coordinator recomputes
-   it, bans the signer and records the right output. The node then reports op ``checked``.
+   result CIDs) picks ``training.verify_partitions`` other partitions this node recomputes. A
+   result that differs goes to the coordinator as self-proving evidence (a CAR); the coordinator
+   recomputes it, bans the signer and records the right output. Then the node reports
+   ``checked``.
 4. **Assemble.** The agreed round names each partition's output (the recomputed one where a
    result was wrong); the node fetches them and adds them to its state.
 """
@@ -286,7 +287,9 @@ class PartitionedExchange:
             "\n".join(sorted(e.header for e in recorded.results.values())).encode()
         ).digest()
         own = [p for p, (_, r) in results.items() if r.peer == me]
-        chosen = verification_choice(seed, me, info.parts, limits.VERIFY_PARTITIONS, own)
+        chosen = verification_choice(
+            seed, me, info.parts, self.trainer.config.verify_partitions, own
+        )
         wrong: list[int] = []
         for partition in chosen:
             if partition not in results:
