@@ -119,12 +119,14 @@ def start_server(settings: ServeSettings) -> Running:
     return Running(server, url, settings.identity, loop, thread)
 
 
-def run_config(peers: list[Identity], **rounds: Any) -> RunConfig:
+def run_config(peers: list[Identity], *, partitioned: str = "never", **rounds: Any) -> RunConfig:
+    """A test run; full replication unless ``partitioned`` says otherwise (``auto``, ``always``)."""
     defaults: dict[str, Any] = {"min_participants": 2, "round_timeout_s": 30.0}
     return RunConfig(
         run="test-run",
         rounds=RoundsConfig(**(defaults | rounds)),
         access=AccessConfig(peers=[p.peer_id_str for p in peers]),
+        training={"partitioned": partitioned},
     )
 
 

@@ -78,9 +78,7 @@ def run_state() -> RunState:
         agreed=[PEER.peer_id_str],
         excluded={},
     )
-    current = RoundInfo(
-        "demo", 3, 0, RoundStatus.CLOSED, [], 2, 1, 1_795_300_060_000, addrs=addrs
-    )
+    current = RoundInfo("demo", 3, 0, RoundStatus.CLOSED, [], 2, 1, 1_795_300_060_000, addrs=addrs)
     return RunState(
         run="demo",
         coordinator=COORDINATOR.peer_id_str,
@@ -152,4 +150,3 @@ if __name__ == "__main__":
     for name, text in generate().items():
         (FIXTURES / name).write_text(text + "\n")
         print("wrote", FIXTURES / name)
-
