@@ -56,6 +56,8 @@ class Running:
         return payload
 
     def stop(self) -> None:
+        if not self.thread.is_alive():
+            return  # stopped already (a test that restarts on the same database)
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
