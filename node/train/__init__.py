@@ -21,6 +21,7 @@ from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
 from ._exceptions import MalformedUpdateError as MalformedUpdateError
 from ._exceptions import MissingUpdatesError as MissingUpdatesError
+from ._exceptions import PartitionEvidenceError as PartitionEvidenceError
 from ._exceptions import PeerUpdateError as PeerUpdateError
 from ._exceptions import ReplayMismatchError as ReplayMismatchError
 from ._exceptions import RoundStalledError as RoundStalledError
@@ -37,6 +38,16 @@ from ._loop import run_node as run_node
 from ._model import build_model as build_model
 from ._model import load_state as load_state
 from ._model import model_state as model_state
+from ._partition_evidence import PartitionVerdict as PartitionVerdict
+from ._partition_evidence import build_partition_evidence as build_partition_evidence
+from ._partition_evidence import check_partition_evidence as check_partition_evidence
+from ._partition_evidence import model_numel as model_numel
+from ._partition_exchange import fetch_update_segments as fetch_update_segments
+from ._partitioned import PARTITION_RESULT_TYPE as PARTITION_RESULT_TYPE
+from ._partitioned import PartitionResult as PartitionResult
+from ._partitioned import open_partition_result as open_partition_result
+from ._partitioned import partition_result_cid as partition_result_cid
+from ._partitioned import seal_partition_result as seal_partition_result
 from ._replay_fetch import ReplayInputs as ReplayInputs
 from ._replay_fetch import fetch_replay_inputs as fetch_replay_inputs
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
@@ -62,6 +73,10 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "ModelConfig",
     "NODE_ATTACKS",
     "NodeTrainer",
+    "PARTITION_RESULT_TYPE",
+    "PartitionEvidenceError",
+    "PartitionResult",
+    "PartitionVerdict",
     "PeerUpdateError",
     "ReplayInputs",
     "ReplayMismatchError",
@@ -78,16 +93,23 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "UpdateHeader",
     "aggregate_round",
     "build_model",
+    "build_partition_evidence",
+    "check_partition_evidence",
     "check_signed_updates",
     "evaluate",
     "fetch_replay_inputs",
+    "fetch_update_segments",
     "header_cid",
     "load_state",
+    "model_numel",
     "model_state",
+    "open_partition_result",
     "open_update_header",
+    "partition_result_cid",
     "replay_checkpoint",
     "run_demo",
     "run_node",
+    "seal_partition_result",
     "seal_update_header",
     "state_cid",
     "state_cid_from_layers",

@@ -37,6 +37,15 @@ from . import limits
 from ._config import TrainingConfig
 from ._exceptions import CatchUpError, PeerUpdateError, ReplayMismatchError, TrainingConfigError
 from ._model import State, build_model, model_state
+from ._partitioned import (
+    PARTITION_RESULT_TYPE,
+    PartitionResult,
+    apply_partitions,
+    envelope_type,
+    open_partition_result,
+    recompute_partition,
+    state_numel,
+)
 from ._round import UpdateHeader, aggregate_round, load_update, open_update_header
 from ._state import layer_chunk_cids, state_cid
 
@@ -47,6 +56,7 @@ __all__ = [
     "SignedUpdates",
     "check_signed_updates",
     "genesis_state",
+    "open_signed_record",
     "read_checkpoint_info",
     "replay_checkpoint",
     "replay_rounds",
@@ -164,13 +174,17 @@ def replay_rounds(
     replayed state of the round before is a :class:`ReplayMismatchError`.
     """
     by_round: dict[int, list[tuple[CID, UpdateHeader]]] = defaultdict(list)
+    partitions: dict[int, dict[int, tuple[CID, PartitionResult]]] = defaultdict(dict)
     for cid in headers:
         try:
             envelope = store.get(cid)
         except StorageError as exc:
             raise CatchUpError(f"signed update header {cid} is not available: {exc}") from exc
-        header = open_update_header(envelope, run=run)
-        by_round[header.round].append((cid, header))
+        record = open_signed_record(envelope, run=run)
+        if isinstance(record, PartitionResult):
+            partitions[record.round][record.partition] = (cid, record)
+        else:
+            by_round[record.round].append((cid, record))
     if not by_round:
         return parent, []
     rounds = sorted(by_round)
@@ -180,6 +194,10 @@ def replay_rounds(
         raise ReplayMismatchError(f"{len(rounds)} rounds to replay > MAX_REPLAY_ROUNDS")
     state, logs = parent, []
     for number in rounds:
+        if partitions.get(number):
+            state, entry = _replay_partitioned(store, state, number, partitions[number], config)
+            logs.append(entry)
+            continue
         base = state_cid(state)
         updates: dict[str, State] = {}
         for _cid, header in sorted(by_round[number], key=lambda item: item[1].peer):
@@ -204,6 +222,58 @@ def replay_rounds(
         logs.append(RoundLog(number, result.state_cid, cids, result.aggregation.params))
         log.info("round_replayed", round=number, updates=len(updates), state=str(result.state_cid))
     return state, logs
+
+
+def _replay_partitioned(
+    store: BlockStore,
+    state: State,
+    number: int,
+    results: Mapping[int, tuple[CID, PartitionResult]],
+    config: TrainingConfig,
+) -> tuple[State, RoundLog]:
+    """Recompute every partition of round ``number`` from its inputs, then assemble.
+
+    The recomputation, not the signed output, is applied: it is what the swarm applied when a
+    verifier caught a wrong result. A wrong result nobody caught makes the replayed state differ
+    from the checkpoint's, and the replay fails, naming the layer.
+    """
+    base = state_cid(state)
+    parts = {r.parts for _, r in results.values()}
+    if len(parts) != 1:
+        raise ReplayMismatchError(f"round {number}: partition results disagree on the count")
+    (count,) = parts
+    numel = state_numel(state)
+    outputs: dict[int, CID | None] = {}
+    for partition, (_cid, result) in sorted(results.items()):
+        if result.base != base:
+            raise ReplayMismatchError(
+                f"round {number}: partition {partition} was aggregated on {result.base}, "
+                f"but the replayed parent state is {base}"
+            )
+        try:
+            work = recompute_partition(store, result, config=config, numel=numel)
+        except PeerUpdateError as exc:
+            raise CatchUpError(f"round {number} partition {partition}: {exc}") from exc
+        if work.output != result.output:
+            log.warning(
+                "replay_partition_differs",
+                round=number,
+                partition=partition,
+                signed=str(result.output),
+                recomputed=str(work.output),
+            )
+        outputs[partition] = work.output
+    new = apply_partitions(store, state, outputs, parts=count, config=config)
+    cids = tuple(sorted((cid for cid, _ in results.values()), key=str))
+    log.info("round_replayed", round=number, partitions=len(results), state=str(state_cid(new)))
+    return new, RoundLog(number, state_cid(new), cids, {"parts": count})
+
+
+def open_signed_record(envelope: bytes, *, run: str) -> UpdateHeader | PartitionResult:
+    """A signed record a checkpoint names: an update header, or a partition result."""
+    if envelope_type(envelope) == PARTITION_RESULT_TYPE:
+        return open_partition_result(envelope, run=run)
+    return open_update_header(envelope, run=run)
 
 
 @dataclass(frozen=True)
@@ -293,7 +363,7 @@ def check_signed_updates(store: BlockStore, manifest: Manifest) -> SignedUpdates
             absent += 1  # missing or corrupt: storage's verify already reports it
             continue
         try:
-            header = open_update_header(envelope, run=meta.run_id)
+            header = open_signed_record(envelope, run=meta.run_id)
         except PeerUpdateError as exc:
             faults.append((cid, exc.reason))
             continue

@@ -129,6 +129,11 @@ class DataConfig:
     eval_sequences: int = 64  # held-out sequences (the same on every node) for the loss report
 
 
+# training.partitioned values; "auto" partitions rounds of at least PARTITION_MIN_MEMBERS.
+PARTITION_MODES = ("auto", "always", "never")
+PARTITION_MIN_MEMBERS = 3
+
+
 @dataclass(frozen=True)
 class TrainingConfig:
     """Everything that must be equal on all nodes of a run for their rounds to agree."""
@@ -148,6 +153,11 @@ class TrainingConfig:
     # meant (old runs, and the extra.training of their checkpoints, which replay reads); new
     # runs (`cnode demo`, bench/round.py, the README's run config) write "int8-blockwise".
     update_codec: str = "f32"
+    # Partitioned rounds (specs/training.md#partitioned-rounds): "auto" partitions a round whose
+    # published member list has at least PARTITION_MIN_MEMBERS members, "always" every round,
+    # "never" none (full replication: every member aggregates everything). The coordinator reads
+    # this key and decides each round's partition count when it publishes the member list.
+    partitioned: str = "auto"
 
     @property
     def samples_per_round(self) -> int:
@@ -199,6 +209,11 @@ class TrainingConfig:
         if self.update_codec not in CODECS:
             raise TrainingConfigError(
                 f"training.update_codec {self.update_codec!r} is not one of {', '.join(CODECS)}"
+            )
+        if self.partitioned not in PARTITION_MODES:
+            raise TrainingConfigError(
+                f"training.partitioned {self.partitioned!r} is not one of "
+                f"{', '.join(PARTITION_MODES)}"
             )
         if not (self.lr > 0 and self.outer_lr > 0):
             raise TrainingConfigError("training.lr and outer_lr must be > 0")

@@ -23,6 +23,7 @@ __all__ = [
     "CatchUpError",
     "MalformedUpdateError",
     "MissingUpdatesError",
+    "PartitionEvidenceError",
     "PeerUpdateError",
     "ReplayMismatchError",
     "RoundStalledError",
@@ -111,3 +112,8 @@ class BannedError(TrainingError):
     Its peers refuse its block requests and updates from then on; the message carries the
     coordinator's reason (as ``cnode status`` shows it).
     """
+
+
+class PartitionEvidenceError(TrainingError):
+    """Evidence about a partition result cannot be checked: malformed, incomplete or not the
+    named result (the message says which)."""

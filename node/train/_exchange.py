@@ -116,7 +116,7 @@ class UpdateExchange:
         cid = CID.parse(want)
         failure = "no attempt finished"
         for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self._holders(info, member, everyone or attempt > 0)
+            holders = self.holders_for(info, member, everyone=everyone or attempt > 0)
             try:
                 header = await self._header(info, member, cid, holders, got)
                 if header is None:
@@ -135,11 +135,23 @@ class UpdateExchange:
             log.info("update_fetch_retry", member=member[-8:], attempt=attempt, error=failure)
             await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
 
-    def _holders(self, info: RoundInfo, member: str, everyone: bool) -> list[str]:
+    def holders_for(self, info: RoundInfo, member: str, *, everyone: bool) -> list[str]:
+        """Whom to ask for ``member``'s blocks: the member, and with ``everyone`` every
+        connected member too."""
         if not everyone:
             return [member]
         connected = set(self.node.connected_peers())
         return [member] + [p for p in info.members if p in connected and p not in (member, self.me)]
+
+    async def fetch_header(
+        self, info: RoundInfo, member: str, holders: Sequence[str]
+    ) -> tuple[CID, UpdateHeader] | None:
+        """``member``'s signed header as the round record names it, verified; None if invalid.
+        Raises FetchError/P2PError when it cannot be had."""
+        cid = CID.parse(info.headers[member])
+        got = Collected({}, {}, {})
+        header = await self._header(info, member, cid, holders, got)
+        return None if header is None else (cid, header)
 
     async def _header(
         self, info: RoundInfo, member: str, cid: CID, holders: Sequence[str], got: Collected

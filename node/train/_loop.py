@@ -34,6 +34,7 @@ from ._exchange import UpdateExchange
 from ._gateway import maybe_gateway
 from ._headers import HeaderCollector
 from ._membership import leave_round
+from ._partition_exchange import PartitionedExchange
 from ._peers import PeerFinder, advertised_addrs
 from ._report import Reporter
 from ._rounds import RoundLoop
@@ -42,10 +43,12 @@ from ._trainer import NodeTrainer
 
 __all__ = ["NODE_ATTACKS", "TrainSettings", "run_node"]
 
-# Testing aids (``--attack``) that act on the network rather than on the update: "withhold"
-# publishes its header and says ready, then serves its update to nobody (an update no member can
-# fetch, which the round's agreed decision must drop on every node).
-NODE_ATTACKS = ("withhold",)
+# Testing aids (``--attack``) that act on the network or the aggregation rather than on the
+# update: "withhold" publishes its header and says ready, then serves its update to nobody (an
+# update no member can fetch, which the round's agreed decision must drop on every node) and, as
+# a partition's aggregator, never publishes its result (a backup takes the partition over);
+# "wrong_partition" signs a wrong partition result (caught, recomputed and banned).
+NODE_ATTACKS = ("withhold", "wrong_partition")
 
 log = structlog.get_logger(__name__)
 
@@ -101,7 +104,7 @@ async def run_node(settings: TrainSettings) -> int:
             run=settings.run,
             identity=identity,
             store=store,
-            attack=None if settings.attack in NODE_ATTACKS else settings.attack,
+            attack=settings.attack,
         )
     )
     session = _Session(settings, run_config, identity, store, trainer, reporter, login)
@@ -206,6 +209,7 @@ class _Session:
                 await client.join(addrs=addrs)
             self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
             finder = PeerFinder(node, refused=lambda peer: peer in self.bans)
+            exchange = UpdateExchange(run, node.peer_id, node, self.headers, finder)
             loop = RoundLoop(
                 run_id=run,
                 trainer=self.trainer,
@@ -213,7 +217,15 @@ class _Session:
                 client=client,
                 node=node,
                 topics=RunTopics(run, self.run_config.coordinator, self.headers),
-                exchange=UpdateExchange(run, node.peer_id, node, self.headers, finder),
+                exchange=exchange,
+                partitioned=PartitionedExchange(
+                    self.trainer,
+                    node,
+                    client,
+                    exchange,
+                    backup_step_s=self.run_config.rounds.backup_step_s,
+                    withhold=settings.attack == "withhold",
+                ),
                 headers=self.headers,
                 catch_up=CatchUp(
                     run=run,

@@ -17,9 +17,9 @@ import trio
 from cnode.node.p2p import FetchReport, P2PNode
 from cnode.storage import CID, StorageError
 
-from ._checkpoint import read_checkpoint_info
+from ._checkpoint import open_signed_record, read_checkpoint_info
 from ._exceptions import CatchUpError, PeerUpdateError
-from ._round import open_update_header
+from ._round import UpdateHeader
 
 __all__ = ["ReplayInputs", "fetch_replay_inputs"]
 
@@ -56,9 +56,11 @@ async def fetch_replay_inputs(node: P2PNode, manifest: CID, holders: Sequence[st
         reports.append(await node.fetch_blocks(info.headers, holders))
         for cid in info.headers:
             try:
-                updates.append(open_update_header(node.store.get(cid), run=info.run).update)
+                record = open_signed_record(node.store.get(cid), run=info.run)
             except PeerUpdateError as exc:
                 raise CatchUpError(f"signed update header {cid}: {exc}") from exc
+            if isinstance(record, UpdateHeader):  # partition results name their inputs' headers
+                updates.append(record.update)
     limiter = trio.CapacityLimiter(_PARALLEL_UPDATES)
 
     async def fetch_update(update: CID) -> None:

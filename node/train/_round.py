@@ -7,7 +7,7 @@ See specs/training.md#a-round.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +22,9 @@ from cnode.aggregation import (
     aggregate,
     decode_update_tensor,
     encode_update_tensor,
+    flat_segments,
+    segment_ranges,
+    unflatten_segments,
 )
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
@@ -29,9 +32,11 @@ from cnode.storage import (
     DAG_CBOR,
     BlockStore,
     CheckpointMeta,
+    Manifest,
     StorageError,
     compute_cid,
-    load_checkpoint,
+    load_layer,
+    read_manifest,
     save_checkpoint,
 )
 
@@ -43,21 +48,27 @@ from ._state import state_cid
 
 __all__ = [
     "UPDATE_HEADER_TYPE",
+    "UPDATE_LAYOUT",
     "RoundResult",
     "UpdateHeader",
     "aggregate_round",
     "encode_update",
     "expected_specs",
     "header_cid",
+    "load_segments",
     "load_update",
     "open_update_header",
     "seal_update_header",
+    "segment_layer",
     "store_update",
 ]
 
 log = structlog.get_logger(__name__)
 
 UPDATE_HEADER_TYPE = "cnode/update-header/v1"
+# How an update manifest lays out its values (specs/training.md#update-layout): the flat update
+# cut into segments, one layer each. Recorded in the manifest's ``extra.layout``.
+UPDATE_LAYOUT = "segments/v1"
 
 
 @dataclass(frozen=True)
@@ -135,28 +146,42 @@ def open_update_header(
     return header
 
 
-def encode_update(delta: State, codec: str) -> tuple[State, State]:
-    """``delta`` encoded with ``codec`` (what is stored) and what every receiver decodes from it.
+def segment_layer(index: int) -> str:
+    """The manifest layer name of segment ``index`` of an update (``segment.007``)."""
+    return f"segment.{index:03d}"
 
-    The difference ``delta - decoded`` is the sender's quantization residual (error feedback,
-    specs/training.md#error-feedback).
+
+def encode_update(delta: State, codec: str) -> tuple[list[torch.Tensor], State]:
+    """``delta`` as encoded segments (what is stored) and what every receiver decodes from it.
+
+    The delta is read as one flat float32 vector (sorted names, row-major) cut into the run's
+    segments (``cnode.aggregation.segment_ranges``); each segment is encoded on its own, so a
+    partition of the update is a set of layers anyone can fetch and decode apart. The difference
+    ``delta - decoded`` is the sender's quantization residual (specs/training.md#error-feedback).
     """
-    encoded: State = {}
-    decoded: State = {}
-    for name in sorted(delta):
-        tensor = delta[name].to(torch.float32).contiguous()
-        encoded[name] = encode_update_tensor(tensor, codec)
-        decoded[name] = decode_update_tensor(encoded[name], codec, tuple(tensor.shape))
-    return encoded, decoded
+    segments = flat_segments({n: t.to(torch.float32) for n, t in delta.items()})
+    encoded = [encode_update_tensor(seg, codec) for seg in segments]
+    decoded = [
+        decode_update_tensor(e, codec, (seg.numel(),))
+        for e, seg in zip(encoded, segments, strict=True)
+    ]
+    shapes = {name: tuple(t.shape) for name, t in delta.items()}
+    return encoded, unflatten_segments(decoded, shapes)
 
 
 def store_update(
-    store: BlockStore, encoded: State, *, run: str, round_: int, base: CID, codec: str = "f32"
+    store: BlockStore,
+    encoded: Sequence[torch.Tensor],
+    *,
+    run: str,
+    round_: int,
+    base: CID,
+    codec: str = "f32",
 ) -> CID:
-    """Store an encoded update as blocks (a ``kind="update"`` manifest); return the manifest CID.
+    """Store encoded segments as an update manifest (``kind="update"``); return its CID.
 
-    ``encoded`` is what :func:`encode_update` made with ``codec`` (for ``f32``, the delta
-    itself); the manifest records the codec (``extra.codec``), so the update manifest CID that
+    Layer ``segment.NNN`` holds segment NNN as :func:`encode_update` made it with ``codec``;
+    ``extra`` records the base state, the codec and the layout, so the update manifest CID that
     the signed header names covers the compressed bytes and how to read them.
     """
     meta = CheckpointMeta(
@@ -169,9 +194,68 @@ def store_update(
         model_config=None,
         tokenizer_files=None,
         aggregation=None,
-        extra={"base": str(base), "codec": codec},
+        extra={"base": str(base), "codec": codec, "layout": UPDATE_LAYOUT},
     )
-    return save_checkpoint(store, encoded, meta)
+    return save_checkpoint(store, {segment_layer(i): t for i, t in enumerate(encoded)}, meta)
+
+
+def _update_manifest(store: BlockStore, cid: CID, peer: str, codec: str) -> Manifest:
+    try:
+        manifest = read_manifest(store, cid)
+    except StorageError as exc:
+        raise PeerUpdateError(peer, f"update {cid} unreadable: {exc}") from exc
+    if manifest.kind != "update":
+        raise PeerUpdateError(peer, f"manifest {cid} is a {manifest.kind!r}, not an update")
+    extra = manifest.extra or {}
+    used = extra.get("codec", "f32")
+    if used != codec:
+        raise MalformedUpdateError(
+            peer, f"update {cid} is encoded with {used!r}, the run uses {codec!r}"
+        )
+    if extra.get("layout") != UPDATE_LAYOUT:
+        raise MalformedUpdateError(
+            peer, f"update {cid} has layout {extra.get('layout')!r}, not {UPDATE_LAYOUT!r}"
+        )
+    return manifest
+
+
+def load_segments(
+    store: BlockStore,
+    cid: CID,
+    *,
+    peer: str,
+    codec: str,
+    numel: int,
+    indices: Sequence[int],
+) -> dict[int, torch.Tensor]:
+    """Decode segments ``indices`` of the update at ``cid`` (a state of ``numel`` values).
+
+    Only those layers' chunks must be in ``store`` (and the manifest's nodes). Raises
+    MalformedUpdateError when the update breaks the layout (a layer missing, extra or of the
+    wrong length, a bad encoding): bytes that prove the sender wrong, like NaN.
+    """
+    manifest = _update_manifest(store, cid, peer, codec)
+    ranges = segment_ranges(numel)
+    names = {layer.name: layer for layer in manifest.layers}
+    want = {segment_layer(i) for i in range(len(ranges))}
+    if set(names) != want:
+        odd = sorted(set(names) ^ want)[:3]
+        raise MalformedUpdateError(
+            peer, f"update {cid} layers differ from the {len(ranges)} segments: {odd}"
+        )
+    out: dict[int, torch.Tensor] = {}
+    for i in indices:
+        start, stop = ranges[i]
+        layer = names[segment_layer(i)]
+        try:
+            encoded = load_layer(store, layer)
+        except StorageError as exc:
+            raise PeerUpdateError(peer, f"update {cid} segment {i} unreadable: {exc}") from exc
+        try:
+            out[i] = decode_update_tensor(encoded, codec, (stop - start,))
+        except UpdateEncodingError as exc:
+            raise MalformedUpdateError(peer, f"update {cid} segment {i}: {exc}") from exc
+    return out
 
 
 def load_update(
@@ -180,41 +264,19 @@ def load_update(
     *,
     peer: str,
     codec: str = "f32",
-    shapes: Mapping[str, torch.Tensor] | None = None,
+    shapes: Mapping[str, torch.Tensor],
 ) -> State:
-    """Read an update manifest from ``store`` and decode it; PeerUpdateError if it is bad.
+    """Read a whole update and decode it to float32 tensors of ``shapes``' names and shapes.
 
-    The manifest must be a ``kind="update"`` manifest whose ``extra.codec`` (absent: ``f32``) is
-    the run's ``codec``. Each layer named in ``shapes`` (the parent state) is decoded to float32
-    of that tensor's shape (required for ``bf16`` and ``int8-blockwise``); other layers are
-    passed on as stored, for :func:`aggregate` to reject by name. ``f32`` tensors are returned
-    as stored: :func:`aggregate` checks them as it always did.
+    PeerUpdateError when it cannot be read; MalformedUpdateError (ban evidence) when it breaks
+    the codec or the layout. Non-finite values pass: :func:`aggregate` rejects them by name.
     """
-    try:
-        tensors, manifest = load_checkpoint(store, cid)
-    except StorageError as exc:
-        raise PeerUpdateError(peer, f"update {cid} unreadable: {exc}") from exc
-    if manifest.kind != "update":
-        raise PeerUpdateError(peer, f"manifest {cid} is a {manifest.kind!r}, not an update")
-    used = (manifest.extra or {}).get("codec", "f32")
-    if used != codec:
-        raise MalformedUpdateError(
-            peer, f"update {cid} is encoded with {used!r}, the run uses {codec!r}"
-        )
-    if codec == "f32":
-        return tensors  # float32 as stored: aggregate() checks names, shapes, dtype, finiteness
-    if shapes is None:
-        raise ValueError(f"decoding a {codec} update needs the expected shapes")
-    decoded: State = {}
-    for name in sorted(tensors):
-        if name not in shapes:
-            decoded[name] = tensors[name]
-            continue
-        try:
-            decoded[name] = decode_update_tensor(tensors[name], codec, tuple(shapes[name].shape))
-        except UpdateEncodingError as exc:
-            raise MalformedUpdateError(peer, f"update {cid} layer {name!r}: {exc}") from exc
-    return decoded
+    numel = sum(t.numel() for t in shapes.values())
+    segments = load_segments(
+        store, cid, peer=peer, codec=codec, numel=numel, indices=range(len(segment_ranges(numel)))
+    )
+    flat = [segments[i] for i in sorted(segments)]
+    return unflatten_segments(flat, {name: tuple(t.shape) for name, t in shapes.items()})
 
 
 def expected_specs(state: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:

@@ -22,8 +22,8 @@ import trio
 from cnode.aggregation import BanRecommendation
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo, RunState
-from cnode.node.p2p import P2PNode
-from cnode.storage import CID
+from cnode.node.p2p import FetchError, P2PError, P2PNode
+from cnode.storage import CID, StorageError
 
 from . import limits
 from ._agreement import agree_on_checkpoint
@@ -33,11 +33,12 @@ from ._exceptions import CatchUpError, MissingUpdatesError, RoundStalledError
 from ._exchange import UpdateExchange
 from ._headers import HeaderCollector
 from ._membership import leave_round
+from ._partition_exchange import PartitionedExchange
 from ._report import Reporter
 from ._round import UpdateHeader
 from ._telemetry import catch_up_report, round_report, send_report
 from ._topics import RunTopics
-from ._trainer import NodeTrainer, OwnUpdate
+from ._trainer import NodeTrainer, OwnUpdate, RoundOutcome
 
 __all__ = ["RoundLoop"]
 
@@ -55,6 +56,7 @@ class RoundLoop:
     node: P2PNode
     topics: RunTopics
     exchange: UpdateExchange
+    partitioned: PartitionedExchange
     headers: HeaderCollector
     catch_up: CatchUp
     bans: KnownBans
@@ -111,16 +113,23 @@ class RoundLoop:
         t_publish = time.monotonic() - began + own.seconds_store
         info = await self._wait_members(round_)
         began = time.monotonic()
-        agreed = await self._exchange(info, own)
-        t_fetch = time.monotonic() - began
-        if agreed is None:
-            self.current_round = None  # the next round starts with a catch-up
-            return False
-        headers, dropped = agreed
-        trainer.check_agreement(round_, {peer: header for peer, (_, header) in headers.items()})
-        began = time.monotonic()
-        outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)
-        t_aggregate = time.monotonic() - began
+        if info.parts:
+            outcome = await self._play_partitioned(info)
+            t_fetch, t_aggregate = time.monotonic() - began, 0.0
+            if outcome is None:
+                self.current_round = None  # the next round starts with a catch-up
+                return False
+        else:
+            agreed = await self._exchange(info, own)
+            t_fetch = time.monotonic() - began
+            if agreed is None:
+                self.current_round = None  # the next round starts with a catch-up
+                return False
+            headers, dropped = agreed
+            trainer.check_agreement(round_, {peer: header for peer, (_, header) in headers.items()})
+            began = time.monotonic()
+            outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)
+            t_aggregate = time.monotonic() - began
         self.gave_up = None
         self.headers.forget_before(round_)  # this round's headers are in the store now
         self.current_round = None
@@ -173,6 +182,19 @@ class RoundLoop:
             f"round {round_}: no member list after {limits.MEMBERS_WAIT_S:g} s "
             f"(coordinator: {waiting or 'no reason given'})"
         )
+
+    async def _play_partitioned(self, info: RoundInfo) -> RoundOutcome | None:
+        """A partitioned round (``_partition_exchange``); None when this node must catch up."""
+        try:
+            outcome = await self.partitioned.play(info)
+        except (FetchError, P2PError, StorageError) as exc:
+            # An agreed output this node cannot fetch: it must not assemble anything else.
+            log.warning("round_given_up", round=info.round, error=str(exc))
+            self.reporter.event("round_given_up", round=info.round, missing={"outputs": str(exc)})
+            self.gave_up = MissingUpdatesError(info.round, [], {"outputs": str(exc)})
+            return None
+        self.bans.check_not_banned(self.trainer.peer, self.run_id)
+        return outcome
 
     async def _exchange(
         self, info: RoundInfo, own: OwnUpdate

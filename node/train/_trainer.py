@@ -17,7 +17,14 @@ from typing import Any
 import structlog
 import torch
 
-from cnode.aggregation import ATTACKS, BanPolicy, BanRecommendation, PeerRecord
+from cnode.aggregation import (
+    ATTACKS,
+    AggregationResult,
+    BanPolicy,
+    BanRecommendation,
+    PeerRecord,
+    combine_records,
+)
 from cnode.auth import Identity
 from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
 
@@ -32,6 +39,14 @@ from ._exceptions import (
 )
 from ._local import LocalResult, evaluate, train_local
 from ._model import State, build_model
+from ._partitioned import (
+    PartitionResult,
+    aggregate_own_partition,
+    apply_partitions,
+    seal_partition_result,
+    state_numel,
+    store_wrong_output,
+)
 from ._residual import Residual, drop_residual, load_residual, save_residual
 from ._round import (
     RoundResult,
@@ -103,7 +118,7 @@ class NodeTrainer:
         self.store = store
         self.data = TextData.build(config.data, config.model)
         self.model = build_model(config)
-        self.attack = ATTACKS[attack] if attack else None
+        self.attack = ATTACKS.get(attack or "")
         self.attack_name = attack
         self._rng = torch.Generator().manual_seed(config.seed + 1)
         self.bans = BanPolicy()
@@ -268,6 +283,108 @@ class NodeTrainer:
             round_,
             result,
             tuple(sorted(updates)),
+            dropped,
+            bans,
+            time.perf_counter() - began,
+        )
+
+    # -- a partitioned round (specs/training.md#partitioned-rounds) ---------------------------
+
+    def aggregate_partition(
+        self,
+        round_: int,
+        headers: Mapping[str, tuple[CID, UpdateHeader]],
+        *,
+        partition: int,
+        parts: int,
+        missing: Mapping[str, str],
+        backup_for: str | None = None,
+    ) -> tuple[bytes, PartitionResult]:
+        """Aggregate this node's partition of the updates ``headers`` name (their partition's
+        segments in the store), store the output and sign the result; return both."""
+        work = aggregate_own_partition(
+            self.store,
+            {m: h for m, (_, h) in headers.items()},
+            run=self.run,
+            round_=round_,
+            partition=partition,
+            parts=parts,
+            numel=state_numel(self.state),
+            base=self.state_cid,
+            config=self.config,
+        )
+        output = work.output
+        if self.attack_name == "wrong_partition" and output is not None:
+            # Testing aid (`--attack wrong_partition`): sign an output its inputs do not give.
+            output = store_wrong_output(self.store, output, self.config.update_codec)
+        result = PartitionResult(
+            self.run,
+            round_,
+            partition,
+            parts,
+            self.peer,
+            self.state_cid,
+            {m: cid for m, (cid, _) in headers.items()},
+            work.rejected,
+            {**missing, **work.skipped},
+            output,
+            {m: (float(r.distance or 0.0), r.clip_weight) for m, r in work.records.items()},
+            backup_for,
+        )
+        return seal_partition_result(self.identity, result), result
+
+    def apply_partitions(
+        self,
+        round_: int,
+        results: Mapping[int, tuple[CID, PartitionResult]],
+        outputs: Mapping[int, CID | None],
+        *,
+        parts: int,
+        dropped: dict[str, str],
+    ) -> RoundOutcome:
+        """Assemble the round's state from the partitions' outputs (blocks in the store).
+
+        ``results``: the recorded, checked result of each partition that has one; ``outputs``:
+        what each partition applies (the result's output, or the coordinator's recomputation
+        when the result was found wrong). Ban evidence comes from the combined records.
+        """
+        began = time.perf_counter()
+        if round_ != self.round + 1:
+            raise StateMismatchError(
+                f"asked to assemble round {round_} on the state of {self.round}"
+            )
+        new = apply_partitions(self.store, self.state, outputs, parts=parts, config=self.config)
+        new_cid = state_cid(new)
+        per_partition = []
+        update_cids: dict[str, str] = {}
+        inputs: set[CID] = set()
+        for p in sorted(results):
+            _, result = results[p]
+            records = {m: PeerRecord(m, d, c, None) for m, (d, c) in result.records.items()}
+            records.update(
+                {m: PeerRecord(m, None, None, why) for m, why in result.rejected.items()}
+            )
+            per_partition.append(records)
+            inputs.update(result.inputs.values())
+        combined = combine_records(per_partition)
+        for _, result in results.values():
+            dropped.update({m: why for m, why in result.missing.items() if m not in combined})
+            for m, cid in result.inputs.items():
+                update_cids.setdefault(m, str(cid))
+        bans = self.bans.observe(round_, combined, update_cids)
+        members = tuple(sorted(m for m, r in combined.items() if r.rejected is None))
+        dropped.update({m: r.rejected or "" for m, r in combined.items() if r.rejected})
+        cids = tuple(sorted((cid for cid, _ in results.values()), key=str))
+        cids += tuple(sorted(inputs, key=str))
+        params = {"parts": parts, "partitions": len(results), "members": len(members)}
+        self.state, self.state_cid, self.round = new, new_cid, round_
+        self.since_checkpoint.append(RoundLog(round_, new_cid, cids, params))
+        log.info("round_assembled", round=round_, state=str(new_cid), parts=parts)
+        nothing = AggregationResult({}, combined, params)
+        return RoundOutcome(
+            round_,
+            RoundResult(new, new_cid, nothing),
+            members,
             dropped,
             bans,
             time.perf_counter() - began,

@@ -67,3 +67,20 @@ HEADER_CHECK_S = 1.0
 # Seconds a node spends sending one dashboard report (held-out loss, catch-up) to the
 # coordinator; past it the report is dropped: the dashboard is not worth delaying a round.
 REPORT_WAIT_S = 5.0
+
+# Partitioned rounds (_partitioned.py, _partition_exchange.py; specs/training.md).
+# Most members a partition result lists (inputs, rejections, records): the round's member cap.
+MAX_PARTITION_MEMBERS = MAX_ROUND_MEMBERS
+MAX_PEER_ID_CHARS = 128  # a peer id in a partition result
+MAX_REASON_CHARS = 512  # one rejection or missing reason in a partition result
+# A signed partition result: ~200 bytes per member at most, for MAX_PARTITION_MEMBERS.
+MAX_PARTITION_RESULT_BYTES = 96 * 1024
+# Partitions each member recomputes per round, chosen after every result is out.
+VERIFY_PARTITIONS = 2
+# How long a node waits for the round's results to be recorded (past the collect deadline the
+# backups take over, each BACKUP_STEP later), and for the agreed record after its check.
+RESULTS_WAIT_S = 300.0
+# Evidence of a wrong partition result (a CAR, specs/training.md#verification): the partition's
+# segments of every input plus manifests; the coordinator refuses more (its own limit is equal).
+MAX_EVIDENCE_BYTES = 256 * 1024 * 1024
+MAX_EVIDENCE_BLOCKS = 1_000_000

@@ -22,7 +22,12 @@ from cnode.node.train import (
     TrainingConfigError,
     replay_checkpoint,
 )
-from cnode.node.train._round import load_update, open_update_header, store_update
+from cnode.node.train._round import (
+    encode_update,
+    load_update,
+    open_update_header,
+    store_update,
+)
 from cnode.node.train._trainer import NodeTrainer, OwnUpdate
 from cnode.storage import BlockStore, manifest_closure, read_manifest
 
@@ -110,24 +115,13 @@ def test_malformed_and_foreign_codec_updates_are_left_out_and_reported(tmp_path:
     # Node 2 sends an f32 update in an int8 run; node 3 an int8 layer cut one byte short.
     shapes = nodes[2].state
     f32 = {k: torch.zeros_like(t) for k, t in shapes.items()}
-    for bad, (tensors, codec) in enumerate(
-        [
-            (f32, "f32"),
-            (
-                {
-                    k: torch.zeros(
-                        4 * ((t.numel() + 4095) // 4096) + t.numel() - 1, dtype=torch.uint8
-                    )
-                    for k, t in shapes.items()
-                },
-                "int8-blockwise",
-            ),
-        ],
-        start=2,
+    short = [e[:-1] for e in encode_update(f32, "int8-blockwise")[0]]
+    for bad, (segments, codec) in enumerate(
+        [(encode_update(f32, "f32")[0], "f32"), (short, "int8-blockwise")], start=2
     ):
         node = nodes[bad]
         cid = store_update(
-            node.store, tensors, run="r1", round_=1, base=node.state_cid, codec=codec
+            node.store, segments, run="r1", round_=1, base=node.state_cid, codec=codec
         )
         with pytest.raises(MalformedUpdateError):
             load_update(node.store, cid, peer=node.peer, codec="int8-blockwise", shapes=shapes)

@@ -19,7 +19,6 @@ from .swarm import Swarm, final_states
 pytestmark = pytest.mark.slow
 
 
-
 def test_an_update_nobody_can_fetch_is_dropped_by_the_agreed_decision(
     tmp_path: Path, swarms: list[Swarm]
 ) -> None:

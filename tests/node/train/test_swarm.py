@@ -22,7 +22,6 @@ from .swarm import Swarm, final_states
 pytestmark = pytest.mark.slow
 
 
-
 def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     tmp_path: Path, swarms: list[Swarm]
 ) -> None:
