@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import structlog
 import tomli_w
@@ -25,7 +27,13 @@ from cnode.node.coordinator import (
     RunConfig,
     load_run_config,
 )
-from cnode.node.coordinator.server import CoordinatorServer, ServeSettings, StateGossip
+from cnode.node.coordinator.server import (
+    BadEvidence,
+    CoordinatorServer,
+    PartitionVerdict,
+    ServeSettings,
+    StateGossip,
+)
 from cnode.node.p2p import P2PSettings
 
 log = structlog.get_logger(__name__)
@@ -95,6 +103,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="int8-blockwise",
         help="how updates travel: training.update_codec (default int8-blockwise, 0.25x f32)",
     )
+    new.add_argument(
+        "--partitioned",
+        choices=("auto", "always", "never"),  # cnode.node.coordinator PARTITIONED_MODES
+        default="auto",
+        help="training.partitioned: partitioned rounds from 3 members (auto), whenever there "
+        "is a member (always), or full replication (never)",
+    )
     new.add_argument("--peer", action="append", default=[], help="allowlist a peer id")
     new.add_argument("--user", action="append", default=[], help="allowlist an HF username")
     new.add_argument("--org", action="append", default=[], help="allowlist an HF org")
@@ -119,6 +134,28 @@ def _listen(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def check_evidence(
+    car: bytes,
+    header: str,
+    *,
+    run: str,
+    round_: int,
+    partition: int,
+    training: Mapping[str, Any],
+) -> PartitionVerdict:
+    """The coordinator's evidence checker: the training package's recomputation of one
+    partition (imported on first use: it pulls torch), its evidence errors as BadEvidence."""
+    from cnode.node.train import PartitionEvidenceError, check_partition_evidence
+
+    try:
+        verdict: PartitionVerdict = check_partition_evidence(
+            car, header, run=run, round_=round_, partition=partition, training=training
+        )
+    except PartitionEvidenceError as exc:
+        raise BadEvidence(str(exc)) from exc
+    return verdict
+
+
 def _serve(args: argparse.Namespace) -> int:
     config = load_run_config(args.run_config)
     host, port = _listen(args.listen)
@@ -131,6 +168,7 @@ def _serve(args: argparse.Namespace) -> int:
         host=host,
         port=port,
         hf_endpoint=args.hf_endpoint,
+        evidence_checker=check_evidence,
     )
     p2p = None
     if args.p2p_listen:
@@ -192,7 +230,7 @@ def _new_run(args: argparse.Namespace) -> int:
         ),
         access=AccessConfig(users=args.user, peers=args.peer, orgs=args.org),
         network=NetworkConfig(allow_private_addrs=args.allow_private_addrs),
-        training={"update_codec": args.update_codec},
+        training={"update_codec": args.update_codec, "partitioned": args.partitioned},
     )
     config.check()
     args.out.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")

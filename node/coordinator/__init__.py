@@ -15,7 +15,6 @@ from ._addrs import check_peer_addrs as check_peer_addrs
 from ._addrs import is_private_addr as is_private_addr
 from ._addrs import parse_peer_addr as parse_peer_addr
 from ._client import CoordinatorClient as CoordinatorClient
-from ._client import SyncCoordinatorClient as SyncCoordinatorClient
 from ._client import verify_state_envelope as verify_state_envelope
 from ._config import AccessConfig as AccessConfig
 from ._config import NetworkConfig as NetworkConfig
@@ -38,10 +37,12 @@ from ._protocol import BanRecord as BanRecord
 from ._protocol import BanReport as BanReport
 from ._protocol import CheckpointRecord as CheckpointRecord
 from ._protocol import JoinResult as JoinResult
+from ._protocol import PartitionResultEntry as PartitionResultEntry
 from ._protocol import Phase as Phase
 from ._protocol import RoundInfo as RoundInfo
 from ._protocol import RoundStatus as RoundStatus
 from ._protocol import RunState as RunState
+from ._sync_client import SyncCoordinatorClient as SyncCoordinatorClient
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",
@@ -57,6 +58,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "JoinResult",
     "NetworkConfig",
     "PEER_ONLY_USERNAME",
+    "PartitionResultEntry",
     "Phase",
     "REQUEST_TYPE",
     "RateLimited",

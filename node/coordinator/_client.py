@@ -1,4 +1,5 @@
-"""Clients of the coordinator API: :class:`CoordinatorClient` (async) and a sync one for the CLI.
+"""The async client of the coordinator API, :class:`CoordinatorClient` (the sync one for the CLI
+is ``_sync_client.py``).
 
 Both sign every request with the node's identity, number them with a strictly increasing counter
 (replay protection), and verify every state they read against the pinned coordinator peer id:
@@ -40,7 +41,7 @@ from ._protocol import (
     b64encode,
 )
 
-__all__ = ["CoordinatorClient", "SyncCoordinatorClient", "verify_state_envelope"]
+__all__ = ["CoordinatorClient", "verify_state_envelope"]
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
@@ -49,6 +50,8 @@ T = TypeVar("T")
 _TOKEN_REFRESH_S = 60.0
 # HTTP timeouts: a long poll holds the connection up to MAX_LONG_POLL_S.
 _HTTP_TIMEOUT = httpx.Timeout(10.0, read=limits.MAX_LONG_POLL_S + 10.0)
+# Evidence: the upload and the coordinator's recomputation of one partition.
+_EVIDENCE_TIMEOUT = httpx.Timeout(10.0, read=limits.EVIDENCE_READ_TIMEOUT_S, write=60.0)
 
 
 def verify_state_envelope(data: bytes, *, run: str, coordinator: str) -> dict[str, Any]:
@@ -340,6 +343,73 @@ class CoordinatorClient:
         (verified, whole); the coordinator decides the round's input set from the reports."""
         await self._post(Op.COLLECTED, {"round": round, "missing": sorted(missing)}, token=True)
 
+    # -- partitioned rounds (specs/coordinator.md#partitioned-rounds) ----------------------------
+
+    async def result(self, round: int, *, partition: int, header: str) -> None:
+        """Record this node's signed partition result header (its CID) for ``partition``.
+
+        Refused (``CoordinatorRejected``) with ``not_your_partition`` when this node is neither
+        the partition's aggregator nor a backup whose time has come, and ``result_recorded``
+        when another header stands for it (the message names it)."""
+        args = {"round": round, "partition": partition, "header": str(header)}
+        await self._post(Op.RESULT, args, token=True)
+
+    async def checked(self, round: int, *, wrong: Sequence[int]) -> None:
+        """Report the partitions this node recomputed and found wrong (usually none), after
+        every partition of ``round`` has a result; send evidence for each wrong one first."""
+        await self._post(Op.CHECKED, {"round": round, "wrong": sorted(set(wrong))}, token=True)
+
+    async def partition_evidence(
+        self, round: int, *, partition: int, header: str, output: str, car: bytes
+    ) -> dict[str, Any]:
+        """Send the evidence (a CAR v1 of the blocks) that the recorded result ``header`` of
+        ``partition``, which names ``output``, is wrong. The coordinator recomputes it: the
+        answer is ``{"banned": True, "recomputed": CID, "replaced": bool}``; a correct result is
+        refused 409 ``result_correct``, malformed evidence 400 ``bad_evidence``."""
+        if len(car) > limits.MAX_EVIDENCE_BYTES:
+            raise CoordinatorRejected(413, "too_large", "evidence over MAX_EVIDENCE_BYTES")
+        if self._core.needs_rejoin():
+            await self.join(**self._core._join_args)
+        args = {"round": round, "partition": partition, "header": str(header)}
+        args["output"] = str(output)
+        tail = f"rounds/{round}/partitions/{partition}/evidence"
+
+        async def once() -> dict[str, Any]:
+            for attempt in range(2):
+                async with self._lock:
+                    body = self._core.request_body(Op.WRONG_RESULT, args, with_token=True)
+                    try:
+                        response = await self._http.post(
+                            self._core.path(tail),
+                            content=car,
+                            headers={
+                                "X-Cnode-Request": body["envelope"],
+                                "Content-Type": "application/vnd.ipld.car",
+                            },
+                            timeout=_EVIDENCE_TIMEOUT,
+                        )
+                    except httpx.HTTPError as exc:
+                        raise _map_transport(exc, self._core.url) from exc
+                try:
+                    return self._core.answer(response)
+                except CoordinatorRejected as exc:
+                    if not self._core.retry_replayed(exc, attempt):
+                        raise
+            raise AssertionError("unreachable: the second attempt returns or raises")
+
+        return await self._retrying(str(Op.WRONG_RESULT), once)
+
+    async def wait_results(self, round: int) -> RoundInfo:
+        """Wait until every partition of ``round`` has a recorded result, or the round is
+        agreed, and return the record (at once for a published full-replication round). Bound
+        it yourself."""
+        while True:
+            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="results")
+            done = info.listed and len(info.results) >= info.parts
+            if done or info.status is RoundStatus.AGREED:
+                return info
+            await anyio.sleep(0)
+
     # -- reads (verified) -----------------------------------------------------------------------
 
     async def run_state(self) -> RunState:
@@ -349,7 +419,8 @@ class CoordinatorClient:
         self, round: int, *, wait_s: float = 0.0, until: str = "published"
     ) -> RoundInfo:
         """The round's signed record; with ``wait_s`` the server holds until it is published
-        (``until="published"``) or its input set is agreed (``until="agreed"``)."""
+        (``until="published"``), its input set is agreed (``until="agreed"``), or every
+        partition has a result (``until="results"``)."""
         wait = f"{min(max(wait_s, 0.0), limits.MAX_LONG_POLL_S):g}"
         body = await self._get(f"rounds/{round}", {"wait": wait, "until": until})
         info = RoundInfo.from_payload(self._core.signed(body))
@@ -418,79 +489,3 @@ class CoordinatorClient:
     async def admin(self, action: str, **args: Any) -> dict[str, Any]:
         """An admin action (the identity must be the coordinator's key or an admin key)."""
         return await self._post(Op.ADMIN, {"action": action, **args}, token=False)
-
-
-class SyncCoordinatorClient:
-    """Blocking client for CLI commands: state reads, joins and admin actions."""
-
-    def __init__(self, url: str, *, run: str, coordinator: str, identity: Identity) -> None:
-        self._core = _Core(url, run, coordinator, identity)
-        self._http = httpx.Client(timeout=_HTTP_TIMEOUT)
-
-    def __enter__(self) -> SyncCoordinatorClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        self._http.close()
-
-    def _send(self, method: str, tail: str, **kw: Any) -> dict[str, Any]:
-        try:
-            response = self._http.request(method, self._core.path(tail), **kw)
-        except httpx.HTTPError as exc:
-            raise _map_transport(exc, self._core.url) from exc
-        return self._core.answer(response)
-
-    def run_state(self) -> RunState:
-        return self._core.run_state(self._send("GET", "state"))
-
-    def checkpoints(self, *, after: int = -1) -> list[CheckpointRecord]:
-        """Every recorded checkpoint of a round > ``after``, oldest first (all pages)."""
-        out: list[CheckpointRecord] = []
-        while True:
-            params = {"after": str(after), "limit": str(limits.MAX_CHECKPOINT_PAGE)}
-            page = self._core.checkpoints(self._send("GET", "checkpoints", params=params), after)
-            out += page
-            if len(page) < limits.MAX_CHECKPOINT_PAGE:
-                return out
-            after = page[-1].round
-
-    def join(self, *, hf_binding: bytes | None = None, hf_token: str | None = None) -> JoinResult:
-        args: dict[str, Any] = {}
-        if hf_binding is not None or hf_token is not None:
-            args = {"hf_binding": hf_binding, "hf_token": hf_token}
-        self._core.joined = JoinResult.from_json(self._signed("join", Op.JOIN, args))
-        return self._core.joined
-
-    def admin(self, action: str, **args: Any) -> dict[str, Any]:
-        return self._signed("admin", Op.ADMIN, {"action": action, **args})
-
-    def _signed(self, tail: str, op: Op, args: dict[str, Any]) -> dict[str, Any]:
-        for attempt in range(2):
-            body = self._core.request_body(op, args, with_token=False)
-            try:
-                return self._send("POST", tail, json=body)
-            except CoordinatorRejected as exc:
-                if not self._core.retry_replayed(exc, attempt):
-                    raise
-        raise AssertionError("unreachable: the second attempt returns or raises")
-
-    def allowlist_add(self, value: str, *, kind: str = "user") -> bool:
-        return bool(self.admin("allowlist.add", kind=kind, value=value)["changed"])
-
-    def allowlist_remove(self, value: str, *, kind: str = "user") -> bool:
-        return bool(self.admin("allowlist.remove", kind=kind, value=value)["changed"])
-
-    def allowlist(self) -> list[dict[str, Any]]:
-        return list(self.admin("allowlist.ls")["allowlist"])
-
-    def ban(self, peer: str, reason: str) -> None:
-        self.admin("ban", peer=peer, reason=reason)
-
-    def unban(self, peer: str) -> None:
-        self.admin("unban", peer=peer)
-
-    def log(self, *, after: int = 0, limit: int = limits.MAX_LOG_PAGE) -> list[dict[str, Any]]:
-        return list(self.admin("log", after=after, limit=limit)["log"])

@@ -16,7 +16,19 @@ from urllib.parse import urlsplit
 from . import limits
 from ._exceptions import RunConfigError
 
-__all__ = ["AccessConfig", "NetworkConfig", "RoundsConfig", "RunConfig", "load_run_config"]
+__all__ = [
+    "PARTITIONED_MODES",
+    "AccessConfig",
+    "NetworkConfig",
+    "RoundsConfig",
+    "RunConfig",
+    "load_run_config",
+]
+
+# training.partitioned: "auto" = partitioned when the published member list has at least
+# PARTITIONED_AUTO_MEMBERS members, "always" = whenever it has one, "never" = full replication.
+PARTITIONED_MODES = ("auto", "always", "never")
+PARTITIONED_AUTO_MEMBERS = 3
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,12 @@ class RoundsConfig:
     # After a round's list is published, how long members have to fetch its updates and report
     # what they hold (op `collected`) before the round's input set is decided without the rest.
     collect_timeout_s: float = 90.0
+    # Partitioned rounds: after the collect deadline, backup k of a partition without a result
+    # may submit it from collect deadline + k x backup_step_s (k < MAX_PARTITION_BACKUPS).
+    backup_step_s: float = 15.0
+    # Partitioned rounds: once every partition has a result, how long members have to recompute
+    # their chosen partitions and report `checked` before the round is agreed without the rest.
+    verify_timeout_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -88,6 +106,17 @@ class RunConfig:
             d["access"].pop(key)
         return d
 
+    @property
+    def partitioned(self) -> str:
+        """The run's ``training.partitioned`` mode (the one training key the coordinator reads)."""
+        return str(self.training.get("partitioned", "auto"))
+
+    def partition_rounds(self, members: int) -> bool:
+        """Whether a round published with ``members`` members is partitioned."""
+        mode = self.partitioned
+        least = {"auto": PARTITIONED_AUTO_MEMBERS, "always": 1}.get(mode)
+        return least is not None and members >= least
+
     @classmethod
     def from_dict(cls, raw: Any) -> RunConfig:
         """Build and check; raise :class:`RunConfigError` naming the bad setting."""
@@ -126,6 +155,14 @@ class RunConfig:
         if not 0 < r.collect_timeout_s <= limits.MAX_ROUND_TIMEOUT_S:
             raise RunConfigError(
                 f"rounds.collect_timeout_s must be in (0, {limits.MAX_ROUND_TIMEOUT_S}]"
+            )
+        for name in ("backup_step_s", "verify_timeout_s"):
+            if not 0 < getattr(r, name) <= limits.MAX_ROUND_TIMEOUT_S:
+                raise RunConfigError(f"rounds.{name} must be in (0, {limits.MAX_ROUND_TIMEOUT_S}]")
+        mode = self.training.get("partitioned", "auto")
+        if mode not in PARTITIONED_MODES:
+            raise RunConfigError(
+                f"training.partitioned must be one of {', '.join(PARTITIONED_MODES)}, got {mode!r}"
             )
         if r.warmup_s < 0 or r.cooldown_s < 0 or r.checkpoint_every < 0:
             raise RunConfigError("rounds.warmup_s, cooldown_s and checkpoint_every must be >= 0")

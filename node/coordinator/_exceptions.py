@@ -6,6 +6,7 @@
     └── CoordinatorError
         ├── RunConfigError          the run config or key file is wrong (local, fix the file)
         ├── RequestRefused          server side: a request is refused; becomes a 4xx JSON answer
+        ├── BadEvidence             server side: an evidence checker found the evidence malformed
         ├── CoordinatorUnavailable  the coordinator cannot be reached or answered garbage (network)
         ├── CoordinatorRejected     the coordinator refused a request: .status, .code, .message
         │   └── RateLimited         429; .retry_after_s says when to try again
@@ -18,6 +19,7 @@ from __future__ import annotations
 from cnode.node._exceptions import NodeError
 
 __all__ = [
+    "BadEvidence",
     "BadRunState",
     "CoordinatorError",
     "CoordinatorRejected",
@@ -74,3 +76,10 @@ class RequestRefused(CoordinatorError):
         self.status = status
         self.code = code
         self.message = message
+
+
+class BadEvidence(CoordinatorError):
+    """Raised by an evidence checker (``ServeSettings.evidence_checker``) when the CAR of a
+    `wrong_result` request is malformed, a block does not match its CID, blocks are missing, or
+    the header is not a partition result of the run, round and partition named; the endpoint
+    answers 400 ``bad_evidence`` with the message."""

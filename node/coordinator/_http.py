@@ -20,7 +20,13 @@ from ._exceptions import RequestRefused
 from ._protocol import REQUEST_TYPE, Op, b64decode
 from ._requests import require
 
-__all__ = ["RateLimitedRefusal", "SignedRequest", "json_errors", "read_signed_request"]
+__all__ = [
+    "RateLimitedRefusal",
+    "SignedRequest",
+    "json_errors",
+    "open_signed_request",
+    "read_signed_request",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -50,8 +56,16 @@ async def read_signed_request(request: web.Request, run: str) -> SignedRequest:
         raise RequestRefused(400, "malformed_json", f"body is not JSON: {exc}") from exc
     if not isinstance(outer, dict) or not isinstance(outer.get("envelope"), str):
         raise RequestRefused(400, "bad_request", 'body must be {"envelope": "<base64>"}')
+    return open_signed_request(outer["envelope"], op, run)
+
+
+def open_signed_request(envelope: str, op: Op, run: str) -> SignedRequest:
+    """Decode and verify one base64 ``cnode/request/v1`` envelope for ``op`` of ``run``
+    (from a JSON body, or from the ``X-Cnode-Request`` header of an evidence upload)."""
+    if len(envelope) > 4 * ((limits.MAX_ENVELOPE_BYTES + 2) // 3):
+        raise RequestRefused(413, "too_large", "envelope over MAX_ENVELOPE_BYTES")
     try:
-        data = b64decode(outer["envelope"])
+        data = b64decode(envelope)
     except ValueError as exc:
         raise RequestRefused(400, "bad_request", f"envelope: {exc}") from exc
     if len(data) > limits.MAX_ENVELOPE_BYTES:

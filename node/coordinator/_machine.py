@@ -26,6 +26,7 @@ from ._admin import (
 from ._bans import BanBook
 from ._config import RunConfig
 from ._exceptions import RequestRefused
+from ._partitions import PartitionRules
 from ._protocol import (
     BanRecord,
     CheckpointHistory,
@@ -53,6 +54,7 @@ class RunMachine:
         self.config = config
         self.coordinator = coordinator
         self.bans = BanBook(store, self.advance)
+        self.partitions = PartitionRules(store, config, self.bans, self.advance, self._log)
 
     # -- replay -------------------------------------------------------------------------------
 
@@ -140,6 +142,10 @@ class RunMachine:
         row = self.store.round_row(n)
         if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
             raise RequestRefused(409, "round_not_published", f"round {n} has no published list")
+        if row["parts"]:
+            raise RequestRefused(
+                409, "partitioned_round", f"round {n} is partitioned: members report `checked`"
+            )
         members = json.loads(row["members"] or "[]")
         if peer not in members:
             raise RequestRefused(409, "not_member", f"peer {peer} is not a member of round {n}")
@@ -174,7 +180,8 @@ class RunMachine:
         row = s.current_round_row()
         if row["status"] == RoundStatus.CLOSED and row["deadline"] is not None:
             dues.append(float(row["deadline"]))
-        dues += [float(r["collect_deadline"]) for r in s.rounds_with_status(RoundStatus.PUBLISHED)]
+        for published in s.rounds_with_status(RoundStatus.PUBLISHED):
+            dues += self.partitions.due(published)
         return min(dues) if dues else None
 
     def advance(self, now: float) -> None:
@@ -187,6 +194,10 @@ class RunMachine:
     def _step(self, now: float) -> bool:
         s, r = self.store, self.config.rounds
         for published in s.rounds_with_status(RoundStatus.PUBLISHED):
+            if published["parts"]:
+                if self.partitions.step(published, now):
+                    return True
+                continue
             members = json.loads(published["members"] or "[]")
             reports = s.collected(int(published["round"]))
             if len(reports) >= len(members) or now >= float(published["collect_deadline"]):
@@ -265,12 +276,14 @@ class RunMachine:
     def _publish(self, n: int, now: float) -> None:
         s, r = self.store, self.config.rounds
         members = s.members(n, "ready")
+        parts = self.partitions.parts_for(len(members))
         s.set_round(
             n,
             status=str(RoundStatus.PUBLISHED),
             published_at=now,
             members=json.dumps(members),
             collect_deadline=now + r.collect_timeout_s,
+            parts=parts,
         )
         epoch = int(s.run_row()["epoch"])
         s.db.execute(
@@ -278,7 +291,7 @@ class RunMachine:
             (n + 1, epoch, str(RoundStatus.OPEN), now),
         )
         s.set_run(round=n + 1)
-        self._log(now, "round_published", round=n, members=members)
+        self._log(now, "round_published", round=n, members=members, parts=parts)
         if r.checkpoint_every and n % r.checkpoint_every == 0:
             s.set_run(phase=str(Phase.COOLDOWN), phase_until=now + r.cooldown_s)
             self._log(now, "phase", phase=str(Phase.COOLDOWN), epoch=epoch, last_round=n)
@@ -421,7 +434,8 @@ class RunMachine:
             addrs=s.peer_addrs(shown),
             collect_deadline_ms=ms(row["collect_deadline"]) if listed else None,
             agreed=json.loads(row["agreed"]) if status is RoundStatus.AGREED else None,
-            excluded=json.loads(row["excluded"] or "{}") if status is RoundStatus.AGREED else {},
+            excluded=json.loads(row["excluded"] or "{}") if listed else {},
+            **(self.partitions.info(n, row) if listed else {}),
         )
 
     def checkpoint_history(self, after: int, limit: int) -> CheckpointHistory:

@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from ._exceptions import BadRunState
+from ._results import PartitionResultEntry, decode_partitioned, encode_partitioned
 
 __all__ = [
     "PEER_ONLY_USERNAME",
@@ -28,6 +29,7 @@ __all__ = [
     "CheckpointRecord",
     "JoinResult",
     "Op",
+    "PartitionResultEntry",
     "Phase",
     "RoundInfo",
     "RoundStatus",
@@ -72,6 +74,9 @@ class Op(StrEnum):
     CHECKPOINT = "checkpoint"
     BAN_EVIDENCE = "ban_evidence"
     COLLECTED = "collected"
+    RESULT = "result"  # a partition's aggregator (or backup) records its result header
+    CHECKED = "checked"  # a member recomputed its chosen partitions (specs: partitioned rounds)
+    WRONG_RESULT = "wrong_result"  # evidence; POSTed to .../partitions/<p>/evidence, not here
     ADMIN = "admin"
     REPORT = "report"  # a node's measurements for the dashboard (specs/coordinator.md#reports)
 
@@ -261,9 +266,18 @@ class RoundInfo:
     # other member is left out. None before the decision.
     agreed: list[str] | None = None
     excluded: dict[str, str] = field(default_factory=dict)
+    # Partitioned rounds (specs/coordinator.md#partitioned-rounds); parts == 0: full replication.
+    parts: int = 0  # how many partitions the flat update is cut into
+    aggregators: list[str] = field(default_factory=list)  # partition p -> who aggregates it
+    # partition index (decimal string) -> its recorded result; the first accepted one stands
+    results: dict[str, PartitionResultEntry] = field(default_factory=dict)
+    verify_deadline_ms: int | None = None  # set once every partition has a result
 
     def to_payload(self) -> dict[str, Any]:
-        return {
+        partitioned = encode_partitioned(
+            self.parts, self.aggregators, self.results, self.verify_deadline_ms
+        )
+        return partitioned | {
             "kind": "round",
             "run": self.run,
             "round": self.round,
@@ -302,6 +316,7 @@ class RoundInfo:
             _opt(p, "collect_deadline_ms", int),
             None if p.get("agreed") is None else _strs(p, "agreed"),
             _texts(p, "excluded"),
+            **decode_partitioned(p),
         )
 
     @property

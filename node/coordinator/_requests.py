@@ -31,7 +31,11 @@ __all__ = [
     "parse_evidence",
     "parse_header",
     "parse_missing",
+    "parse_partition",
+    "parse_result",
     "parse_round",
+    "parse_wrong",
+    "parse_wrong_result",
     "require",
 ]
 
@@ -89,6 +93,39 @@ def parse_missing(args: Mapping[str, Any]) -> list[str]:
     if any(len(p) > limits.MAX_TEXT_CHARS for p in missing):
         raise RequestRefused(400, "bad_request", "a peer id in 'missing' is over MAX_TEXT_CHARS")
     return missing
+
+
+def parse_partition(args: Mapping[str, Any]) -> int:
+    """A partition index (>= 0; the round's ``parts`` bounds it above, checked by the caller)."""
+    p: int = require(args, "partition", int)
+    if p < 0:
+        raise RequestRefused(400, "bad_request", "field 'partition' must be >= 0")
+    return p
+
+
+def parse_result(args: Mapping[str, Any]) -> tuple[int, int, str]:
+    """`result` {round, partition, header}: the partition result header CID an aggregator made."""
+    return parse_round(args), parse_partition(args), _cid(args, "header")
+
+
+def parse_wrong(args: Mapping[str, Any]) -> list[int]:
+    """`checked` {round, wrong}: the partitions a member recomputed and found wrong (sorted)."""
+    wrong = args.get("wrong")
+    if not isinstance(wrong, list) or not all(
+        isinstance(p, int) and not isinstance(p, bool) for p in wrong
+    ):
+        raise RequestRefused(400, "bad_request", "field 'wrong' must be a list of partitions")
+    if len(wrong) > limits.MAX_ROUND_MEMBERS:
+        raise RequestRefused(400, "bad_request", "field 'wrong' over MAX_ROUND_MEMBERS")
+    if len(set(wrong)) != len(wrong) or any(p < 0 for p in wrong):
+        raise RequestRefused(400, "bad_request", "field 'wrong' must name distinct partitions >= 0")
+    return sorted(wrong)
+
+
+def parse_wrong_result(args: Mapping[str, Any]) -> tuple[int, int, str, str]:
+    """`wrong_result` {round, partition, header, output}: evidence against a partition result;
+    ``output`` is the output CID the header names (what the reporter says is wrong)."""
+    return parse_round(args), parse_partition(args), _cid(args, "header"), _cid(args, "output")
 
 
 def parse_checkpoint(args: Mapping[str, Any], peer: str) -> CheckpointRecord:

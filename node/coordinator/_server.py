@@ -37,9 +37,11 @@ from . import limits
 from ._addrs import AddressError, check_peer_addrs
 from ._config import RunConfig
 from ._dashboard import Dashboard
+from ._evidence import EvidenceChecker, handle_evidence
 from ._exceptions import RequestRefused, RunConfigError
 from ._http import RateLimitedRefusal, json_errors, read_signed_request
 from ._machine import RunMachine
+from ._partitions import PartitionRules
 from ._protocol import (
     PEER_ONLY_USERNAME,
     STATE_TYPE,
@@ -56,7 +58,9 @@ from ._requests import (
     parse_evidence,
     parse_header,
     parse_missing,
+    parse_result,
     parse_round,
+    parse_wrong,
 )
 from ._store import Store
 
@@ -65,7 +69,7 @@ __all__ = ["CoordinatorServer", "ServeSettings"]
 log = structlog.get_logger(__name__)
 
 # What a long poll of a round record (GET .../rounds/{n}?wait=S&until=...) may wait for.
-_UNTIL = ("published", "agreed")
+_UNTIL = ("published", "agreed", "results")
 
 
 class StateSink(Protocol):
@@ -86,6 +90,9 @@ class ServeSettings:
     host: str = "127.0.0.1"
     port: int = 0  # 0 = any free port (see CoordinatorServer.url)
     hf_endpoint: str | None = None  # HF Hub for whoami; None = $HF_ENDPOINT or the public Hub
+    # Recomputes a partition from evidence (`cnode coordinator serve` gives the training
+    # package's); None = evidence is refused 409 no_evidence_checker.
+    evidence_checker: EvidenceChecker | None = None
 
 
 class CoordinatorServer:
@@ -124,6 +131,9 @@ class CoordinatorServer:
         # round it finished (1,000 waiters x every ready would not do).
         self._published: dict[int, asyncio.Event] = {}
         self._agreed: dict[int, asyncio.Event] = {}
+        self._results: dict[int, asyncio.Event] = {}  # every partition has a result, or agreed
+        self.evidence_slots = asyncio.Semaphore(limits.MAX_EVIDENCE_CHECKS)
+        self.evidence_checker = settings.evidence_checker
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
         self._round_cache: dict[int, str] = {}  # JSON answers of published rounds (immutable)
         self._runner: web.AppRunner | None = None
@@ -139,14 +149,19 @@ class CoordinatorServer:
                 web.get(f"{base}/state", self._state),
                 web.get(f"{base}/rounds/{{round}}", self._round),
                 web.get(f"{base}/checkpoints", self._checkpoints),
-                *(web.post(f"{base}/{op}", self._post) for op in Op),
+                *(web.post(f"{base}/{op}", self._post) for op in Op if op is not Op.WRONG_RESULT),
+                web.post(
+                    f"{base}/rounds/{{round}}/partitions/{{partition}}/evidence", self._evidence
+                ),
             ]
         )
         self.dashboard = Dashboard(self.store, self.machine, self.run, self.peer_id)
         self.dashboard.install(self.app)  # GET / and the JSON it polls (read-only)
 
     async def start(self) -> str:
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = web.AppRunner(
+            self.app, access_log=None, max_field_size=limits.MAX_HEADER_FIELD_BYTES
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
         await site.start()
@@ -187,7 +202,24 @@ class CoordinatorServer:
                 if self.store.version() != before:
                     await self._after_change()
 
+    @property
+    def partitions(self) -> PartitionRules:
+        """The partitioned-round rules (``_partitions.PartitionRules``)."""
+        return self.machine.partitions
+
+    async def after_change(self) -> None:
+        await self._after_change()
+
+    def _results_done(self, n: int) -> bool:
+        row = self.store.round_row(n)
+        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+            return False
+        parts = int(row["parts"] or 0)
+        return row["status"] == RoundStatus.AGREED or len(self.store.results(n)) >= parts
+
     async def _after_change(self) -> None:
+        for n in [n for n in self._results if self._results_done(n)]:
+            self._results.pop(n).set()
         current = int(self.store.run_row()["round"])
         for n in [n for n in self._published if n < current]:
             self._published.pop(n).set()
@@ -245,6 +277,8 @@ class CoordinatorServer:
             row = self.store.round_row(n)
             if until == "agreed" and (row is None or row["status"] != RoundStatus.AGREED):
                 event = self._agreed.setdefault(n, asyncio.Event())
+            if until == "results" and not self._results_done(n):
+                event = self._results.setdefault(n, asyncio.Event())
             if event is not None:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(event.wait(), wait)
@@ -354,10 +388,11 @@ class CoordinatorServer:
         except TimeoutError as exc:
             raise RequestRefused(504, "hf_timeout", "the HF Hub did not answer whoami") from exc
 
-    def _peer_op(
-        self, op: Op, peer: str, counter: int, args: dict[str, Any], token: Any
-    ) -> dict[str, Any]:
-        now = time.time()
+    async def _evidence(self, request: web.Request) -> web.Response:
+        return await handle_evidence(self, request)
+
+    def access(self, peer: str, token: Any, now: float) -> str:
+        """Check ``token`` is this run's access token of ``peer``; return its HF username."""
         if not isinstance(token, bytes):
             raise RequestRefused(401, "bad_token", "this request needs the access token from join")
         try:
@@ -368,9 +403,15 @@ class CoordinatorServer:
             raise RequestRefused(401, "bad_token", f"access token: {exc}") from exc
         if access.peer_id != peer:
             raise RequestRefused(401, "bad_token", "the access token was issued to another peer")
+        return "" if access.username == PEER_ONLY_USERNAME else access.username
+
+    def _peer_op(
+        self, op: Op, peer: str, counter: int, args: dict[str, Any], token: Any
+    ) -> dict[str, Any]:
+        now = time.time()
+        username = self.access(peer, token, now)
         m, reports = self.machine, self.dashboard.reports
         with self.store.tx():
-            username = "" if access.username == PEER_ONLY_USERNAME else access.username
             m.check_not_banned(peer, username)  # revocation: a ban beats any token, at once
             m.consume_counter(peer, counter)
             if op is Op.JOIN_ROUND:
@@ -383,6 +424,13 @@ class CoordinatorServer:
                 return {}
             if op is Op.COLLECTED:
                 m.collected(peer, parse_round(args), parse_missing(args), now)
+                return {}
+            if op is Op.RESULT:
+                n, partition, header = parse_result(args)
+                m.partitions.result(peer, n, partition, header, now)
+                return {}
+            if op is Op.CHECKED:
+                m.partitions.checked(peer, parse_round(args), parse_wrong(args), now)
                 return {}
             if op is Op.REPORT:
                 return reports.record(peer, parse_report(args), now)

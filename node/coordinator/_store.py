@@ -21,10 +21,13 @@ from ._protocol import Phase, RoundStatus
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # Columns added since schema 1 (a database of an older version gains them on open, empty):
-# peer addresses (discovery) and the per-round input-set decision (specs/coordinator.md#state).
+# peer addresses (discovery) and the per-round input-set decision (schema 2); partitioned rounds:
+# the partition count, the backup steps announced, the verify deadline and each member's
+# `checked` report (schema 3; the `results` table is created when missing). See
+# specs/coordinator.md#state.
 _ADDED_COLUMNS = (
     ("peers", "addrs", "TEXT"),
     ("members", "missing", "TEXT"),
@@ -33,6 +36,11 @@ _ADDED_COLUMNS = (
     ("rounds", "agreed_at", "REAL"),
     ("rounds", "agreed", "TEXT"),
     ("rounds", "excluded", "TEXT"),
+    ("rounds", "parts", "INTEGER"),
+    ("rounds", "backup_steps", "INTEGER"),
+    ("rounds", "verify_deadline", "REAL"),
+    ("members", "checked", "TEXT"),
+    ("members", "checked_at", "REAL"),
 )
 
 _SCHEMA = """
@@ -61,6 +69,9 @@ CREATE TABLE IF NOT EXISTS bans (
 CREATE TABLE IF NOT EXISTS ban_reports (
     round INTEGER NOT NULL, accused TEXT NOT NULL, reporter TEXT NOT NULL, reason TEXT NOT NULL,
     update_cid TEXT, figures TEXT, at REAL NOT NULL, PRIMARY KEY (round, accused, reporter));
+CREATE TABLE IF NOT EXISTS results (
+    round INTEGER NOT NULL, partition INTEGER NOT NULL, peer TEXT NOT NULL, header TEXT NOT NULL,
+    replaced TEXT, by TEXT, at REAL NOT NULL, PRIMARY KEY (round, partition));
 CREATE TABLE IF NOT EXISTS counters (peer TEXT PRIMARY KEY, last INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS log (
     seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, actor TEXT NOT NULL,
@@ -260,7 +271,7 @@ class Store:
             "VALUES (?, ?, ?, 'joined', ?) "
             "ON CONFLICT(round, peer) DO UPDATE SET status = 'joined', "
             "joined_at = excluded.joined_at, ready_at = NULL, header = NULL, "
-            "missing = NULL, collected_at = NULL",
+            "missing = NULL, collected_at = NULL, checked = NULL, checked_at = NULL",
             (n, peer, username, now),
         )
 
@@ -309,6 +320,33 @@ class Store:
             (n,),
         ).fetchall()
         return {str(r[0]): json.loads(r[1] or "[]") for r in rows}
+
+    def checked(self, n: int) -> dict[str, list[int]]:
+        """Round ``n``'s `checked` reports: member -> the partitions it found wrong."""
+        rows = self.db.execute(
+            "SELECT peer, checked FROM members WHERE round = ? AND checked_at IS NOT NULL",
+            (n,),
+        ).fetchall()
+        return {str(r[0]): json.loads(r[1] or "[]") for r in rows}
+
+    def results(self, n: int) -> dict[int, sqlite3.Row]:
+        """Round ``n``'s recorded partition results: partition -> row."""
+        rows = self.db.execute(
+            "SELECT * FROM results WHERE round = ? ORDER BY partition", (n,)
+        ).fetchall()
+        return {int(r["partition"]): r for r in rows}
+
+    def put_result(self, n: int, partition: int, peer: str, header: str, now: float) -> None:
+        self.db.execute(
+            "INSERT INTO results (round, partition, peer, header, at) VALUES (?, ?, ?, ?, ?)",
+            (n, partition, peer, header, now),
+        )
+
+    def replace_result(self, n: int, partition: int, replaced: str, by: str) -> None:
+        self.db.execute(
+            "UPDATE results SET replaced = ?, by = ? WHERE round = ? AND partition = ?",
+            (replaced, by, n, partition),
+        )
 
     def rounds_with_status(self, status: str) -> list[sqlite3.Row]:
         return self.db.execute(

@@ -96,3 +96,22 @@ MAX_REPORT_HOLDERS = 64
 
 # Most trustless gateways a run config may list (specs/gateway.md, specs/training.md).
 MAX_RUN_GATEWAYS = 16
+
+# Partitioned rounds (specs/coordinator.md#partitioned-rounds). Backups of a partition whose
+# aggregator published no result take over one after another, every rounds.backup_step_s after
+# the collect deadline; after this many steps the round is agreed without the partitions still
+# missing (they keep the parent state on every node).
+MAX_PARTITION_BACKUPS = 3
+# Bytes of the CAR file of evidence blocks a member sends against a wrong partition result (the
+# partition's inputs, the header and what it names). Read streaming with this bound, outside the
+# app's client_max_size; beyond it: 413.
+MAX_EVIDENCE_BYTES = 256 * 1024 * 1024
+# Evidence checks (body read + recomputation in a worker thread) in progress at once; more wait
+# as 429 with Retry-After. Bounds memory at this many MAX_EVIDENCE_BYTES bodies.
+MAX_EVIDENCE_CHECKS = 2
+# Seconds a client waits for the answer to its evidence (upload and the coordinator's
+# recomputation of one partition).
+EVIDENCE_READ_TIMEOUT_S = 600.0
+# Bytes of one HTTP header field the server reads: the evidence request's signed envelope travels
+# base64 in X-Cnode-Request, so this must hold a MAX_ENVELOPE_BYTES envelope in base64.
+MAX_HEADER_FIELD_BYTES = 4 * ((MAX_ENVELOPE_BYTES + 2) // 3) + 1024

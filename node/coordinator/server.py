@@ -7,11 +7,24 @@ coordinator, never imports the HTTP server, the run state machine or SQLite.
 - :class:`CoordinatorProcess`: ``cnode coordinator serve`` in its own process.
 - :class:`StateGossip`: its libp2p node that gossips the signed state.
 - :class:`ServeSettings`: what one server serves.
+- :class:`EvidenceChecker`, :class:`PartitionVerdict`, :class:`BadEvidence`: how it recomputes a
+  partition result from evidence (the training package provides the function).
 """
 
+from ._evidence import EvidenceChecker as EvidenceChecker
+from ._evidence import PartitionVerdict as PartitionVerdict
+from ._exceptions import BadEvidence as BadEvidence
 from ._gossip import StateGossip as StateGossip
 from ._process import CoordinatorProcess as CoordinatorProcess
 from ._server import CoordinatorServer as CoordinatorServer
 from ._server import ServeSettings as ServeSettings
 
-__all__ = ["CoordinatorProcess", "CoordinatorServer", "ServeSettings", "StateGossip"]
+__all__ = [
+    "BadEvidence",
+    "CoordinatorProcess",
+    "CoordinatorServer",
+    "EvidenceChecker",
+    "PartitionVerdict",
+    "ServeSettings",
+    "StateGossip",
+]

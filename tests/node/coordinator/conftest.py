@@ -56,6 +56,8 @@ class Running:
         return payload
 
     def stop(self) -> None:
+        if not self.thread.is_alive():
+            return  # stopped already (a test that restarts on the same database)
         asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
@@ -119,12 +121,14 @@ def start_server(settings: ServeSettings) -> Running:
     return Running(server, url, settings.identity, loop, thread)
 
 
-def run_config(peers: list[Identity], **rounds: Any) -> RunConfig:
+def run_config(peers: list[Identity], *, partitioned: str = "never", **rounds: Any) -> RunConfig:
+    """A test run; full replication unless ``partitioned`` says otherwise (``auto``, ``always``)."""
     defaults: dict[str, Any] = {"min_participants": 2, "round_timeout_s": 30.0}
     return RunConfig(
         run="test-run",
         rounds=RoundsConfig(**(defaults | rounds)),
         access=AccessConfig(peers=[p.peer_id_str for p in peers]),
+        training={"partitioned": partitioned},
     )
 
 

@@ -121,12 +121,12 @@ def test_new_run_writes_a_config_pinning_the_key(tmp_path: Path, cli_logging: No
     assert config.coordinator == load_identity(key).peer_id_str
     assert config.rounds.min_participants == 3 and len(config.access.peers) == 1
     assert key.stat().st_mode & 0o777 == 0o600
-    # A new run sends compressed updates unless told otherwise.
-    assert config.training == {"update_codec": "int8-blockwise"}
+    # A new run sends compressed updates and partitions rounds of 3+ unless told otherwise.
+    assert config.training == {"update_codec": "int8-blockwise", "partitioned": "auto"}
     other = tmp_path / "f32.toml"
     args = ["coordinator", "new-run", "d2", "--key", str(key), "--out", str(other)]
-    assert main([*args, "--update-codec", "f32"]) == 0
-    assert load_run_config(other).training == {"update_codec": "f32"}
+    assert main([*args, "--update-codec", "f32", "--partitioned", "never"]) == 0
+    assert load_run_config(other).training == {"update_codec": "f32", "partitioned": "never"}
 
 
 def test_two_clients_with_one_key_recover_from_counter_order(serve: Any, peers: Any) -> None:

@@ -1,0 +1,247 @@
+"""Evidence against a wrong partition result: the coordinator recomputes it and bans at once.
+
+``POST /v1/runs/<run>/rounds/<r>/partitions/<p>/evidence``: the signed request (op
+`wrong_result`, args ``{round, partition, header, output}``) travels base64 in the
+``X-Cnode-Request`` header, the body is a CAR v1 file of evidence blocks (at most
+``MAX_EVIDENCE_BYTES``, read streaming here, outside the app's ``client_max_size``). The
+recomputation is the server's ``ServeSettings.evidence_checker`` (``cnode coordinator serve``
+gives ``cnode.node.train.check_partition_evidence``, which pulls torch; the coordinator package
+never imports the training package) run in a worker thread. See
+specs/coordinator.md#evidence-of-a-wrong-result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import structlog
+from aiohttp import web
+
+from . import limits
+from ._config import RunConfig
+from ._exceptions import BadEvidence, RequestRefused
+from ._http import RateLimitedRefusal, SignedRequest, open_signed_request
+from ._machine import RunMachine
+from ._partitions import PartitionRules
+from ._protocol import Op
+from ._ratelimit import RateLimiter
+from ._requests import parse_wrong_result
+from ._store import Store
+
+__all__ = [
+    "EVIDENCE_HEADER",
+    "EvidenceChecker",
+    "PartitionVerdict",
+    "handle_evidence",
+    "read_evidence_body",
+]
+
+log = structlog.get_logger(__name__)
+
+# The HTTP header carrying the signed `wrong_result` request (base64 envelope).
+EVIDENCE_HEADER = "X-Cnode-Request"
+_READ_CHUNK = 1 << 20
+# Seconds a request waits for a free evidence check before it is told to come back (429).
+_QUEUE_WAIT_S = 1.0
+
+
+class PartitionVerdict(Protocol):
+    """What a recomputation found (``cnode.node.train.PartitionVerdict``)."""
+
+    @property
+    def signer(self) -> str: ...  # who signed the partition result header
+    @property
+    def partition(self) -> int: ...  # the partition the header is for
+    @property
+    def claimed(self) -> str: ...  # output CID the header names
+    @property
+    def recomputed(self) -> str: ...  # output CID of the recomputation
+    @property
+    def correct(self) -> bool: ...  # claimed == recomputed
+
+
+class EvidenceChecker(Protocol):
+    """Recompute a partition result from a CAR of evidence blocks; raise :class:`BadEvidence`
+    when the evidence is malformed (``cnode.node.train.check_partition_evidence``, translated)."""
+
+    def __call__(
+        self,
+        car: bytes,
+        header: str,
+        *,
+        run: str,
+        round_: int,
+        partition: int,
+        training: Mapping[str, Any],
+    ) -> PartitionVerdict: ...
+
+
+class CoordinatorServer(Protocol):
+    """What the evidence handler uses of the server (``_server.CoordinatorServer``)."""
+
+    run: str
+    config: RunConfig
+    store: Store
+    machine: RunMachine
+    evidence_slots: asyncio.Semaphore
+    evidence_checker: EvidenceChecker | None
+    _request_limit: RateLimiter
+
+    @property
+    def partitions(self) -> PartitionRules: ...
+
+    def _check_run(self, request: web.Request) -> None: ...
+
+    def access(self, peer: str, token: Any, now: float) -> str: ...
+
+    async def after_change(self) -> None: ...
+
+
+async def read_evidence_body(request: web.Request) -> bytes:
+    """The whole body, at most MAX_EVIDENCE_BYTES (413 beyond, before or while reading)."""
+    bound = limits.MAX_EVIDENCE_BYTES
+    if (request.content_length or 0) > bound:
+        raise RequestRefused(413, "too_large", f"evidence over MAX_EVIDENCE_BYTES ({bound})")
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = await request.content.read(_READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > bound:
+            raise RequestRefused(413, "too_large", f"evidence over MAX_EVIDENCE_BYTES ({bound})")
+        chunks.append(chunk)
+
+
+def _path_ints(request: web.Request) -> tuple[int, int]:
+    try:
+        n, p = int(request.match_info["round"]), int(request.match_info["partition"])
+    except ValueError as exc:
+        raise RequestRefused(400, "bad_request", "round and partition must be integers") from exc
+    return n, p
+
+
+def _signed(request: web.Request, run: str) -> SignedRequest:
+    envelope = request.headers.get(EVIDENCE_HEADER)
+    if envelope is None:
+        raise RequestRefused(
+            400, "bad_request", f"the signed wrong_result request goes in {EVIDENCE_HEADER}"
+        )
+    return open_signed_request(envelope.strip(), Op.WRONG_RESULT, run)
+
+
+async def handle_evidence(server: CoordinatorServer, request: web.Request) -> web.Response:
+    """Check who sends it and what it names, read the CAR, recompute, ban when wrong."""
+    server._check_run(request)
+    n_path, p_path = _path_ints(request)
+    req = _signed(request, server.run)
+    n, partition, header, output = parse_wrong_result(req.args)
+    if (n, partition) != (n_path, p_path):
+        raise RequestRefused(
+            400,
+            "bad_request",
+            f"the signed request names round {n} partition {partition}, the path "
+            f"round {n_path} partition {p_path}",
+        )
+    peer = req.signer
+    wait = server._request_limit.take(peer, time.time())
+    if wait > 0:
+        raise RateLimitedRefusal(wait)
+    # Everything cheap first, changing nothing: who, which round, which recorded result.
+    with server.store.tx():
+        username = server.access(peer, req.token, time.time())
+        server.machine.check_not_banned(peer, username)
+        last = server.store.last_counter(peer)
+        if req.counter < 0 or (last is not None and req.counter <= last):
+            raise RequestRefused(409, "replayed", f"request counter {req.counter} already used")
+        server.partitions.evidence_target(peer, n, partition, header)
+    try:
+        await asyncio.wait_for(server.evidence_slots.acquire(), _QUEUE_WAIT_S)
+    except TimeoutError as exc:
+        raise RateLimitedRefusal(5.0) from exc
+    try:
+        result = await _check(server, request, peer, n, partition, header, output, req.counter)
+    finally:
+        server.evidence_slots.release()
+    await server.after_change()
+    return web.json_response({"ok": True, **result})
+
+
+async def _check(
+    server: CoordinatorServer,
+    request: web.Request,
+    peer: str,
+    n: int,
+    partition: int,
+    header: str,
+    output: str,
+    counter: int,
+) -> dict[str, Any]:
+    recorded = server.partitions.evidence_target(peer, n, partition, header)
+    if recorded["replaced"] is not None:  # shown wrong already (a resend, or a second reporter)
+        return {"banned": True, "recomputed": recorded["replaced"], "replaced": True}
+    checker = server.evidence_checker
+    if checker is None:
+        raise RequestRefused(
+            409, "no_evidence_checker", "this coordinator was started without an evidence checker"
+        )
+    car = await read_evidence_body(request)
+    try:
+        verdict = await asyncio.to_thread(
+            checker,
+            car,
+            header,
+            run=server.run,
+            round_=n,
+            partition=partition,
+            training=server.config.training,
+        )
+    except BadEvidence as exc:
+        raise RequestRefused(400, "bad_evidence", f"evidence: {exc}") from exc
+    del car
+    if verdict.partition != partition or verdict.claimed != output:
+        raise RequestRefused(
+            400,
+            "bad_evidence",
+            f"the header is for partition {verdict.partition} and names output "
+            f"{verdict.claimed}; the request says partition {partition}, output {output}",
+        )
+    if verdict.signer != recorded["peer"]:
+        raise RequestRefused(
+            400,
+            "bad_evidence",
+            f"the header is signed by {verdict.signer}; the result was recorded from "
+            f"{recorded['peer']}",
+        )
+    if verdict.correct:
+        raise RequestRefused(
+            409,
+            "result_correct",
+            f"the recomputation of partition {partition} of round {n} gives {verdict.recomputed},"
+            f" as the header says: the result is correct (no ban, nothing recorded)",
+        )
+    now = time.time()
+    with server.store.tx():
+        server.machine.consume_counter(peer, counter)
+        server.partitions.evidence_target(peer, n, partition, header)
+        server.partitions.wrong_result(
+            peer,
+            n,
+            partition,
+            signer=verdict.signer,
+            claimed=verdict.claimed,
+            recomputed=verdict.recomputed,
+            now=now,
+        )
+        entry = server.store.results(n)[partition]
+    log.info("wrong_partition_result", round=n, partition=partition, signer=verdict.signer)
+    # replaced: false when the round was agreed before the evidence came (the ban stands)
+    return {
+        "banned": True,
+        "recomputed": verdict.recomputed,
+        "replaced": entry["replaced"] == verdict.recomputed,
+    }

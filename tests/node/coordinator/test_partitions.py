@@ -1,0 +1,261 @@
+"""Partitioned rounds against a real coordinator over HTTP (specs/coordinator.md, "Partitioned
+rounds"): publishing with aggregators, results from aggregators and backups, `checked`,
+deadlines."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import trio
+
+from cnode.aggregation import assign_partitions, backup_aggregators, partition_count
+from cnode.aggregation.limits import SEGMENTS
+from cnode.auth import Identity
+from cnode.node.coordinator import (
+    CoordinatorClient,
+    CoordinatorRejected,
+    PartitionResultEntry,
+    RoundInfo,
+    RoundStatus,
+    limits,
+)
+from cnode.storage import compute_cid
+
+from .conftest import Running, run_config
+
+
+def _client(running: Running, peer: Identity) -> CoordinatorClient:
+    return CoordinatorClient(
+        running.url, run=running.server.run, coordinator=running.peer_id, identity=peer
+    )
+
+
+def _header(text: str) -> str:
+    return str(compute_cid(text.encode(), 0x71))
+
+
+async def _publish(
+    running: Running, members: list[Identity], n: int = 1
+) -> tuple[dict[str, CoordinatorClient], RoundInfo]:
+    """Every member joins round ``n`` and says ready; return clients by peer id and the record."""
+    clients = {p.peer_id_str: _client(running, p) for p in members}
+    for c in clients.values():
+        await c.join()
+        assert await c.join_round() == n
+    for peer, c in clients.items():
+        await c.ready(n, header=_header(f"update of {peer}"))
+    with trio.fail_after(10):
+        info = await next(iter(clients.values())).wait_members(n)
+    return clients, info
+
+
+async def _rejected(call: Any, code: str, words: str) -> CoordinatorRejected:
+    with pytest.raises(CoordinatorRejected) as caught:
+        await call
+    assert caught.value.code == code, caught.value
+    assert words in caught.value.message, caught.value
+    return caught.value
+
+
+def test_a_partitioned_round_is_published_with_its_aggregators(serve: Any, peers: Any) -> None:
+    running = serve(run_config(peers, partitioned="auto", min_participants=4))
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers)
+        members = sorted(clients)
+        assert info.status is RoundStatus.PUBLISHED and info.members == members
+        assert info.parts == partition_count(4, SEGMENTS) == 4
+        assert info.aggregators == assign_partitions("test-run", 1, members, 4)
+        assert info.results == {} and info.verify_deadline_ms is None
+        assert RoundInfo.from_payload(info.to_payload()) == info
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+@pytest.mark.parametrize(
+    ("mode", "size", "parts"),
+    [("auto", 2, 0), ("auto", 3, 3), ("always", 1, 1), ("never", 4, 0)],
+)
+def test_which_rounds_are_partitioned(
+    serve: Any, peers: Any, mode: str, size: int, parts: int
+) -> None:
+    running = serve(run_config(peers, partitioned=mode, min_participants=size))
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:size])
+        assert info.parts == parts
+        assert len(info.aggregators) == parts
+        if parts == 0:  # a full-replication record keeps its old bytes: no partitioned keys
+            assert "parts" not in info.to_payload() and "results" not in info.to_payload()
+            c = next(iter(clients.values()))
+            await _rejected(
+                c.result(1, partition=0, header=_header("r")), "not_partitioned", "round 1"
+            )
+            with trio.fail_after(5):
+                assert (await c.wait_results(1)).status is RoundStatus.PUBLISHED
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_results_from_aggregators_and_who_may_not_submit(serve: Any, peers: Any) -> None:
+    running = serve(run_config(peers, partitioned="auto", min_participants=3))
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:3])
+        agg = info.aggregators
+        first, other = _header("result 0"), _header("another result 0")
+        # A member that does not aggregate partition 0 is refused, and told who may and when.
+        e = await _rejected(
+            clients[agg[1]].result(1, partition=0, header=first), "not_your_partition", agg[0]
+        )
+        assert "after the collect deadline its backups may submit it" in e.message
+        await clients[agg[0]].result(1, partition=0, header=first)
+        await clients[agg[0]].result(1, partition=0, header=first)  # a resend: the same answer
+        # Another header for a recorded partition: refused, naming the one that stands.
+        await _rejected(
+            clients[agg[0]].result(1, partition=0, header=other), "result_recorded", first
+        )
+        await _rejected(clients[agg[1]].collected(1, missing=[]), "partitioned_round", "`checked`")
+        record = await clients[agg[2]].round_info(1)
+        assert record.results == {"0": PartitionResultEntry(agg[0], first, None, None)}
+        assert record.status is RoundStatus.PUBLISHED and record.excluded == {}
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_a_backup_takes_a_silent_partition_over_at_its_time(serve: Any, peers: Any) -> None:
+    running = serve(
+        run_config(
+            peers, partitioned="auto", min_participants=3, collect_timeout_s=1.0, backup_step_s=1.0
+        )
+    )
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:3])
+        members, agg = info.members, info.aggregators
+        b0, b1 = backup_aggregators("test-run", 1, members, 2)[:2]
+        header = _header("backup result 2")
+        await _rejected(clients[b0].result(1, partition=2, header=header), "not_your_partition", b0)
+        assert info.collect_deadline_ms is not None
+        await trio.sleep(max(0.0, info.collect_deadline_ms / 1000 - time.time()) + 0.05)
+        # The first backup's time has come; the second's is one backup_step_s later.
+        await _rejected(clients[b1].result(1, partition=2, header=header), "not_your_partition", b1)
+        await clients[b0].result(1, partition=2, header=header)
+        await _rejected(
+            clients[agg[2]].result(1, partition=2, header=_header("late")),
+            "result_recorded",
+            header,
+        )
+        record = await clients[b0].round_info(1)
+        assert record.results["2"] == PartitionResultEntry(b0, header, None, None)
+        assert record.excluded == {
+            agg[2]: f"partition 2: no result by the deadline; aggregated by backup {b0}"
+        }
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_checked_by_every_member_agrees_the_round(serve: Any, peers: Any) -> None:
+    running = serve(run_config(peers, partitioned="auto", min_participants=3))
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:3])
+        agg = info.aggregators
+        for p in (0, 1):
+            await clients[agg[p]].result(1, partition=p, header=_header(f"result {p}"))
+        await _rejected(clients[agg[0]].checked(1, wrong=[]), "results_pending", "[2]")
+        async with trio.open_nursery() as nursery:
+            got: list[RoundInfo] = []
+
+            async def wait() -> None:
+                with trio.fail_after(10):
+                    got.append(await clients[agg[1]].wait_results(1))
+
+            nursery.start_soon(wait)
+            await trio.sleep(0.2)
+            assert not got
+            await clients[agg[2]].result(1, partition=2, header=_header("result 2"))
+        assert sorted(got[0].results) == ["0", "1", "2"]
+        assert got[0].verify_deadline_ms is not None and got[0].status is RoundStatus.PUBLISHED
+        for c in clients.values():
+            assert (await c.round_info(1)).status is RoundStatus.PUBLISHED
+            await c.checked(1, wrong=[])
+        with trio.fail_after(10):
+            agreed = await clients[agg[0]].wait_agreed(1)
+        assert agreed.agreed == sorted(clients) and agreed.excluded == {}
+        assert agreed.parts == 3 and len(agreed.results) == 3
+        before = running.state()["version"]
+        await clients[agg[0]].checked(1, wrong=[1])  # after the decision: accepted, no change
+        assert running.state()["version"] == before
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_the_verify_deadline_agrees_without_the_silent(serve: Any, peers: Any) -> None:
+    running = serve(run_config(peers, partitioned="auto", min_participants=3, verify_timeout_s=0.5))
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:3])
+        for p, peer in enumerate(info.aggregators):
+            await clients[peer].result(1, partition=p, header=_header(f"result {p}"))
+        await clients[info.aggregators[0]].checked(1, wrong=[])
+        with trio.fail_after(10):
+            agreed = await clients[info.aggregators[0]].wait_agreed(1)
+        assert agreed.verify_deadline_ms is not None
+        assert time.time() * 1000 >= agreed.verify_deadline_ms
+        assert agreed.agreed == info.members and agreed.excluded == {}
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_partitions_without_any_result_keep_the_parent_after_the_backups(
+    serve: Any, peers: Any
+) -> None:
+    step = 0.2
+    running = serve(
+        run_config(
+            peers, partitioned="auto", min_participants=3, collect_timeout_s=0.3, backup_step_s=step
+        )
+    )
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:3])
+        c = clients[info.members[0]]
+        with trio.fail_after(10):
+            agreed = await c.wait_agreed(1)
+        assert info.collect_deadline_ms is not None
+        window = info.collect_deadline_ms + limits.MAX_PARTITION_BACKUPS * step * 1000
+        assert time.time() * 1000 >= window - 1
+        assert agreed.results == {} and agreed.agreed == info.members
+        assert agreed.excluded == {
+            peer: f"partition {p}: no result by the deadline nor from "
+            f"{limits.MAX_PARTITION_BACKUPS} backups; it keeps the parent state"
+            for p, peer in enumerate(info.aggregators)
+        }
+        await _rejected(
+            clients[info.aggregators[0]].result(1, partition=0, header=_header("late")),
+            "round_over",
+            "agreed",
+        )
+        # The backup steps are in the change log, one per step, naming the backup due.
+        with running.admin() as admin:
+            steps = [e for e in admin.log() if e["kind"] == "partition_backups_due"]
+        assert [e["detail"]["step"] for e in steps] == list(range(limits.MAX_PARTITION_BACKUPS))
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
