@@ -112,6 +112,7 @@ class RoundLoop:
         await client.ready(round_, header=str(own.header_cid))
         t_publish = time.monotonic() - began + own.seconds_store
         info = await self._wait_members(round_)
+        sent, got = self.node.server.bytes_sent, self.exchange.bytes_in
         began = time.monotonic()
         if info.parts:
             outcome = await self._play_partitioned(info)
@@ -159,6 +160,13 @@ class RoundLoop:
             publish_s=t_publish,
             fetch_s=t_fetch,
             aggregate_s=t_aggregate,
+            parts=info.parts,
+            # Verified bytes this node fetched and served in the round's exchange (the demo
+            # report's traffic table); a catch-up's are in its own event.
+            bytes_in=(
+                self.partitioned.last_bytes_in if info.parts else self.exchange.bytes_in - got
+            ),
+            bytes_out=self.node.server.bytes_sent - sent,
         )
         holds = None if manifest is None else str(manifest)
         await send_report(client, round_report(round_, loss, str(trainer.state_cid), holds))
