@@ -22,14 +22,19 @@ import trio
 from cnode.aggregation import BanRecommendation
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo, RunState
-from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, StorageError
+from cnode.node.p2p import P2PNode
+from cnode.storage import CID
 
 from . import limits
 from ._agreement import agree_on_checkpoint
 from ._bans import KnownBans
 from ._catch_up import CatchUp
-from ._exceptions import CatchUpError, MissingUpdatesError, RoundStalledError
+from ._exceptions import (
+    CatchUpError,
+    MissingUpdatesError,
+    OutputsUnavailableError,
+    RoundStalledError,
+)
 from ._exchange import UpdateExchange
 from ._headers import HeaderCollector
 from ._membership import leave_round
@@ -195,7 +200,7 @@ class RoundLoop:
         """A partitioned round (``_partition_exchange``); None when this node must catch up."""
         try:
             outcome = await self.partitioned.play(info)
-        except (FetchError, P2PError, StorageError) as exc:
+        except OutputsUnavailableError as exc:
             # An agreed output this node cannot fetch: it must not assemble anything else.
             log.warning("round_given_up", round=info.round, error=str(exc))
             self.reporter.event("round_given_up", round=info.round, missing={"outputs": str(exc)})
