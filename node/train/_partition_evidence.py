@@ -15,7 +15,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,15 +97,15 @@ def build_partition_evidence(store: BlockStore, header: CID, *, numel: int) -> b
 
 
 @functools.lru_cache(maxsize=4)
-def _numel_of(model: str) -> int:
-    config = TrainingConfig.from_dict({"model": json.loads(model)})
+def _numel_of(training: str) -> int:
+    config = TrainingConfig.from_dict(json.loads(training))
     return sum(t.numel() for t in model_state(build_model(config)).values())
 
 
 def model_numel(config: TrainingConfig) -> int:
     """How many values the run's state (and so its flat update) holds (the model is built once
     per model config)."""
-    return _numel_of(json.dumps(asdict(config.model), sort_keys=True))
+    return _numel_of(json.dumps(config.to_dict(), sort_keys=True))
 
 
 def check_partition_evidence(

@@ -317,7 +317,7 @@ class PartitionedExchange:
             )
             if right is not None:
                 await self.node.announce_hold(right)
-            if await self._report_wrong(state, partition, cid, right):
+            if await self._report_wrong(state, partition, cid, result.output):
                 wrong.append(partition)
         try:
             await self.client.checked(info.round, wrong=wrong)
@@ -344,8 +344,10 @@ class PartitionedExchange:
         return work.output
 
     async def _report_wrong(
-        self, state: _Round, partition: int, header: CID, right: CID | None
+        self, state: _Round, partition: int, header: CID, claimed: CID | None
     ) -> bool:
+        """Send the evidence; ``claimed`` is the output the signed result names (the
+        coordinator checks the request matches the header before it recomputes)."""
         car = await trio.to_thread.run_sync(
             lambda: build_partition_evidence(self.node.store, header, numel=state.numel)
         )
@@ -354,7 +356,7 @@ class PartitionedExchange:
                 state.info.round,
                 partition=partition,
                 header=str(header),
-                output="" if right is None else str(right),
+                output="" if claimed is None else str(claimed),
                 car=car,
             )
         except CoordinatorRejected as exc:

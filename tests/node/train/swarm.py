@@ -90,6 +90,8 @@ class Swarm:
         coordinator_port: int = 0,  # fixed, so it can restart on the same URL
         collect_timeout_s: float = 30.0,
         gateways: list[str] | None = None,
+        training: dict[str, Any] | None = None,  # settings over TINY_TRAINING
+        backup_step_s: float | None = None,
     ) -> None:
         self.tmp = tmp
         self.gateways = list(gateways or [])  # the run config's trustless gateways
@@ -119,8 +121,10 @@ class Swarm:
             },
             "access": {"peers": [n.peer for n in self.nodes.values()]},
             "network": {"allow_private_addrs": True},  # everyone is on 127.0.0.1
-            "training": TINY_TRAINING,
+            "training": {**TINY_TRAINING, **(training or {})},
         }
+        if backup_step_s is not None:
+            config["rounds"]["backup_step_s"] = backup_step_s  # type: ignore[index]
         if self.gateways:
             config["gateways"] = self.gateways
         self.run_config = tmp / "run.toml"
@@ -202,6 +206,25 @@ class Swarm:
             identity=Identity.generate(),
         ) as client:
             return client.run_state()
+
+    def round_info(self, n: int) -> Any:
+        """Round ``n``'s signed record, as a node reads it."""
+        import trio
+
+        from cnode.node.coordinator import CoordinatorClient
+
+        config = load_run_config(self.run_config)
+
+        async def get() -> Any:
+            async with CoordinatorClient(
+                self.coordinator.url,
+                run=RUN,
+                coordinator=config.coordinator,
+                identity=Identity.generate(),
+            ) as client:
+                return await client.round_info(n)
+
+        return trio.run(get)
 
     def signal(self, node: Node, sig: signal.Signals) -> None:
         if node.proc.poll() is None:

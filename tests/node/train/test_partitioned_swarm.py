@@ -1,0 +1,107 @@
+"""Partitioned rounds in a real swarm (specs/training.md#partitioned-rounds).
+
+Real ``cnode train`` processes, the real coordinator over HTTP, real libp2p on 127.0.0.1.
+Covers: a lying aggregator (``--attack wrong_partition``) is caught in the round it lies, banned
+by the coordinator on its own recomputation, and every honest node ends that round on the
+recomputed state; a withholding aggregator's partition passes to its backup and the round
+completes.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from cnode.node._config import load_config
+from cnode.node.train import replay_checkpoint
+from cnode.storage import CID, BlockStore
+
+from .swarm import Swarm, final_states
+
+pytestmark = pytest.mark.slow
+
+
+def _rounds_of(node: object) -> dict[int, dict[str, object]]:
+    return {e["round"]: e for e in node.events("round")}  # type: ignore[attr-defined]
+
+
+def test_a_lying_aggregator_is_banned_in_the_round_it_lies(
+    tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    rounds = 3
+    # Every member recomputes every other partition: the liar is caught whatever the seed.
+    training = {"partitioned": "always", "verify_partitions": 3}
+    swarm = Swarm(tmp_path, ["a", "b", "c", "liar"], min_participants=4, training=training)
+    swarms.append(swarm)
+    a = swarm.start("a", rounds=rounds, checkpointer=True)
+    b = swarm.start("b", rounds=rounds)
+    liar = swarm.start("liar", "--attack", "wrong_partition", rounds=rounds)
+    c = swarm.start("c", rounds=rounds)
+    honest = [a, b, c]
+    assert liar.proc.wait(timeout=240) == 1, swarm.describe()
+    assert "banned" in liar.events("stopped")[-1]["reason"]
+
+    # Banned by the coordinator itself, on its recomputation, in round 1 (the liar's first:
+    # min_participants = 4 keeps round 1 open until it is a member).
+    (ban,) = swarm.run_state().bans
+    assert ban.peer == liar.peer and ban.round == 1
+    assert ban.reason.startswith("wrong partition result: round 1 partition ")
+    assert not ban.by.startswith("majority")
+
+    # The honest nodes go on (round 2 has 3 members: min_participants is for the first list).
+    for node in honest:
+        assert swarm.wait_exit(node, timeout=240) == 0, swarm.describe()
+    finals = final_states(honest)
+    assert len({cid for _, cid in finals.values()}) == 1, finals
+    round1 = {n.name: _rounds_of(n)[1]["state_cid"] for n in honest}
+    assert len(set(round1.values())) == 1, round1
+    # Round 1's state is the recomputed one: its checkpoint replays from the signed inputs
+    # (a replay applies recomputations, never the signed outputs).
+    store = BlockStore(tmp_path / "verifier")
+    for node in [*honest, liar]:
+        held = BlockStore(load_config(node.home).blocks_dir(node.home))
+        for cid in held.iter_cids():
+            if not store.has(cid):
+                store.put(cid, held.get(cid))
+    manifest = CID.parse(str(_rounds_of(a)[1]["manifest"]))
+    assert str(replay_checkpoint(store, manifest).state_cid) == round1["a"]
+    # No honest node was ever accused.
+    assert {e["accused"] for n in honest for e in n.events("ban_reported")} <= {liar.peer}
+
+
+def test_a_withholding_aggregator_is_replaced_by_its_backup(
+    tmp_path: Path, swarms: list[Swarm]
+) -> None:
+    rounds = 2
+    swarm = Swarm(
+        tmp_path,
+        ["a", "b", "c", "quiet"],
+        min_participants=4,
+        training={"partitioned": "always"},
+        collect_timeout_s=8.0,
+        backup_step_s=2.0,
+    )
+    swarms.append(swarm)
+    a = swarm.start("a", rounds=rounds, checkpointer=True)
+    b = swarm.start("b", rounds=rounds)
+    c = swarm.start("c", rounds=rounds)
+    quiet = swarm.start("quiet", "--attack", "withhold", rounds=rounds)
+    honest = [a, b, c]
+    for node in honest:
+        assert swarm.wait_exit(node, timeout=240) == 0, swarm.describe()
+    finals = final_states(honest)
+    assert {r for r, _ in finals.values()} == {rounds}, finals
+    assert len({cid for _, cid in finals.values()}) == 1, finals
+    # Round 1: the withholder's partition was aggregated by a backup, and the record says so.
+    info = swarm.round_info(1)
+    assert info.parts == 4
+    mine = info.aggregators.index(quiet.peer)
+    entry = info.results[str(mine)]
+    assert entry.peer != quiet.peer and entry.peer in {n.peer for n in honest}
+    assert "no result by the deadline" in info.excluded[quiet.peer]
+    # Its update could not be fetched either: no partition took it.
+    round1 = _rounds_of(a)[1]
+    assert quiet.peer not in round1["members"]  # type: ignore[operator]
+    swarm.signal(quiet, signal.SIGTERM)
