@@ -203,12 +203,11 @@ async def _check(
     except BadEvidence as exc:
         raise RequestRefused(400, "bad_evidence", f"evidence: {exc}") from exc
     del car
-    if verdict.partition != partition or verdict.claimed != output:
+    if verdict.partition != partition:
         raise RequestRefused(
             400,
             "bad_evidence",
-            f"the header is for partition {verdict.partition} and names output "
-            f"{verdict.claimed}; the request says partition {partition}, output {output}",
+            f"the header is for partition {verdict.partition}, not {partition}",
         )
     if verdict.signer != recorded["peer"]:
         raise RequestRefused(
@@ -235,6 +234,7 @@ async def _check(
             signer=verdict.signer,
             claimed=verdict.claimed,
             recomputed=verdict.recomputed,
+            reported=output,
             now=now,
         )
         entry = server.store.results(n)[partition]
