@@ -151,20 +151,20 @@ async def handle_evidence(server: CoordinatorServer, request: web.Request) -> we
     wait = server._request_limit.take(peer, time.time())
     if wait > 0:
         raise RateLimitedRefusal(wait)
-    # Everything cheap first, changing nothing: who, which round, which recorded result.
+    # Everything cheap first: who, which round, which recorded result. The counter is consumed
+    # here, before the body is read, so a long check never races the reporter's next requests
+    # (a replay of evidence could only get the same answer again anyway).
+    username = server.access(peer, req.token, time.time())
     with server.store.tx():
-        username = server.access(peer, req.token, time.time())
         server.machine.check_not_banned(peer, username)
-        last = server.store.last_counter(peer)
-        if req.counter < 0 or (last is not None and req.counter <= last):
-            raise RequestRefused(409, "replayed", f"request counter {req.counter} already used")
         server.partitions.evidence_target(peer, n, partition, header)
+        server.machine.consume_counter(peer, req.counter)
     try:
         await asyncio.wait_for(server.evidence_slots.acquire(), _QUEUE_WAIT_S)
     except TimeoutError as exc:
         raise RateLimitedRefusal(5.0) from exc
     try:
-        result = await _check(server, request, peer, n, partition, header, output, req.counter)
+        result = await _check(server, request, peer, n, partition, header, output)
     finally:
         server.evidence_slots.release()
     await server.after_change()
@@ -179,7 +179,6 @@ async def _check(
     partition: int,
     header: str,
     output: str,
-    counter: int,
 ) -> dict[str, Any]:
     recorded = server.partitions.evidence_target(peer, n, partition, header)
     if recorded["replaced"] is not None:  # shown wrong already (a resend, or a second reporter)
@@ -225,7 +224,6 @@ async def _check(
         )
     now = time.time()
     with server.store.tx():
-        server.machine.consume_counter(peer, counter)
         server.partitions.evidence_target(peer, n, partition, header)
         server.partitions.wrong_result(
             peer,
