@@ -5,6 +5,7 @@ deadlines."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +24,7 @@ from cnode.node.coordinator import (
     limits,
 )
 from cnode.storage import compute_cid
+from tests.support.browser import open_page
 
 from .conftest import Running, run_config
 
@@ -263,7 +265,7 @@ def test_partitions_without_any_result_keep_the_parent_after_the_backups(
 
 
 def test_the_dashboard_shows_each_partition_its_aggregator_and_result(
-    serve: Any, peers: Any
+    serve: Any, peers: Any, tmp_path: Path
 ) -> None:
     running = serve(run_config(peers, partitioned="auto", min_participants=3))
 
@@ -286,3 +288,16 @@ def test_the_dashboard_shows_each_partition_its_aggregator_and_result(
     assert result["replaced"] is None and result["by"] is None
     full = next(r for r in answer.json()["rounds"] if r["round"] == 2)
     assert full["parts"] == 0 and full["partitions"] == []
+    with open_page(tmp_path / "profile") as page:
+        page.navigate(f"{running.url}/")
+        page.wait_for(
+            "document.querySelectorAll('details.partitions tr.partition').length === 3",
+            30,
+            "the partitions of round 1",
+        )
+        rows = page.evaluate(
+            "[...document.querySelectorAll('details.partitions tr.partition')]"
+            ".map(e => e.textContent)"
+        )
+        assert "no result" in rows[0] and "no result" not in rows[1]
+        assert _header("result 1") in rows[1]
