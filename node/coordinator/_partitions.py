@@ -147,7 +147,9 @@ class PartitionRules:
         start, step = float(row["collect_deadline"]), self.config.rounds.backup_step_s
         if peer in backups and now >= start + backups.index(peer) * step:
             return
-        who = ", ".join(f"{b} from {ms(start + k * step)} ms" for k, b in enumerate(backups))
+        who = ", ".join(
+            f"{b} from {ms(start + k * step)} ms since the epoch" for k, b in enumerate(backups)
+        )
         raise RequestRefused(
             409,
             "not_your_partition",
