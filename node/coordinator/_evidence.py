@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import structlog
 from aiohttp import web
 
+from cnode import CnodeError
+
 from . import limits
 from ._config import RunConfig
 from ._exceptions import BadEvidence, RequestRefused
@@ -201,6 +203,11 @@ async def _check(
         )
     except BadEvidence as exc:
         raise RequestRefused(400, "bad_evidence", f"evidence: {exc}") from exc
+    except CnodeError as exc:  # the checker's own failure (a bug, a bad run config): ours
+        log.exception("evidence_check_failed", round=n, partition=partition)
+        raise RequestRefused(
+            500, "evidence_check_failed", f"the coordinator could not check the evidence: {exc}"
+        ) from exc
     del car
     if verdict.partition != partition:
         raise RequestRefused(
