@@ -9,6 +9,7 @@ from typing import Any
 
 import structlog
 
+from . import limits
 from ._exceptions import RequestRefused
 from ._protocol import BanReport
 from ._store import Store
@@ -18,6 +19,8 @@ __all__ = ["BanBook"]
 log = structlog.get_logger(__name__)
 
 _ACTIVE = ("joined", "ready")
+# The reason BanPolicy gives a repeated outlier ("outlier in k of the last m rounds").
+_OUTLIER = "outlier in "
 
 
 class BanBook:
@@ -57,7 +60,10 @@ class BanBook:
         self.store.append_log(now, by, "unban", {"peer": peer})
 
     def report(self, reporter: str, evidence: dict[str, Any], now: float) -> BanReport:
-        """Count same-evidence reports of the round's members; ban on a strict majority."""
+        """Count same-evidence reports of the round's members; ban on a strict majority.
+
+        Same evidence: the same rejected update of the same round, or outlier reports about the
+        same peer within BAN_REPORT_WINDOW rounds (specs/coordinator.md#bans)."""
         s = self.store
         n, accused = evidence["round"], evidence["peer"]
         row = s.round_row(n)
@@ -91,14 +97,21 @@ class BanBook:
             "ban_evidence",
             {"round": n, "peer": accused, "reason": evidence["reason"]},
         )
-        reporters = [
-            str(r[0])
-            for r in s.db.execute(
+        if evidence["reason"].startswith(_OUTLIER):
+            # Members that joined at different rounds reach "k of the last m rounds" at
+            # different rounds: outlier reports about the same peer add up over the window.
+            rows = s.db.execute(
+                "SELECT DISTINCT reporter FROM ban_reports WHERE accused = ? AND reason LIKE ? "
+                "AND round > ? AND round <= ? ORDER BY reporter",
+                (accused, _OUTLIER + "%", n - limits.BAN_REPORT_WINDOW, n),
+            ).fetchall()
+        else:
+            rows = s.db.execute(
                 "SELECT reporter FROM ban_reports WHERE round = ? AND accused = ? AND reason = ? "
                 "AND update_cid IS ? ORDER BY reporter",
                 (n, accused, evidence["reason"], evidence["update_cid"]),
             ).fetchall()
-        ]
+        reporters = [str(r[0]) for r in rows]
         banned = len(reporters) >= needed
         if banned:
             self.ban(

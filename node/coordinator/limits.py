@@ -117,3 +117,7 @@ EVIDENCE_READ_TIMEOUT_S = 600.0
 # Bytes of one HTTP header field the server reads: the evidence request's signed envelope travels
 # base64 in X-Cnode-Request, so this must hold a MAX_ENVELOPE_BYTES envelope in base64.
 MAX_HEADER_FIELD_BYTES = 4 * ((MAX_ENVELOPE_BYTES + 2) // 3) + 1024
+
+# Bans: outlier reports about one peer add up over this many rounds (each node's BanPolicy
+# reaches "k of the last m rounds" at the round its own history allows: BAN_M = 5).
+BAN_REPORT_WINDOW = 5

@@ -158,6 +158,10 @@ class TrainingConfig:
     # "never" none (full replication: every member aggregates everything). The coordinator reads
     # this key and decides each round's partition count when it publishes the member list.
     partitioned: str = "auto"
+    # Partitions each member recomputes per round in a partitioned round (specs/training.md
+    # #verification): more catches a lying aggregator sooner and costs about one update of
+    # traffic per member each.
+    verify_partitions: int = limits.VERIFY_PARTITIONS
 
     @property
     def samples_per_round(self) -> int:
@@ -209,6 +213,10 @@ class TrainingConfig:
         if self.update_codec not in CODECS:
             raise TrainingConfigError(
                 f"training.update_codec {self.update_codec!r} is not one of {', '.join(CODECS)}"
+            )
+        if not 0 <= self.verify_partitions <= limits.MAX_VERIFY_PARTITIONS:
+            raise TrainingConfigError(
+                f"training.verify_partitions must be 0..{limits.MAX_VERIFY_PARTITIONS}"
             )
         if self.partitioned not in PARTITION_MODES:
             raise TrainingConfigError(

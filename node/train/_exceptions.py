@@ -23,6 +23,7 @@ __all__ = [
     "CatchUpError",
     "MalformedUpdateError",
     "MissingUpdatesError",
+    "OutputsUnavailableError",
     "PartitionEvidenceError",
     "PeerUpdateError",
     "ReplayMismatchError",
@@ -117,3 +118,8 @@ class BannedError(TrainingError):
 class PartitionEvidenceError(TrainingError):
     """Evidence about a partition result cannot be checked: malformed, incomplete or not the
     named result (the message says which)."""
+
+
+class OutputsUnavailableError(TrainingError):
+    """Raised when a node cannot fetch an agreed partition output: it must not assemble another
+    state, so it gives the round up and catches up (specs/training.md#partitioned-rounds)."""

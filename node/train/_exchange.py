@@ -57,6 +57,7 @@ class UpdateExchange:
         self.gossip = headers
         self.finder = finder
         self.refused_by: set[str] = set()  # holders that refused this node (banned?)
+        self.bytes_in = 0  # verified update bytes fetched, all rounds (the round report's figure)
 
     async def collect(self, info: RoundInfo, *, until: float) -> Collected:
         """Get every listed member's header and update, until trio time ``until`` at the latest."""
@@ -121,7 +122,8 @@ class UpdateExchange:
                 header = await self._header(info, member, cid, holders, got)
                 if header is None:
                     return  # invalid: recorded in got.invalid
-                await self.node.fetch(header.update, holders=holders)
+                report = await self.node.fetch(header.update, holders=holders)
+                self.bytes_in += report.bytes
                 got.headers[member] = (cid, header)
                 got.missing.pop(member, None)
                 return

@@ -9,9 +9,10 @@ Message by message (specs/training.md#partitioned-rounds):
 2. **Back up.** Past the round's collect deadline, a partition without a result passes to its
    backups in a fixed order, one every ``backup_step_s``; a backup aggregates it the same way.
 3. **Verify.** Once every partition has a recorded result, the seed (sha256 over the recorded
-   result CIDs) picks VERIFY_PARTITIONS other partitions this node recomputes. A result that
-   differs goes to the coordinator as self-proving evidence (a CAR); the coordinator recomputes
-   it, bans the signer and records the right output. The node then reports op ``checked``.
+   result CIDs) picks ``training.verify_partitions`` other partitions this node recomputes. A
+   result that differs goes to the coordinator as self-proving evidence (a CAR); the coordinator
+   recomputes it, bans the signer and records the right output. Then the node reports
+   ``checked``.
 4. **Assemble.** The agreed round names each partition's output (the recomputed one where a
    result was wrong); the node fetches them and adds them to its state.
 """
@@ -32,7 +33,12 @@ from cnode.node.p2p import FetchError, P2PError, P2PNode
 from cnode.storage import CID, DAG_CBOR, StorageError, missing_blocks, read_manifest
 
 from . import limits
-from ._exceptions import PeerUpdateError, RoundStalledError, StateMismatchError
+from ._exceptions import (
+    OutputsUnavailableError,
+    PeerUpdateError,
+    RoundStalledError,
+    StateMismatchError,
+)
 from ._exchange import UpdateExchange
 from ._partition_evidence import build_partition_evidence
 from ._partitioned import (
@@ -43,12 +49,15 @@ from ._partitioned import (
     recompute_partition,
     state_numel,
 )
-from ._round import UpdateHeader, segment_layer
+from ._round import UpdateHeader, open_update_header, segment_layer
 from ._trainer import NodeTrainer, RoundOutcome
 
 __all__ = ["PartitionedExchange", "fetch_update_segments"]
 
 log = structlog.get_logger(__name__)
+
+# Partition outputs fetched at once (each from its aggregator first, then from everyone).
+_PARALLEL_OUTPUTS = 4
 
 
 @dataclass
@@ -160,8 +169,6 @@ class PartitionedExchange:
         )
 
     def _own_header(self, info: RoundInfo) -> tuple[CID, UpdateHeader] | None:
-        from ._round import open_update_header
-
         cid = CID.parse(info.headers[self.trainer.peer])
         try:
             envelope = self.node.store.get(cid)
@@ -286,7 +293,9 @@ class PartitionedExchange:
             "\n".join(sorted(e.header for e in recorded.results.values())).encode()
         ).digest()
         own = [p for p, (_, r) in results.items() if r.peer == me]
-        chosen = verification_choice(seed, me, info.parts, limits.VERIFY_PARTITIONS, own)
+        chosen = verification_choice(
+            seed, me, info.parts, self.trainer.config.verify_partitions, own
+        )
         wrong: list[int] = []
         for partition in chosen:
             if partition not in results:
@@ -321,15 +330,12 @@ class PartitionedExchange:
         headers = [c for c in result.inputs.values() if not self.node.store.has(c)]
         if headers:
             await self.node.fetch_blocks(headers, holders=[result.peer, *everyone])
-        async with trio.open_nursery() as nursery:
-            for member, cid in result.inputs.items():
-                from ._round import open_update_header
-
-                header = open_update_header(
-                    self.node.store.get(cid), run=result.run, round_=result.round, signer=member
-                )
-                holders = [member, result.peer, *everyone]
-                nursery.start_soon(self._fetch_segments, header.update, indices, holders)
+        for member, cid in sorted(result.inputs.items()):
+            header = open_update_header(
+                self.node.store.get(cid), run=result.run, round_=result.round, signer=member
+            )
+            holders = [member, result.peer, *everyone]
+            state.bytes_in += await self._fetch_segments(header.update, indices, holders)
         work = await trio.to_thread.run_sync(
             lambda: recompute_partition(
                 self.node.store, result, config=self.trainer.config, numel=state.numel
@@ -387,17 +393,34 @@ class PartitionedExchange:
                 outputs[partition] = None  # a result other than the one this node opened
             else:
                 outputs[partition] = results[partition][1].output
+        failures: dict[int, str] = {}
+        limiter = trio.CapacityLimiter(_PARALLEL_OUTPUTS)
+
+        async def fetch_one(partition: int, output: CID, holders: list[str]) -> None:
+            async with limiter:
+                why = ""
+                for attempt in range(limits.FETCH_ATTEMPTS):
+                    try:
+                        state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
+                        return
+                    except (FetchError, P2PError, StorageError) as exc:
+                        why = str(exc)
+                    await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+                failures[partition] = why
+
         async with trio.open_nursery() as nursery:
             for partition, output in outputs.items():
                 if output is not None and not self.node.store.has(output):
                     entry = agreed.results[str(partition)]
                     holders = [entry.peer, *([entry.by] if entry.by else []), *everyone]
-                    nursery.start_soon(self._fetch_output, state, output, holders)
+                    nursery.start_soon(fetch_one, partition, output, holders)
+        if failures:
+            partition, why = sorted(failures.items())[0]
+            raise OutputsUnavailableError(
+                f"round {agreed.round}: the output of partition {partition} (and "
+                f"{len(failures) - 1} more) could not be fetched: {why}"
+            )
         return outputs
-
-    async def _fetch_output(self, state: _Round, output: CID, holders: list[str]) -> None:
-        report = await self.node.fetch(output, holders=holders)
-        state.bytes_in += report.bytes
 
 
 async def fetch_update_segments(

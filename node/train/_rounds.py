@@ -22,14 +22,19 @@ import trio
 from cnode.aggregation import BanRecommendation
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo, RunState
-from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, StorageError
+from cnode.node.p2p import P2PNode
+from cnode.storage import CID
 
 from . import limits
 from ._agreement import agree_on_checkpoint
 from ._bans import KnownBans
 from ._catch_up import CatchUp
-from ._exceptions import CatchUpError, MissingUpdatesError, RoundStalledError
+from ._exceptions import (
+    CatchUpError,
+    MissingUpdatesError,
+    OutputsUnavailableError,
+    RoundStalledError,
+)
 from ._exchange import UpdateExchange
 from ._headers import HeaderCollector
 from ._membership import leave_round
@@ -112,6 +117,7 @@ class RoundLoop:
         await client.ready(round_, header=str(own.header_cid))
         t_publish = time.monotonic() - began + own.seconds_store
         info = await self._wait_members(round_)
+        sent, got = self.node.server.bytes_sent, self.exchange.bytes_in
         began = time.monotonic()
         if info.parts:
             outcome = await self._play_partitioned(info)
@@ -159,6 +165,13 @@ class RoundLoop:
             publish_s=t_publish,
             fetch_s=t_fetch,
             aggregate_s=t_aggregate,
+            parts=info.parts,
+            # Verified bytes this node fetched and served in the round's exchange (the demo
+            # report's traffic table); a catch-up's are in its own event.
+            bytes_in=(
+                self.partitioned.last_bytes_in if info.parts else self.exchange.bytes_in - got
+            ),
+            bytes_out=self.node.server.bytes_sent - sent,
         )
         holds = None if manifest is None else str(manifest)
         await send_report(client, round_report(round_, loss, str(trainer.state_cid), holds))
@@ -187,7 +200,7 @@ class RoundLoop:
         """A partitioned round (``_partition_exchange``); None when this node must catch up."""
         try:
             outcome = await self.partitioned.play(info)
-        except (FetchError, P2PError, StorageError) as exc:
+        except OutputsUnavailableError as exc:
             # An agreed output this node cannot fetch: it must not assemble anything else.
             log.warning("round_given_up", round=info.round, error=str(exc))
             self.reporter.event("round_given_up", round=info.round, missing={"outputs": str(exc)})

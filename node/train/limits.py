@@ -75,8 +75,10 @@ MAX_PEER_ID_CHARS = 128  # a peer id in a partition result
 MAX_REASON_CHARS = 512  # one rejection or missing reason in a partition result
 # A signed partition result: ~200 bytes per member at most, for MAX_PARTITION_MEMBERS.
 MAX_PARTITION_RESULT_BYTES = 96 * 1024
-# Partitions each member recomputes per round, chosen after every result is out.
-VERIFY_PARTITIONS = 2
+# Default of training.verify_partitions: partitions each member recomputes per round, chosen
+# after every result is out. Each costs about one update of traffic (its inputs' slices).
+VERIFY_PARTITIONS = 1
+MAX_VERIFY_PARTITIONS = 64
 # How long a node waits for the round's results to be recorded (past the collect deadline the
 # backups take over, each BACKUP_STEP later), and for the agreed record after its check.
 RESULTS_WAIT_S = 300.0
