@@ -376,20 +376,24 @@ class CoordinatorClient:
 
         async def once() -> dict[str, Any]:
             for attempt in range(2):
+                # Signed under the lock, sent outside it: the upload and the recomputation may
+                # take minutes, and this client's other requests must not wait for them (the
+                # coordinator takes the counter before it reads the body; losing that race to a
+                # later request is the `replayed` case, resent once).
                 async with self._lock:
                     body = self._core.request_body(Op.WRONG_RESULT, args, with_token=True)
-                    try:
-                        response = await self._http.post(
-                            self._core.path(tail),
-                            content=car,
-                            headers={
-                                "X-Cnode-Request": body["envelope"],
-                                "Content-Type": "application/vnd.ipld.car",
-                            },
-                            timeout=_EVIDENCE_TIMEOUT,
-                        )
-                    except httpx.HTTPError as exc:
-                        raise _map_transport(exc, self._core.url) from exc
+                try:
+                    response = await self._http.post(
+                        self._core.path(tail),
+                        content=car,
+                        headers={
+                            "X-Cnode-Request": body["envelope"],
+                            "Content-Type": "application/vnd.ipld.car",
+                        },
+                        timeout=_EVIDENCE_TIMEOUT,
+                    )
+                except httpx.HTTPError as exc:
+                    raise _map_transport(exc, self._core.url) from exc
                 try:
                     return self._core.answer(response)
                 except CoordinatorRejected as exc:

@@ -218,6 +218,7 @@ class Dashboard:
                     "agreed_at_ms": _ms(row["agreed_at"]),
                     "excluded": json.loads(row["excluded"] or "{}"),
                     "member_count": int(total[0]),
+                    **self._partitions(n, row),
                     "members": [
                         {
                             "peer": m["peer"],
@@ -232,6 +233,30 @@ class Dashboard:
                 }
             )
         return out
+
+    def _partitions(self, n: int, row: Any) -> dict[str, Any]:
+        """A partitioned round's parts, and per partition (the first DASHBOARD_PARTITIONS) its
+        aggregator and recorded result (specs/coordinator.md#partitioned-rounds)."""
+        parts = int(row["parts"] or 0)
+        if parts == 0:
+            return {"parts": 0, "partitions": []}
+        members = json.loads(row["members"] or "[]")
+        aggregators = self.machine.partitions.aggregators(n, members, parts)
+        results = self.store.results(n)
+        shown = []
+        for p in range(min(parts, limits.DASHBOARD_PARTITIONS)):
+            r = results.get(p)
+            result = None
+            if r is not None:
+                result = {
+                    "peer": r["peer"],
+                    "header": r["header"],
+                    "replaced": r["replaced"],
+                    "by": r["by"],
+                    "at_ms": _ms(r["at"]),
+                }
+            shown.append({"partition": p, "aggregator": aggregators[p], "result": result})
+        return {"parts": parts, "partitions": shown}
 
     def _bans(self) -> list[dict[str, Any]]:
         s = self.store

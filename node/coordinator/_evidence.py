@@ -20,6 +20,8 @@ from typing import Any, Protocol
 import structlog
 from aiohttp import web
 
+from cnode import CnodeError
+
 from . import limits
 from ._config import RunConfig
 from ._exceptions import BadEvidence, RequestRefused
@@ -151,20 +153,20 @@ async def handle_evidence(server: CoordinatorServer, request: web.Request) -> we
     wait = server._request_limit.take(peer, time.time())
     if wait > 0:
         raise RateLimitedRefusal(wait)
-    # Everything cheap first, changing nothing: who, which round, which recorded result.
+    # Everything cheap first: who, which round, which recorded result. The counter is consumed
+    # here, before the body is read, so a long check never races the reporter's next requests
+    # (a replay of evidence could only get the same answer again anyway).
+    username = server.access(peer, req.token, time.time())
     with server.store.tx():
-        username = server.access(peer, req.token, time.time())
         server.machine.check_not_banned(peer, username)
-        last = server.store.last_counter(peer)
-        if req.counter < 0 or (last is not None and req.counter <= last):
-            raise RequestRefused(409, "replayed", f"request counter {req.counter} already used")
         server.partitions.evidence_target(peer, n, partition, header)
+        server.machine.consume_counter(peer, req.counter)
     try:
         await asyncio.wait_for(server.evidence_slots.acquire(), _QUEUE_WAIT_S)
     except TimeoutError as exc:
         raise RateLimitedRefusal(5.0) from exc
     try:
-        result = await _check(server, request, peer, n, partition, header, output, req.counter)
+        result = await _check(server, request, peer, n, partition, header, output)
     finally:
         server.evidence_slots.release()
     await server.after_change()
@@ -179,7 +181,6 @@ async def _check(
     partition: int,
     header: str,
     output: str,
-    counter: int,
 ) -> dict[str, Any]:
     recorded = server.partitions.evidence_target(peer, n, partition, header)
     if recorded["replaced"] is not None:  # shown wrong already (a resend, or a second reporter)
@@ -202,13 +203,17 @@ async def _check(
         )
     except BadEvidence as exc:
         raise RequestRefused(400, "bad_evidence", f"evidence: {exc}") from exc
+    except CnodeError as exc:  # the checker's own failure (a bug, a bad run config): ours
+        log.exception("evidence_check_failed", round=n, partition=partition)
+        raise RequestRefused(
+            500, "evidence_check_failed", f"the coordinator could not check the evidence: {exc}"
+        ) from exc
     del car
-    if verdict.partition != partition or verdict.claimed != output:
+    if verdict.partition != partition:
         raise RequestRefused(
             400,
             "bad_evidence",
-            f"the header is for partition {verdict.partition} and names output "
-            f"{verdict.claimed}; the request says partition {partition}, output {output}",
+            f"the header is for partition {verdict.partition}, not {partition}",
         )
     if verdict.signer != recorded["peer"]:
         raise RequestRefused(
@@ -226,7 +231,6 @@ async def _check(
         )
     now = time.time()
     with server.store.tx():
-        server.machine.consume_counter(peer, counter)
         server.partitions.evidence_target(peer, n, partition, header)
         server.partitions.wrong_result(
             peer,
@@ -235,6 +239,7 @@ async def _check(
             signer=verdict.signer,
             claimed=verdict.claimed,
             recomputed=verdict.recomputed,
+            reported=output,
             now=now,
         )
         entry = server.store.results(n)[partition]

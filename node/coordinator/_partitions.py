@@ -147,7 +147,9 @@ class PartitionRules:
         start, step = float(row["collect_deadline"]), self.config.rounds.backup_step_s
         if peer in backups and now >= start + backups.index(peer) * step:
             return
-        who = ", ".join(f"{b} from {ms(start + k * step)} ms" for k, b in enumerate(backups))
+        who = ", ".join(
+            f"{b} from {ms(start + k * step)} ms since the epoch" for k, b in enumerate(backups)
+        )
         raise RequestRefused(
             409,
             "not_your_partition",
@@ -286,6 +288,7 @@ class PartitionRules:
         signer: str,
         claimed: str,
         recomputed: str,
+        reported: str,
         now: float,
     ) -> None:
         """The coordinator's own recomputation shows the recorded result wrong: ban its signer
@@ -299,13 +302,19 @@ class PartitionRules:
             now,
             reporter,
             "wrong_result",
-            {"round": n, "partition": partition, "claimed": claimed, "recomputed": recomputed},
+            {
+                "round": n,
+                "partition": partition,
+                "claimed": claimed,
+                "recomputed": recomputed,
+                "reported": reported,
+            },
         )
         if self.store.ban_row(signer) is None:
             self.bans.ban(
                 signer,
                 f"wrong partition result: round {n} partition {partition}: header names "
-                f"{claimed}, recomputation gives {recomputed}",
+                f"{claimed or 'no output'}, recomputation gives {recomputed or 'no output'}",
                 f"evidence:{reporter}",
                 now,
                 round_=n,
@@ -314,6 +323,7 @@ class PartitionRules:
                     "claimed": claimed,
                     "recomputed": recomputed,
                     "reporter": reporter,
+                    "reported": reported,  # the reporter's own recomputation
                 },
             )
         else:

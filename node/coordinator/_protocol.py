@@ -277,7 +277,7 @@ class RoundInfo:
         partitioned = encode_partitioned(
             self.parts, self.aggregators, self.results, self.verify_deadline_ms
         )
-        return partitioned | {
+        return {
             "kind": "round",
             "run": self.run,
             "round": self.round,
@@ -292,7 +292,7 @@ class RoundInfo:
             "collect_deadline_ms": self.collect_deadline_ms,
             "agreed": None if self.agreed is None else list(self.agreed),
             "excluded": dict(self.excluded),
-        }
+        } | partitioned
 
     @classmethod
     def from_payload(cls, p: Mapping[str, Any]) -> RoundInfo:

@@ -124,8 +124,10 @@ def parse_wrong(args: Mapping[str, Any]) -> list[int]:
 
 def parse_wrong_result(args: Mapping[str, Any]) -> tuple[int, int, str, str]:
     """`wrong_result` {round, partition, header, output}: evidence against a partition result;
-    ``output`` is the output CID the header names (what the reporter says is wrong)."""
-    return parse_round(args), parse_partition(args), _cid(args, "header"), _cid(args, "output")
+    ``output`` is the output CID the reporter's own recomputation gives ("" for none)."""
+    output = require(args, "output", str)
+    output = _cid(args, "output") if output else ""
+    return parse_round(args), parse_partition(args), _cid(args, "header"), output
 
 
 def parse_checkpoint(args: Mapping[str, Any], peer: str) -> CheckpointRecord:

@@ -81,6 +81,8 @@ DASHBOARD_ROUNDS = 30
 DASHBOARD_MEMBERS = 64
 # Rounds of held-out loss in the chart (the newest).
 DASHBOARD_LOSS_ROUNDS = 500
+# Partitions listed per partitioned round, with their aggregator and result (`parts` is exact).
+DASHBOARD_PARTITIONS = 64
 # Newest bans listed, and evidence reports shown per ban.
 DASHBOARD_BANS = 100
 DASHBOARD_EVIDENCE = 32

@@ -149,6 +149,24 @@
       el("td", { class: "muted excluded" }, excludedWhy ? "left out: " + excludedWhy : ""));
   }
 
+  function partitionList(r) {
+    // A partitioned round: each partition's aggregator and the result recorded for it.
+    if (!r.parts) return null;
+    const done = r.partitions.filter(p => p.result).length;
+    const shown = r.partitions.length < r.parts ? " (first " + r.partitions.length + " shown)" : "";
+    return el("details", { class: "partitions" },
+      el("summary", {}, r.parts + " partitions, " + done + " with a result" + shown),
+      el("table", {}, el("tbody", {}, r.partitions.map(p => el("tr", { class: "partition" },
+        el("td", {}, String(p.partition)),
+        el("td", {}, peerCell(p.aggregator)),
+        el("td", {}, !p.result ? "no result" :
+          [p.result.peer !== p.aggregator ? "backup " : "", peerCell(p.result.peer), " ",
+            el("span", { class: "cid" }, p.result.header)]),
+        el("td", { class: "muted" }, p.result && p.result.replaced !== null ?
+          ["wrong; recomputed ", el("span", { class: "cid" }, p.result.replaced || "(none)"),
+            ", shown by ", peerCell(p.result.by || "")] : ""))))));
+  }
+
   function roundRow(r) {
     const timing = [
       "opened " + time(r.opened_at_ms),
@@ -165,7 +183,7 @@
       el("p", { class: "muted" }, (r.member_count - r.members.length) + " more") : null;
     return el("tr", { class: "round", "data-round": r.round },
       el("td", {}, String(r.round)), el("td", {}, r.status), el("td", {}, String(r.epoch)),
-      el("td", { class: "muted" }, timing), el("td", {}, members, more));
+      el("td", { class: "muted" }, timing), el("td", {}, members, more, partitionList(r)));
   }
 
   function banRow(b) {

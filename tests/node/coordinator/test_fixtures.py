@@ -9,11 +9,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from cnode.aggregation import assign_partitions, backup_aggregators
 from cnode.auth import Identity, issue_access_token, open_envelope, seal
 from cnode.node.coordinator import (
     REQUEST_TYPE,
     STATE_TYPE,
     CheckpointRecord,
+    PartitionResultEntry,
     Phase,
     RoundInfo,
     RoundStatus,
@@ -60,6 +62,55 @@ def collected_payload() -> dict[str, Any]:
     }
 
 
+def result_payload() -> dict[str, Any]:
+    return {
+        "run": "demo",
+        "op": "result",
+        "counter": 1_795_300_000_000_002,
+        "args": {"round": 4, "partition": 0, "header": RESULT},
+        "token": _token(),
+    }
+
+
+# A partitioned round: three members, partition 1 taken over by its first backup, partition 2
+# shown wrong by evidence (the coordinator's recomputation replaced its output).
+MEMBERS = sorted(Identity.from_seed(bytes([i]) * 32).peer_id_str for i in (1, 3, 4))
+RESULT = "bafyreihwuikppjp43igcz3uwmc37ykpvmspdy2fk2shcb2kqcn6jrej2na"  # CID of b"result"
+OUTPUT = "bafyreiha52f3kbuf4bp2b5d62bbahluvh7p5avpvxuujf2qymucckt4mhi"  # CID of b"output"
+
+
+def partitioned_round() -> RoundInfo:
+    aggregators = assign_partitions("demo", 4, MEMBERS, 3)
+    backup = backup_aggregators("demo", 4, MEMBERS, 1)[0]
+    return RoundInfo(
+        "demo",
+        4,
+        0,
+        RoundStatus.AGREED,
+        MEMBERS,
+        3,
+        3,
+        None,
+        {peer: HEADER for peer in MEMBERS},
+        collect_deadline_ms=1_795_300_190_000,
+        agreed=MEMBERS,
+        excluded={
+            aggregators[
+                1
+            ]: f"partition 1: no result by the deadline; aggregated by backup {backup}",
+            aggregators[2]: "banned",
+        },
+        parts=3,
+        aggregators=aggregators,
+        results={
+            "0": PartitionResultEntry(aggregators[0], RESULT),
+            "1": PartitionResultEntry(backup, RESULT),
+            "2": PartitionResultEntry(aggregators[2], RESULT, OUTPUT, aggregators[0]),
+        },
+        verify_deadline_ms=1_795_300_260_000,
+    )
+
+
 def run_state() -> RunState:
     config = load_run_config(FIXTURES / "run.toml")
     addrs = {PEER.peer_id_str: [f"/ip4/203.0.113.7/tcp/4001/p2p/{PEER.peer_id_str}"]}
@@ -104,7 +155,7 @@ def _readable(payload: dict[str, Any]) -> dict[str, Any]:
 
 
 def generate() -> dict[str, str]:
-    state = run_state()
+    state, rounds = run_state(), partitioned_round()
     return {
         "request-ready.json": json.dumps(
             {"envelope": b64encode(seal(PEER, REQUEST_TYPE, ready_payload()))}, indent=2
@@ -118,6 +169,14 @@ def generate() -> dict[str, str]:
             {"envelope": b64encode(seal(COORDINATOR, STATE_TYPE, state.to_payload()))}, indent=2
         ),
         "run-state.payload.json": json.dumps(state.to_payload(), indent=2),
+        "request-result.json": json.dumps(
+            {"envelope": b64encode(seal(PEER, REQUEST_TYPE, result_payload()))}, indent=2
+        ),
+        "request-result.payload.json": json.dumps(_readable(result_payload()), indent=2),
+        "round-partitioned.json": json.dumps(
+            {"envelope": b64encode(seal(COORDINATOR, STATE_TYPE, rounds.to_payload()))}, indent=2
+        ),
+        "round-partitioned.payload.json": json.dumps(rounds.to_payload(), indent=2),
     }
 
 
@@ -137,6 +196,14 @@ def test_fixture_state_verifies_against_the_pinned_coordinator() -> None:
     data = b64decode(json.loads((FIXTURES / "run-state.json").read_text())["envelope"])
     payload = verify_state_envelope(data, run="demo", coordinator=COORDINATOR.peer_id_str)
     assert RunState.from_payload(payload) == run_state()
+
+
+def test_fixture_partitioned_round_verifies_and_decodes() -> None:
+    data = b64decode(json.loads((FIXTURES / "round-partitioned.json").read_text())["envelope"])
+    payload = verify_state_envelope(data, run="demo", coordinator=COORDINATOR.peer_id_str)
+    info = RoundInfo.from_payload(payload)
+    assert info == partitioned_round()
+    assert info.aggregators == assign_partitions("demo", 4, info.members, info.parts)
 
 
 def test_fixture_run_config() -> None:

@@ -11,7 +11,14 @@ import pytest
 import trio
 
 from cnode.auth import Identity
-from cnode.node.coordinator import BadRunState, CoordinatorClient, RoundInfo, RoundStatus
+from cnode.node.coordinator import (
+    BadRunState,
+    CoordinatorClient,
+    RoundInfo,
+    RoundStatus,
+    RunConfig,
+    RunConfigError,
+)
 from cnode.storage import compute_cid
 
 from .conftest import Running, body, post, refused, run_config
@@ -182,3 +189,29 @@ def test_a_schema_2_database_opens_migrated_and_runs_partitioned_rounds(
             await c.aclose()
 
     trio.run(main)
+
+
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"training": {"partitioned": "sometimes"}}, "training.partitioned must be one of"),
+        ({"training": {"partitioned": True}}, "training.partitioned must be one of"),
+        ({"rounds": {"backup_step_s": 0}}, "rounds.backup_step_s must be in"),
+        ({"rounds": {"verify_timeout_s": -1.0}}, "rounds.verify_timeout_s must be in"),
+        ({"rounds": {"verify_timeout_s": "60"}}, "verify_timeout_s must be float"),
+    ],
+)
+def test_bad_partitioned_settings_refuse_the_run_config(raw: dict[str, Any], words: str) -> None:
+    with pytest.raises(RunConfigError, match=words):
+        RunConfig.from_dict({"run": "r", **raw})
+
+
+def test_partitioned_settings_default_and_load() -> None:
+    config = RunConfig.from_dict({"run": "r"})
+    assert config.partitioned == "auto"
+    assert config.rounds.backup_step_s == 15.0 and config.rounds.verify_timeout_s == 60.0
+    assert [config.partition_rounds(n) for n in (1, 2, 3, 64)] == [False, False, True, True]
+    always = RunConfig.from_dict({"run": "r", "training": {"partitioned": "always"}})
+    assert always.partition_rounds(1)
+    never = RunConfig.from_dict({"run": "r", "training": {"partitioned": "never"}})
+    assert not never.partition_rounds(100)

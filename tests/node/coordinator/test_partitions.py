@@ -5,8 +5,10 @@ deadlines."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -22,6 +24,7 @@ from cnode.node.coordinator import (
     limits,
 )
 from cnode.storage import compute_cid
+from tests.support.browser import open_page
 
 from .conftest import Running, run_config
 
@@ -259,3 +262,42 @@ def test_partitions_without_any_result_keep_the_parent_after_the_backups(
             await c.aclose()
 
     trio.run(main)
+
+
+def test_the_dashboard_shows_each_partition_its_aggregator_and_result(
+    serve: Any, peers: Any, tmp_path: Path
+) -> None:
+    running = serve(run_config(peers, partitioned="auto", min_participants=3))
+
+    async def main() -> RoundInfo:
+        clients, info = await _publish(running, peers[:3])
+        await clients[info.aggregators[1]].result(1, partition=1, header=_header("result 1"))
+        for c in clients.values():
+            await c.aclose()
+        return info
+
+    info = trio.run(main)
+    answer = httpx.get(f"{running.url}/v1/runs/test-run/dashboard")
+    assert answer.status_code == 200, answer.text
+    shown = next(r for r in answer.json()["rounds"] if r["round"] == 1)
+    assert shown["parts"] == 3
+    assert [p["aggregator"] for p in shown["partitions"]] == info.aggregators
+    assert [p["result"] is None for p in shown["partitions"]] == [True, False, True]
+    result = shown["partitions"][1]["result"]
+    assert result["peer"] == info.aggregators[1] and result["header"] == _header("result 1")
+    assert result["replaced"] is None and result["by"] is None
+    full = next(r for r in answer.json()["rounds"] if r["round"] == 2)
+    assert full["parts"] == 0 and full["partitions"] == []
+    with open_page(tmp_path / "profile") as page:
+        page.navigate(f"{running.url}/")
+        page.wait_for(
+            "document.querySelectorAll('details.partitions tr.partition').length === 3",
+            30,
+            "the partitions of round 1",
+        )
+        rows = page.evaluate(
+            "[...document.querySelectorAll('details.partitions tr.partition')]"
+            ".map(e => e.textContent)"
+        )
+        assert "no result" in rows[0] and "no result" not in rows[1]
+        assert _header("result 1") in rows[1]
