@@ -28,7 +28,12 @@ import structlog
 import trio
 
 from cnode.aggregation import backup_aggregators, verification_choice
-from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo
+from cnode.node.coordinator import (
+    CoordinatorClient,
+    CoordinatorRejected,
+    CoordinatorUnavailable,
+    RoundInfo,
+)
 from cnode.node.p2p import FetchError, P2PError, P2PNode
 from cnode.storage import CID, DAG_CBOR, StorageError, missing_blocks, read_manifest
 
@@ -101,9 +106,9 @@ class PartitionedExchange:
             await self.updates.finder.dial_listed(info.addrs)
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
-        with trio.move_on_after(max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)):
-            for partition in mine:
-                await self._aggregate(state, partition, backup_for=None)
+        fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
+        for partition in mine:
+            await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
         recorded = await self._wait_results(state)
         results = await self._open_results(state, recorded)
         await self._verify(state, recorded, results)
@@ -119,15 +124,20 @@ class PartitionedExchange:
 
     # -- 1 and 2: aggregating a partition ---------------------------------------------------
 
-    async def _aggregate(self, state: _Round, partition: int, *, backup_for: str | None) -> None:
-        """Fetch the partition's inputs, aggregate, store, sign and report the result."""
+    async def _aggregate(
+        self, state: _Round, partition: int, *, backup_for: str | None, fetch_until: float
+    ) -> None:
+        """Fetch the partition's inputs until trio time ``fetch_until``, then aggregate what
+        came (a member whose slice did not is listed as missing), store, sign and report."""
         info, me = state.info, self.trainer.peer
         indices = input_segments(state.numel, info.parts, partition)
         missing: dict[str, str] = {}
-        async with trio.open_nursery() as nursery:
-            for member in info.members:
-                if member != me:
-                    nursery.start_soon(self._get_input, state, member, indices, missing)
+        with trio.move_on_at(fetch_until):
+            async with trio.open_nursery() as nursery:
+                for member in info.members:
+                    if member != me:
+                        missing[member] = "no fetch finished in time"
+                        nursery.start_soon(self._get_input, state, member, indices, missing)
         if me in info.headers and me not in state.headers:
             own = self._own_header(info)
             if own is not None:
@@ -243,7 +253,13 @@ class PartitionedExchange:
             if now >= collect_end + k * self.backup_step_s and now >= collect_end:
                 log.info("partition_backup", partition=partition, k=k)
                 state.done.add(partition)
-                await self._aggregate(state, partition, backup_for=info.aggregators[partition])
+                # Its turn lasts backup_step_s: fetch for half of it, then aggregate what came.
+                await self._aggregate(
+                    state,
+                    partition,
+                    backup_for=info.aggregators[partition],
+                    fetch_until=trio.current_time() + self.backup_step_s / 2,
+                )
 
     # -- 3: verification ----------------------------------------------------------------------
 
@@ -359,7 +375,9 @@ class PartitionedExchange:
                 output="" if claimed is None else str(claimed),
                 car=car,
             )
-        except CoordinatorRejected as exc:
+        except (CoordinatorRejected, CoordinatorUnavailable) as exc:
+            # Refused (the result was right after all) or the check failed: this node goes
+            # on; it still reports the partition in `checked`, which the coordinator logs.
             log.warning("partition_evidence_refused", partition=partition, error=str(exc))
             return False
         log.warning("partition_aggregator_banned", partition=partition, answer=answer)
