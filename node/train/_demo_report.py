@@ -20,6 +20,28 @@ def _short(peer: str) -> str:
     return peer[-8:]
 
 
+def _traffic_table(procs: list[_Proc], events: dict[str, list[dict[str, Any]]]) -> Table:
+    """Bytes each node fetched and served per round (partitioned rounds: about twice an update
+    in, specs/training.md#partitioned-rounds)."""
+    rounds = sorted({e["round"] for evs in events.values() for e in evs if e["event"] == "round"})
+    table = Table(title="round traffic per node: verified MB in / MB out (partitions)")
+    table.add_column("node")
+    for r in rounds:
+        table.add_column(f"round {r}", justify="right")
+    for p in procs:
+        by_round = {e["round"]: e for e in events[p.name] if e["event"] == "round"}
+        cells = []
+        for r in rounds:
+            e = by_round.get(r)
+            if e is None or e.get("bytes_in") is None:
+                cells.append("—")
+                continue
+            parts = f" ({e['parts']})" if e.get("parts") else " (full)"
+            cells.append(f"{e['bytes_in'] / 1e6:.2f} / {e.get('bytes_out', 0) / 1e6:.2f}{parts}")
+        table.add_row(f"{p.name} (…{_short(p.peer)})", *cells)
+    return table
+
+
 def final_report(
     work: Path,
     procs: list[_Proc],
@@ -53,6 +75,7 @@ def final_report(
             f"{e['aggregate_s']:.2f}",
         )
     console.print(table)
+    console.print(_traffic_table(procs, events))
     if len(rounds) >= 2 and not rounds[-1]["loss"] < rounds[0]["loss"]:
         problems.append("the held-out loss did not go down")
     if len(rounds) < settings.rounds:
