@@ -149,6 +149,17 @@ class PartitionedExchange:
         if self.withhold:
             log.warning("partition_withheld", round=info.round, partition=partition)
             return
+        if not _enough_inputs(len(inputs), len(info.members)):
+            # Cut off from most members: a result of this node's own few updates would stand for
+            # the whole partition. Publish nothing; a backup takes the partition over.
+            log.warning(
+                "partition_not_published",
+                round=info.round,
+                partition=partition,
+                inputs=len(inputs),
+                members=len(info.members),
+            )
+            return
         envelope, result = await trio.to_thread.run_sync(
             lambda: self.trainer.aggregate_partition(
                 info.round,
@@ -285,6 +296,9 @@ class PartitionedExchange:
                 continue
             if result.partition != partition or result.parts != state.info.parts:
                 log.warning("partition_result_mislabelled", partition=partition)
+                continue
+            if not _enough_inputs(len(result.inputs), len(state.info.members)):
+                log.warning("partition_result_too_few_inputs", partition=partition)
                 continue
             out[partition] = (cid, result)
         bases = [r.base for _, r in out.values()]
@@ -441,6 +455,13 @@ class PartitionedExchange:
                 f"{len(failures) - 1} more) could not be fetched: {why}"
             )
         return outputs
+
+
+def _enough_inputs(inputs: int, members: int) -> bool:
+    """A partition result must read a strict majority of the round's members' updates: then no
+    node cut off from the rest can make its own update stand for a partition (the rule of the
+    agreed input set, specs/coordinator.md#agreement, applied per partition)."""
+    return 2 * inputs > members
 
 
 async def fetch_update_segments(
