@@ -23,7 +23,15 @@ def test_an_update_nobody_can_fetch_is_dropped_by_the_agreed_decision(
     tmp_path: Path, swarms: list[Swarm]
 ) -> None:
     rounds = 3
-    swarm = Swarm(tmp_path, ["a", "b", "w"], min_participants=3, collect_timeout_s=20.0)
+    # Full replication, whose agreed input set this is about (a partitioned round's withholder:
+    # test_partitioned_swarm.py).
+    swarm = Swarm(
+        tmp_path,
+        ["a", "b", "w"],
+        min_participants=3,
+        collect_timeout_s=20.0,
+        training={"partitioned": "never"},
+    )
     swarms.append(swarm)
     a = swarm.start("a", rounds=rounds, checkpointer=True)
     b = swarm.start("b", rounds=rounds)

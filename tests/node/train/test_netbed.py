@@ -46,7 +46,14 @@ def _host(i: int) -> str:
 class Netbed:
     """The netbed hosts, the coordinator on host 0, and ``cnode train`` processes."""
 
-    def __init__(self, tmp: Path, hosts: int, *, min_participants: int) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        hosts: int,
+        *,
+        min_participants: int,
+        training: dict[str, Any] | None = None,
+    ) -> None:
         self.tmp = tmp
         self.hosts = hosts
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -86,7 +93,7 @@ class Netbed:
             "access": {"peers": list(self.peers.values())},
             # The testbed's 10.77.0.0/24 is a private range, as a LAN's would be.
             "network": {"allow_private_addrs": True},
-            "training": TINY_TRAINING,
+            "training": {**TINY_TRAINING, **(training or {})},
         }
         (self.tmp / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
         self.coordinator = CoordinatorProcess(
@@ -199,7 +206,8 @@ def test_a_node_cut_off_from_its_peers_stops_with_a_clear_error(
     tmp_path: Path, testbed_factory: list[Netbed]
 ) -> None:
     rounds = 12  # the others go on long enough for the cut-off node to try to catch up
-    bed = Netbed(tmp_path, 4, min_participants=2)
+    # Full replication: the message names the members whose agreed updates it could not fetch.
+    bed = Netbed(tmp_path, 4, min_participants=2, training={"partitioned": "never"})
     testbed_factory.append(bed)
     bed.up(["a", "b", "c"])
     bed.start("a", 1, "--checkpointer", rounds=rounds)
