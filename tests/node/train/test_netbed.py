@@ -61,6 +61,7 @@ class Netbed:
         self.peers: dict[str, str] = {}
         self.coordinator: CoordinatorProcess | None = None
         self.min_participants = min_participants
+        self.training = dict(training or {})  # settings over TINY_TRAINING
 
     def up(self, names: list[str]) -> None:
         subprocess.run(["bash", str(NETBED), "down"], capture_output=True, timeout=60)
@@ -93,7 +94,7 @@ class Netbed:
             "access": {"peers": list(self.peers.values())},
             # The testbed's 10.77.0.0/24 is a private range, as a LAN's would be.
             "network": {"allow_private_addrs": True},
-            "training": {**TINY_TRAINING, **(training or {})},
+            "training": {**TINY_TRAINING, **self.training},
         }
         (self.tmp / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
         self.coordinator = CoordinatorProcess(
