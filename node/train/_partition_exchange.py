@@ -111,6 +111,12 @@ class PartitionedExchange:
             await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
         recorded = await self._wait_results(state)
         results = await self._open_results(state, recorded)
+        # Fetch the outputs before reporting `checked`: the round is agreed once every member
+        # has checked, and an aggregator whose last round it is may leave right after.
+        try:
+            await self._fetch_outputs(state, recorded, results)
+        except OutputsUnavailableError as exc:
+            log.warning("partition_outputs_not_yet", round=info.round, error=str(exc))
         await self._verify(state, recorded, results)
         agreed = await self._wait_agreed(info.round)
         outputs = await self._fetch_outputs(state, agreed, results)
@@ -277,21 +283,35 @@ class PartitionedExchange:
     async def _open_results(
         self, state: _Round, recorded: RoundInfo
     ) -> dict[int, tuple[CID, PartitionResult]]:
-        """Fetch and open every recorded result; one that does not open applies nothing."""
+        """Fetch and open every recorded result. One whose bytes are not a valid result of the
+        partition applies nothing (the same bytes, the same verdict, on every node); one this
+        node cannot fetch raises OutputsUnavailableError (it must not apply another set)."""
         out: dict[int, tuple[CID, PartitionResult]] = {}
         for key, entry in sorted(recorded.results.items(), key=lambda kv: int(kv[0])):
             partition, cid = int(key), CID.parse(entry.header)
             holders = [entry.peer] + [m for m in state.info.members if m != entry.peer]
+            why = ""
+            for attempt in range(limits.FETCH_ATTEMPTS):
+                try:
+                    if not self.node.store.has(cid):
+                        await self.node.fetch_blocks([cid], holders=holders)
+                    break
+                except (FetchError, P2PError, StorageError) as exc:
+                    why = str(exc)
+                await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+            if not self.node.store.has(cid):
+                raise OutputsUnavailableError(
+                    f"round {state.info.round}: the result of partition {partition} could not "
+                    f"be fetched: {why}"
+                )
             try:
-                if not self.node.store.has(cid):
-                    await self.node.fetch_blocks([cid], holders=holders)
                 result = open_partition_result(
                     self.node.store.get(cid),
                     run=self.trainer.run,
                     round_=state.info.round,
                     signer=entry.peer,
                 )
-            except (FetchError, P2PError, StorageError, PeerUpdateError) as exc:
+            except (StorageError, PeerUpdateError) as exc:
                 log.warning("partition_result_unusable", partition=partition, error=str(exc))
                 continue
             if result.partition != partition or result.parts != state.info.parts:
@@ -413,13 +433,14 @@ class PartitionedExchange:
         agreed: RoundInfo,
         results: dict[int, tuple[CID, PartitionResult]],
     ) -> dict[int, CID | None]:
-        """Each partition's output as agreed (recomputed where the result was wrong), fetched."""
+        """Each partition's output as ``agreed`` records it (recomputed where the result was
+        wrong), fetched; raises OutputsUnavailableError naming one that cannot be had."""
         outputs: dict[int, CID | None] = {}
         everyone = [m for m in agreed.members if m != self.trainer.peer]
         for partition in range(agreed.parts):
             entry = agreed.results.get(str(partition))
             if entry is None or partition not in results:
-                outputs[partition] = None
+                outputs[partition] = None  # no result, or one that does not open (everywhere)
                 continue
             if entry.replaced is not None:
                 outputs[partition] = CID.parse(entry.replaced) if entry.replaced else None
