@@ -42,7 +42,7 @@ from ._partition_evidence import PartitionVerdict as PartitionVerdict
 from ._partition_evidence import build_partition_evidence as build_partition_evidence
 from ._partition_evidence import check_partition_evidence as check_partition_evidence
 from ._partition_evidence import model_numel as model_numel
-from ._partition_exchange import fetch_update_segments as fetch_update_segments
+from ._partition_fetch import fetch_update_segments as fetch_update_segments
 from ._partitioned import PARTITION_RESULT_TYPE as PARTITION_RESULT_TYPE
 from ._partitioned import PartitionResult as PartitionResult
 from ._partitioned import open_partition_result as open_partition_result

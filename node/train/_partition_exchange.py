@@ -19,7 +19,6 @@ Message by message (specs/training.md#partitioned-rounds):
 
 from __future__ import annotations
 
-import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -27,15 +26,14 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
-from cnode.aggregation import backup_aggregators, verification_choice
+from cnode.aggregation import backup_aggregators
 from cnode.node.coordinator import (
     CoordinatorClient,
     CoordinatorRejected,
-    CoordinatorUnavailable,
     RoundInfo,
 )
 from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, DAG_CBOR, StorageError, missing_blocks, read_manifest
+from cnode.storage import CID, StorageError
 
 from . import limits
 from ._exceptions import (
@@ -45,19 +43,19 @@ from ._exceptions import (
     StateMismatchError,
 )
 from ._exchange import UpdateExchange
-from ._partition_evidence import build_partition_evidence
+from ._partition_fetch import enough_inputs, fetch_update_segments
+from ._partition_verify import PartitionVerifier
 from ._partitioned import (
     PartitionResult,
     input_segments,
     open_partition_result,
     partition_result_cid,
-    recompute_partition,
     state_numel,
 )
-from ._round import UpdateHeader, open_update_header, segment_layer
+from ._round import UpdateHeader, open_update_header
 from ._trainer import NodeTrainer, RoundOutcome
 
-__all__ = ["PartitionedExchange", "fetch_update_segments"]
+__all__ = ["PartitionedExchange"]
 
 log = structlog.get_logger(__name__)
 
@@ -96,6 +94,7 @@ class PartitionedExchange:
         self.updates = updates
         self.backup_step_s = backup_step_s
         self.withhold = withhold  # testing aid: never publish a result (a backup takes over)
+        self.verifier = PartitionVerifier(trainer, node, client)
         self.last_bytes_in = 0
 
     async def play(self, info: RoundInfo) -> RoundOutcome:
@@ -117,7 +116,7 @@ class PartitionedExchange:
             await self._fetch_outputs(state, recorded, results)
         except OutputsUnavailableError as exc:
             log.warning("partition_outputs_not_yet", round=info.round, error=str(exc))
-        await self._verify(state, recorded, results)
+        state.bytes_in += await self.verifier.check(info, recorded, results, numel=state.numel)
         agreed = await self._wait_agreed(info.round)
         outputs = await self._fetch_outputs(state, agreed, results)
         dropped = dict(agreed.excluded)
@@ -155,7 +154,7 @@ class PartitionedExchange:
         if self.withhold:
             log.warning("partition_withheld", round=info.round, partition=partition)
             return
-        if not _enough_inputs(len(inputs), len(info.members)):
+        if not enough_inputs(len(inputs), len(info.members)):
             # Cut off from most members: a result of this node's own few updates would stand for
             # the whole partition. Publish nothing; a backup takes the partition over.
             log.warning(
@@ -223,18 +222,15 @@ class PartitionedExchange:
                         return
                     state.headers[member] = header
                 _, header_ = state.headers[member]
-                state.bytes_in += await self._fetch_segments(header_.update, indices, holders)
+                state.bytes_in += await fetch_update_segments(
+                    self.node, header_.update, indices, holders
+                )
                 missing.pop(member, None)
                 return
             except (FetchError, P2PError, StorageError) as exc:
                 why = str(exc)
             missing[member] = f"update not fetched: {why}"
             await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-
-    async def _fetch_segments(
-        self, update: CID, indices: Sequence[int], holders: Sequence[str]
-    ) -> int:
-        return await fetch_update_segments(self.node, update, indices, holders)
 
     # -- waiting for results, backups ---------------------------------------------------------
 
@@ -317,7 +313,7 @@ class PartitionedExchange:
             if result.partition != partition or result.parts != state.info.parts:
                 log.warning("partition_result_mislabelled", partition=partition)
                 continue
-            if not _enough_inputs(len(result.inputs), len(state.info.members)):
+            if not enough_inputs(len(result.inputs), len(state.info.members)):
                 log.warning("partition_result_too_few_inputs", partition=partition)
                 continue
             out[partition] = (cid, result)
@@ -328,94 +324,6 @@ class PartitionedExchange:
                 f"state than this node's {self.trainer.state_cid}"
             )
         return out
-
-    async def _verify(
-        self,
-        state: _Round,
-        recorded: RoundInfo,
-        results: dict[int, tuple[CID, PartitionResult]],
-    ) -> None:
-        """Recompute VERIFY_PARTITIONS partitions chosen by the seed; report what was wrong."""
-        info, me = state.info, self.trainer.peer
-        if recorded.agreed is not None:
-            return  # decided without us (we were slow): nothing left to check
-        seed = hashlib.sha256(
-            "\n".join(sorted(e.header for e in recorded.results.values())).encode()
-        ).digest()
-        own = [p for p, (_, r) in results.items() if r.peer == me]
-        chosen = verification_choice(
-            seed, me, info.parts, self.trainer.config.verify_partitions, own
-        )
-        wrong: list[int] = []
-        for partition in chosen:
-            if partition not in results:
-                continue
-            cid, result = results[partition]
-            try:
-                right = await self._recompute(state, result)
-            except (FetchError, P2PError, StorageError, PeerUpdateError) as exc:
-                log.warning("partition_not_verified", partition=partition, error=str(exc))
-                continue
-            if right == result.output:
-                continue
-            log.warning(
-                "partition_result_wrong",
-                partition=partition,
-                aggregator=result.peer[-8:],
-                claimed=str(result.output),
-                recomputed=str(right),
-            )
-            if right is not None:
-                await self.node.announce_hold(right)
-            if await self._report_wrong(state, partition, cid, result.output):
-                wrong.append(partition)
-        try:
-            await self.client.checked(info.round, wrong=wrong)
-        except CoordinatorRejected as exc:
-            log.info("checked_refused", round=info.round, error=str(exc))
-
-    async def _recompute(self, state: _Round, result: PartitionResult) -> CID | None:
-        indices = input_segments(state.numel, result.parts, result.partition)
-        everyone = [m for m in state.info.members if m != self.trainer.peer]
-        headers = [c for c in result.inputs.values() if not self.node.store.has(c)]
-        if headers:
-            await self.node.fetch_blocks(headers, holders=[result.peer, *everyone])
-        for member, cid in sorted(result.inputs.items()):
-            header = open_update_header(
-                self.node.store.get(cid), run=result.run, round_=result.round, signer=member
-            )
-            holders = [member, result.peer, *everyone]
-            state.bytes_in += await self._fetch_segments(header.update, indices, holders)
-        work = await trio.to_thread.run_sync(
-            lambda: recompute_partition(
-                self.node.store, result, config=self.trainer.config, numel=state.numel
-            )
-        )
-        return work.output
-
-    async def _report_wrong(
-        self, state: _Round, partition: int, header: CID, claimed: CID | None
-    ) -> bool:
-        """Send the evidence; ``claimed`` is the output the signed result names (the
-        coordinator checks the request matches the header before it recomputes)."""
-        car = await trio.to_thread.run_sync(
-            lambda: build_partition_evidence(self.node.store, header, numel=state.numel)
-        )
-        try:
-            answer = await self.client.partition_evidence(
-                state.info.round,
-                partition=partition,
-                header=str(header),
-                output="" if claimed is None else str(claimed),
-                car=car,
-            )
-        except (CoordinatorRejected, CoordinatorUnavailable) as exc:
-            # Refused (the result was right after all) or the check failed: this node goes
-            # on; it still reports the partition in `checked`, which the coordinator logs.
-            log.warning("partition_evidence_refused", partition=partition, error=str(exc))
-            return False
-        log.warning("partition_aggregator_banned", partition=partition, answer=answer)
-        return True
 
     # -- 4: assembling ------------------------------------------------------------------------
 
@@ -476,33 +384,3 @@ class PartitionedExchange:
                 f"{len(failures) - 1} more) could not be fetched: {why}"
             )
         return outputs
-
-
-def _enough_inputs(inputs: int, members: int) -> bool:
-    """A partition result must read a strict majority of the round's members' updates: then no
-    node cut off from the rest can make its own update stand for a partition (the rule of the
-    agreed input set, specs/coordinator.md#agreement, applied per partition)."""
-    return 2 * inputs > members
-
-
-async def fetch_update_segments(
-    node: P2PNode, update: CID, indices: Sequence[int], holders: Sequence[str]
-) -> int:
-    """Fetch the manifest nodes of ``update`` and the chunks of its segments ``indices``: only
-    what a partition needs, every block verified. Returns the bytes fetched."""
-    store = node.store
-    fetched = 0
-    for _ in range(4):  # root, layer pages, chunk pages: at most three levels
-        nodes = [update] if not store.has(update) else []
-        if not nodes:
-            nodes = [c for c in missing_blocks(store, update) if c.codec == DAG_CBOR]
-        if not nodes:
-            break
-        fetched += (await node.fetch_blocks(nodes, holders=holders)).bytes
-    manifest = read_manifest(store, update)
-    names = {segment_layer(i) for i in indices}
-    chunks = [c for layer in manifest.layers if layer.name in names for c in layer.chunks]
-    wanted = [c for c in chunks if not store.has(c)]
-    if wanted:
-        fetched += (await node.fetch_blocks(wanted, holders=holders)).bytes
-    return fetched
