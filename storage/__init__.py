@@ -23,6 +23,7 @@ from ._cid import DAG_PB as DAG_PB
 from ._cid import RAW as RAW
 from ._cid import compute_cid as compute_cid
 from ._cid import verify_block as verify_block
+from ._closure import ClosureWalk as ClosureWalk
 from ._closure import manifest_closure as manifest_closure
 from ._closure import missing_blocks as missing_blocks
 from ._dag import block_links as block_links
@@ -76,6 +77,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointMeta",
+    "ClosureWalk",
     "CorruptBlockError",
     "DAG_CBOR",
     "DAG_PB",
