@@ -2,7 +2,8 @@
 
 1. Uncapped loopback: a 400 MB checkpoint from 1 holder process to a joiner process
    (``cnode checkpoint fetch``), MB/s against a raw libp2p stream (Noise + yamux, same host
-   settings) between two processes in the same run. Peak RSS of the joiner process.
+   settings: yamux frames that fit one Noise message, defect 12) between two processes in the
+   same run, and against one with py-libp2p's own 64 KiB frames. Peak RSS of the joiner.
 2. Capped: k = 1, 2, 4 holder processes, each capped at R bytes/s by its own token bucket
    (``--rate``); fetch time against the ideal size / (k * R). R defaults to 5 MB/s so that
    4R stays below what one (shared, loaded) core here verifies and stores.
@@ -20,6 +21,8 @@ stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-m
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -129,6 +132,8 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from cnode.node.p2p import _defects
 N = int(sys.argv[1])
+if sys.argv[2] == "tuned":
+    _defects.fit_yamux_frames()
 async def main():
     kp = create_new_key_pair()
     host = new_host(
@@ -156,6 +161,8 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from cnode.node.p2p import _defects
 async def main():
     _defects.remove_dial_delay()
+    if sys.argv[2] == "tuned":
+        _defects.fit_yamux_frames()
     kp = create_new_key_pair()
     host = new_host(
         key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
@@ -179,9 +186,11 @@ trio.run(main)
 """
 
 
-def _raw_stream_mb_per_s(nbytes: int) -> float:
+def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned") -> float:
+    """A raw stream's MB/s; ``settings`` "tuned": the node's host settings (defect 12's frames),
+    "library": py-libp2p's own 64 KiB yamux frames."""
     server = subprocess.Popen(
-        [sys.executable, "-c", RAW_SERVER, str(nbytes)],
+        [sys.executable, "-c", RAW_SERVER, str(nbytes), settings],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -190,7 +199,7 @@ def _raw_stream_mb_per_s(nbytes: int) -> float:
         assert server.stdout is not None
         addr = server.stdout.readline().strip()
         out = subprocess.run(
-            [sys.executable, "-c", RAW_CLIENT, addr],
+            [sys.executable, "-c", RAW_CLIENT, addr, settings],
             capture_output=True,
             text=True,
             timeout=600,
@@ -199,6 +208,18 @@ def _raw_stream_mb_per_s(nbytes: int) -> float:
         return int(out[0]) / 1e6 / float(out[1])
     finally:
         _stop([server])
+
+
+def _hivemind_note() -> None:
+    """hivemind's load_state_from_peers is compared only where it is installed (its own venv)."""
+    python = os.environ.get("CNODE_BENCH_HIVEMIND_PYTHON")
+    if python is None and importlib.util.find_spec("hivemind") is None:
+        print(
+            "hivemind: not installed here (set CNODE_BENCH_HIVEMIND_PYTHON to a venv's python "
+            "that has it); issue 11 measured its unverified load_state_from_peers at 169 MB/s"
+        )
+        return
+    print(f"hivemind: installed ({python or sys.executable}); no runner for it in this bench yet")
 
 
 def _gateway_section(base: Path, size_mb: int) -> None:
@@ -267,9 +288,13 @@ def main() -> None:
         finally:
             _stop([p for p, _ in holders])
         raw = _raw_stream_mb_per_s(size)
+        raw_library = _raw_stream_mb_per_s(size, "library")
         print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
         print(f"raw libp2p stream (noise+yamux, same run): {raw:.1f} MB/s")
+        print(f"raw libp2p stream, py-libp2p's own 64 KiB yamux frames: {raw_library:.1f} MB/s")
         print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
+        print(f"ratio fetch / raw stream with py-libp2p's own frames: {mbps / raw_library:.2f}")
+        _hivemind_note()
         print(
             f"joiner peak RSS: {rss / 1e6:.0f} MB "
             f"(goal <= 256 MB above model size; model {size / 1e6:.0f} MB is streamed to disk)"

@@ -52,6 +52,13 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
     :func:`bound_stream_resets` gives each ``NetStream.reset`` STREAM_RESET_S to send its
     frame; the stream is marked reset and removed either way (the connection's own teardown
     deals with what was not sent).
+12. Yamux cuts a stream's writes into DATA frames of ``MAX_MESSAGE_SIZE`` = 65536 bytes, header
+    included, but a Noise transport message carries at most 65519 plaintext bytes: every full
+    frame goes out as two Noise messages (65519 + 17 bytes), each with its own encryption,
+    length prefix, socket write and, on the receiving side, two reads and a decryption. Bulk
+    transfers pay every per-message cost twice. :func:`fit_yamux_frames` caps frames at
+    YAMUX_MAX_FRAME (one Noise message); any yamux peer accepts smaller frames, so the wire
+    stays compatible.
 """
 
 from __future__ import annotations
@@ -79,6 +86,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11 as GOSSIPSUB_V11
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux import yamux as _yamux_module
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
@@ -328,3 +336,11 @@ def bound_stream_resets() -> None:
     reset._cnode_bounded = True  # type: ignore[attr-defined]
     reset.__wrapped__ = NetStream.reset  # type: ignore[attr-defined]
     NetStream.reset = reset  # type: ignore[method-assign]
+
+
+# -- 12. yamux frames one byte too big for one Noise message -----------------------------------
+
+
+def fit_yamux_frames() -> None:
+    """Cap yamux DATA frames (header included) at one Noise message (process-wide setting)."""
+    _yamux_module.MAX_MESSAGE_SIZE = limits.YAMUX_MAX_FRAME  # type: ignore[attr-defined]

@@ -401,6 +401,7 @@ async def open_p2p_node(
     """
     _defects.remove_dial_delay()
     _defects.bound_stream_resets()
+    _defects.fit_yamux_frames()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,

@@ -86,6 +86,11 @@ SUBSCRIBER_BUFFER = 1024
 # Inbound connections a listener keeps open at once (live ones; closed ones free their slot).
 MAX_INBOUND_CONNECTIONS = 512
 
+# Largest yamux frame we send, its 12-byte header included (defect 12): one Noise transport
+# message (65535 bytes minus the 16-byte Poly1305 tag), so a frame is never split in two
+# messages. py-libp2p's own (65536) makes every full frame two Noise messages.
+YAMUX_MAX_FRAME = 65535 - 16
+
 # Seconds a stream reset may spend sending its frame (defect 11: on a wedged connection it would
 # wait forever, inside a shielded scope that no caller's timeout can cancel).
 STREAM_RESET_S = 2.0

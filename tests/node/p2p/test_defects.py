@@ -592,3 +592,60 @@ def test_wedged_reset_is_bounded() -> None:
         assert stream._state is StreamState.RESET  # marked reset all the same
 
     trio.run(main)
+
+
+# -- 12. yamux frames one byte too big for one Noise message ---------------------------------
+
+BULK = TProtocol("/cnode-test/bulk/1")
+BULK_BYTES = 4 * 1024 * 1024
+
+
+async def _noise_messages_for_bulk(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Noise transport messages the sender encrypts to send BULK_BYTES on one stream."""
+    from libp2p.security.noise.io import NoiseTransportReadWriter
+
+    sent: list[int] = []
+    encrypt = NoiseTransportReadWriter.encrypt
+
+    def counting(self: NoiseTransportReadWriter, data: bytes) -> bytes:
+        sent.append(len(data))
+        return encrypt(self, data)
+
+    monkeypatch.setattr(NoiseTransportReadWriter, "encrypt", counting)
+    server, client = _host(), _host()
+    received = trio.Event()
+
+    async def sink(stream: INetStream) -> None:
+        got = 0
+        while got < BULK_BYTES:
+            got += len(await stream.read(1 << 20))
+        received.set()
+        await stream.close()
+
+    server.set_stream_handler(BULK, sink)
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        with trio.fail_after(30):
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            await client.connect(info)
+            stream = await client.new_stream(info.peer_id, [BULK])
+            sent.clear()
+            await stream.write(b"\x00" * BULK_BYTES)
+            await received.wait()
+    return sum(1 for n in sent if n > 12)  # not the receiver's window updates (a bare header)
+
+
+def test_yamux_frames_split_in_two_noise_messages_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.setattr(yamux, "MAX_MESSAGE_SIZE", 64 * 1024)  # the library's own
+    full_frames = BULK_BYTES // (64 * 1024 - 12)
+    assert trio.run(_noise_messages_for_bulk, monkeypatch) >= 2 * full_frames
+
+
+def test_yamux_frames_fit_one_noise_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.setattr(yamux, "MAX_MESSAGE_SIZE", 64 * 1024)
+    defects.fit_yamux_frames()
+    frames = -(-BULK_BYTES // (p2p_limits.YAMUX_MAX_FRAME - 12))
+    assert trio.run(_noise_messages_for_bulk, monkeypatch) <= frames + 2
