@@ -59,6 +59,7 @@ from ._state import state_cid_of_layers as state_cid_of_layers
 from ._unixfs import UnixFSView as UnixFSView
 from ._unixfs import recorded_root as recorded_unixfs_root
 from ._unixfs import unixfs_view as unixfs_view
+from ._unsynced import UnsyncedBatch as UnsyncedBatch
 from ._verified import VerifiedBlock as VerifiedBlock
 from ._verified import verify_received as verify_received
 from ._verify import Fault as Fault
@@ -95,6 +96,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "RAW",
     "StorageError",
     "UnixFSView",
+    "UnsyncedBatch",
     "VerifiedBlock",
     "VerifyReport",
     "block_links",

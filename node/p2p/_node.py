@@ -177,6 +177,10 @@ class P2PNode:
         stored until then stays stored, so calling fetch again resumes.
         """
         walk = ClosureWalk(self.store, root)
+        nodes, leaves = await trio.to_thread.run_sync(walk.start)
+        # Fetched blocks are fsynced together, once, before fetch returns or raises
+        # (specs/blocks.md#durability); a crash before that leaves a marker the store checks.
+        batch = await trio.to_thread.run_sync(self.store.begin_unsynced)
         transfer = Transfer(
             self.store,
             self._open_stream,
@@ -184,10 +188,14 @@ class P2PNode:
             progress,
             gateways,
             reveal=lambda block: walk.arrived(block.cid, block.data),
+            batch=batch,
         )
-        nodes, leaves = await trio.to_thread.run_sync(walk.start)
-        if nodes or leaves:
-            await transfer.fetch([*nodes, *leaves])
+        try:
+            if nodes or leaves:
+                await transfer.fetch([*nodes, *leaves])
+        finally:
+            with trio.CancelScope(shield=True):  # a sync takes the disk's time, bounded
+                await trio.to_thread.run_sync(batch.commit)
         report = transfer.report(root)
         log.info(
             "fetch_done",

@@ -32,7 +32,7 @@ from typing import Protocol
 import structlog
 import trio
 
-from cnode.storage import CID, BlockStore, VerifiedBlock
+from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
 
 from . import limits
 from ._exceptions import (
@@ -185,6 +185,8 @@ class Transfer:
         reveal: called with each stored block (in the storing thread); the CIDs it returns
             join the queue during the fetch, nodes at the front, leaves at the back, so a
             manifest is fetched in one pass as its nodes arrive.
+        batch: an open ``store.begin_unsynced()`` batch: blocks are then stored without a
+            per-block fsync, and the caller commits the batch (specs/blocks.md#durability).
     """
 
     def __init__(
@@ -195,9 +197,11 @@ class Transfer:
         progress: ProgressFn | None = None,
         direct: Iterable[DirectHolder] = (),
         reveal: Reveal | None = None,
+        batch: UnsyncedBatch | None = None,
     ) -> None:
         self.store = store
         self.reveal = reveal
+        self.batch = batch
         self.open_stream = open_stream
         self.direct = {d.name: d for d in direct}
         self.holders = {peer: _Holder(peer) for peer in [*holders, *self.direct]}
@@ -364,7 +368,7 @@ class Transfer:
 
     def _keep(self, block: VerifiedBlock) -> tuple[list[CID], list[CID]]:
         """Store one verified block and say what it reveals (runs in a worker thread)."""
-        self.store.put_verified(block)
+        self.store.put_verified(block, batch=self.batch)
         if self.reveal is None:
             return [], []
         return self.reveal(block)
