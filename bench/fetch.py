@@ -2,8 +2,9 @@
 
 1. Uncapped loopback: a 400 MB checkpoint from 1 holder process to a joiner process
    (``cnode checkpoint fetch``), MB/s against a raw libp2p stream (Noise + yamux, same host
-   settings: yamux frames that fit one Noise message, defect 12) between two processes in the
-   same run, and against one with py-libp2p's own 64 KiB frames. Peak RSS of the joiner.
+   settings: yamux frames that fit one Noise message and buffered TCP reads, defects 12-13)
+   between two processes in the same run, and against one with py-libp2p's own settings.
+   Peak RSS of the joiner.
 2. Capped: k = 1, 2, 4 holder processes, each capped at R bytes/s by its own token bucket
    (``--rate``); fetch time against the ideal size / (k * R). R defaults to 5 MB/s so that
    4R stays below what one (shared, loaded) core here verifies and stores.
@@ -134,6 +135,7 @@ from cnode.node.p2p import _defects
 N = int(sys.argv[1])
 if sys.argv[2] == "tuned":
     _defects.fit_yamux_frames()
+    _defects.buffer_tcp_reads()
 async def main():
     kp = create_new_key_pair()
     host = new_host(
@@ -163,6 +165,7 @@ async def main():
     _defects.remove_dial_delay()
     if sys.argv[2] == "tuned":
         _defects.fit_yamux_frames()
+        _defects.buffer_tcp_reads()
     kp = create_new_key_pair()
     host = new_host(
         key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
@@ -187,8 +190,8 @@ trio.run(main)
 
 
 def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned") -> float:
-    """A raw stream's MB/s; ``settings`` "tuned": the node's host settings (defect 12's frames),
-    "library": py-libp2p's own 64 KiB yamux frames."""
+    """A raw stream's MB/s; ``settings`` "tuned": the node's host settings (defect 12's frames,
+    defect 13's read-ahead), "library": py-libp2p's own (64 KiB yamux frames, unbuffered)."""
     server = subprocess.Popen(
         [sys.executable, "-c", RAW_SERVER, str(nbytes), settings],
         stdout=subprocess.PIPE,
@@ -291,9 +294,9 @@ def main() -> None:
         raw_library = _raw_stream_mb_per_s(size, "library")
         print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
         print(f"raw libp2p stream (noise+yamux, same run): {raw:.1f} MB/s")
-        print(f"raw libp2p stream, py-libp2p's own 64 KiB yamux frames: {raw_library:.1f} MB/s")
+        print(f"raw libp2p stream, py-libp2p's own settings: {raw_library:.1f} MB/s")
         print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
-        print(f"ratio fetch / raw stream with py-libp2p's own frames: {mbps / raw_library:.2f}")
+        print(f"ratio fetch / raw stream with py-libp2p's own settings: {mbps / raw_library:.2f}")
         _hivemind_note()
         print(
             f"joiner peak RSS: {rss / 1e6:.0f} MB "

@@ -59,6 +59,12 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
     transfers pay every per-message cost twice. :func:`fit_yamux_frames` caps frames at
     YAMUX_MAX_FRAME (one Noise message); any yamux peer accepts smaller frames, so the wire
     stays compatible.
+13. The TCP connection under Noise is read with one ``receive_some`` per read call, each sized
+    to what the caller asked for: every Noise message costs at least two socket reads (its
+    2-byte length, then its body, often in several partial reads), each a trio wait and a
+    syscall. :func:`buffer_tcp_reads` reads ahead up to TCP_READ_AHEAD bytes per socket read
+    and serves the next reads from that buffer (same results, in order; one reader per
+    connection, as Noise has).
 """
 
 from __future__ import annotations
@@ -78,6 +84,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
+from libp2p.io.trio import TrioTCPStream
 from libp2p.network import swarm as _swarm_module
 from libp2p.network.stream.net_stream import NetStream, StreamState
 from libp2p.peer.id import ID
@@ -344,3 +351,35 @@ def bound_stream_resets() -> None:
 def fit_yamux_frames() -> None:
     """Cap yamux DATA frames (header included) at one Noise message (process-wide setting)."""
     _yamux_module.MAX_MESSAGE_SIZE = limits.YAMUX_MAX_FRAME  # type: ignore[attr-defined]
+
+
+# -- 13. one socket read per read call under Noise ----------------------------------------------
+
+
+def buffer_tcp_reads() -> None:
+    """Read the TCP connection TCP_READ_AHEAD bytes at a time (idempotent, process-wide)."""
+    if getattr(TrioTCPStream.read, "_cnode_buffered", False):
+        return
+    original = TrioTCPStream.read
+
+    async def read(self: TrioTCPStream, n: int | None = None) -> bytes:
+        if n == 0:
+            return b""
+        ahead: bytes = getattr(self, "_cnode_ahead", b"")
+        if ahead:
+            # Served from what the last socket read brought (no await: nobody reads between).
+            take = len(ahead) if n is None else n
+            self._cnode_ahead = ahead[take:]  # type: ignore[attr-defined]
+            await trio.lowlevel.checkpoint()
+            return ahead[:take]
+        data = await original(
+            self, limits.TCP_READ_AHEAD if n is None else max(n, limits.TCP_READ_AHEAD)
+        )
+        if n is None or len(data) <= n:
+            return data
+        self._cnode_ahead = data[n:]  # type: ignore[attr-defined]
+        return data[:n]
+
+    read._cnode_buffered = True  # type: ignore[attr-defined]
+    read.__wrapped__ = original  # type: ignore[attr-defined]
+    TrioTCPStream.read = read  # type: ignore[method-assign]

@@ -410,6 +410,7 @@ async def open_p2p_node(
     _defects.remove_dial_delay()
     _defects.bound_stream_resets()
     _defects.fit_yamux_frames()
+    _defects.buffer_tcp_reads()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,

@@ -649,3 +649,61 @@ def test_yamux_frames_fit_one_noise_message(monkeypatch: pytest.MonkeyPatch) -> 
     defects.fit_yamux_frames()
     frames = -(-BULK_BYTES // (p2p_limits.YAMUX_MAX_FRAME - 12))
     assert trio.run(_noise_messages_for_bulk, monkeypatch) <= frames + 2
+
+
+# -- 13. one socket read per read call under Noise --------------------------------------------
+
+NOISE_MESSAGES = 16  # of 65535 bytes each, framed as Noise frames them (2-byte length, body)
+
+
+async def _socket_reads_for_messages(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Socket reads TrioTCPStream makes to read NOISE_MESSAGES framed messages the way Noise
+    does (``read_exactly`` of the length, then of the body), sent before the first read."""
+    from libp2p.io.trio import TrioTCPStream
+    from libp2p.io.utils import read_exactly
+
+    reads: list[int] = []
+    receive = trio.SocketStream.receive_some
+
+    async def counting(self: trio.SocketStream, max_bytes: int | None = None) -> bytes:
+        data = await receive(self, max_bytes)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(trio.SocketStream, "receive_some", counting)
+    body = bytes(range(256)) * 255 + bytes(255)  # 65535 bytes
+    sent = (len(body).to_bytes(2, "big") + body) * NOISE_MESSAGES
+    with trio.fail_after(30):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        server = await listeners[0].accept()
+        async with client, server, listeners[0], trio.open_nursery() as nursery:
+            nursery.start_soon(client.send_all, sent)
+            await trio.sleep(0.2)  # what the socket buffers hold is queued before the first read
+            reader = TrioTCPStream(server)
+            got = bytearray()
+            for _ in range(NOISE_MESSAGES):
+                length = int.from_bytes(await read_exactly(reader, 2), "big")
+                got += length.to_bytes(2, "big") + await read_exactly(reader, length)
+    assert bytes(got) == sent  # same bytes, same order
+    return len(reads)
+
+
+def test_noise_reads_the_socket_per_message_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.io.trio import TrioTCPStream
+
+    original = getattr(TrioTCPStream.read, "__wrapped__", TrioTCPStream.read)
+    monkeypatch.setattr(TrioTCPStream, "read", original)
+    assert trio.run(_socket_reads_for_messages, monkeypatch) >= 2 * NOISE_MESSAGES
+
+
+def test_tcp_reads_are_buffered(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.io.trio import TrioTCPStream
+
+    original = getattr(TrioTCPStream.read, "__wrapped__", TrioTCPStream.read)
+    monkeypatch.setattr(TrioTCPStream, "read", original)  # restored after the test
+    defects.buffer_tcp_reads()
+    defects.buffer_tcp_reads()  # idempotent: one wrapper, not two
+    assert getattr(TrioTCPStream.read, "__wrapped__", None) is original
+    assert trio.run(_socket_reads_for_messages, monkeypatch) < NOISE_MESSAGES

@@ -34,6 +34,7 @@ from cnode.storage import (
     BlockStore,
     ClosureWalk,
     ManifestLayout,
+    UnsyncedBatch,
     VerifiedBlock,
     compute_cid,
     manifest_closure,
@@ -76,9 +77,9 @@ class CountingStore(BlockStore):
         self.hashing_puts += 1
         super().put(cid, data)
 
-    def put_verified(self, block: VerifiedBlock) -> None:
+    def put_verified(self, block: VerifiedBlock, *, batch: UnsyncedBatch | None = None) -> None:
         self.puts[block.cid] += 1
-        super().put_verified(block)
+        super().put_verified(block, batch=batch)
 
     def get(self, cid: CID) -> bytes:
         self.gets += 1
