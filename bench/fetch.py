@@ -2,9 +2,9 @@
 
 1. Uncapped loopback: a 400 MB checkpoint from 1 holder process to a joiner process
    (``cnode checkpoint fetch``), MB/s against a raw libp2p stream (Noise + yamux, same host
-   settings: yamux frames that fit one Noise message and buffered TCP reads, defects 12-13)
-   between two processes in the same run, and against one with py-libp2p's own settings.
-   Peak RSS of the joiner.
+   settings: yamux frames that fit one Noise message, buffered TCP reads, batched window
+   updates: defects 12-14) between two processes in the same run, and against one with
+   py-libp2p's own settings. Peak RSS of the joiner.
 2. Capped: k = 1, 2, 4 holder processes, each capped at R bytes/s by its own token bucket
    (``--rate``); fetch time against the ideal size / (k * R). R defaults to 5 MB/s so that
    4R stays below what one (shared, loaded) core here verifies and stores.
@@ -157,6 +157,7 @@ N = int(sys.argv[1])
 if sys.argv[2] == "tuned":
     _defects.fit_yamux_frames()
     _defects.buffer_tcp_reads()
+    _defects.batch_window_updates()
 async def main():
     kp = create_new_key_pair()
     host = new_host(
@@ -191,6 +192,7 @@ async def main():
     if sys.argv[2] == "tuned":
         _defects.fit_yamux_frames()
         _defects.buffer_tcp_reads()
+        _defects.batch_window_updates()
     kp = create_new_key_pair()
     host = new_host(
         key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
@@ -220,7 +222,7 @@ _last_raw_cpu = (0.0, 0.0)  # (receiver, sender) CPU seconds of the latest raw s
 
 def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned") -> float:
     """A raw stream's MB/s; ``settings`` "tuned": the node's host settings (defect 12's frames,
-    defect 13's read-ahead), "library": py-libp2p's own (64 KiB yamux frames, unbuffered)."""
+    defect 13's read-ahead, defect 14's window updates), "library": py-libp2p's own."""
     global _last_raw_cpu
     server = subprocess.Popen(
         [sys.executable, "-c", RAW_SERVER, str(nbytes), settings],

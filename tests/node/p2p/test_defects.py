@@ -707,3 +707,62 @@ def test_tcp_reads_are_buffered(monkeypatch: pytest.MonkeyPatch) -> None:
     defects.buffer_tcp_reads()  # idempotent: one wrapper, not two
     assert getattr(TrioTCPStream.read, "__wrapped__", None) is original
     assert trio.run(_socket_reads_for_messages, monkeypatch) < NOISE_MESSAGES
+
+
+# -- 14. a yamux window update per read -------------------------------------------------------
+
+
+WINDOW_BULK = 32 * 1024 * 1024  # long enough for the window's growth phase not to dominate
+
+
+async def _window_updates_for_bulk(monkeypatch: pytest.MonkeyPatch) -> int:
+    """WINDOW_UPDATE frames the receiver sends while it reads WINDOW_BULK on one stream."""
+    from libp2p.stream_muxer.yamux.yamux import YamuxStream
+
+    updates: list[int] = []
+    send = YamuxStream.send_window_update
+
+    async def counting(self: YamuxStream, increment: int, skip_lock: bool = False) -> None:
+        updates.append(increment)
+        await send(self, increment, skip_lock)
+
+    monkeypatch.setattr(YamuxStream, "send_window_update", counting)
+    server, client = _host(), _host()
+    done = trio.Event()
+
+    async def sink(stream: INetStream) -> None:
+        got = 0
+        while got < WINDOW_BULK:
+            got += len(await stream.read(1 << 20))
+        done.set()
+
+    server.set_stream_handler(BULK, sink)
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        with trio.fail_after(30):
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            await client.connect(info)
+            stream = await client.new_stream(info.peer_id, [BULK])
+            await stream.write(b"\x00" * WINDOW_BULK)
+            await done.wait()  # every byte arrived: the window never closed for good
+    return len(updates)
+
+
+def test_a_window_update_per_read_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.delenv("PY_YAMUX_RELEASE_ON_READ", raising=False)
+    original = getattr(defects, "_original_release_on_read", yamux._yamux_release_on_read)
+    monkeypatch.setattr(yamux, "_yamux_release_on_read", original)  # the library's own
+    assert yamux._yamux_release_on_read()
+    frames = WINDOW_BULK // (yamux.MAX_MESSAGE_SIZE - 12)
+    assert trio.run(_window_updates_for_bulk, monkeypatch) >= frames * 3 // 4
+
+
+def test_window_updates_follow_the_hysteresis(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.setattr(yamux, "_yamux_release_on_read", yamux._yamux_release_on_read)
+    defects.batch_window_updates()
+    assert not yamux._yamux_release_on_read()
+    frames = WINDOW_BULK // (yamux.MAX_MESSAGE_SIZE - 12)
+    assert trio.run(_window_updates_for_bulk, monkeypatch) <= frames // 2
