@@ -180,7 +180,9 @@ class P2PNode:
         nodes, leaves = await trio.to_thread.run_sync(walk.start)
         # Fetched blocks are fsynced together, once, before fetch returns or raises
         # (specs/blocks.md#durability); a crash before that leaves a marker the store checks.
-        batch = await trio.to_thread.run_sync(self.store.begin_unsynced)
+        batch = None
+        if nodes or leaves:
+            batch = await trio.to_thread.run_sync(self.store.begin_unsynced)
         transfer = Transfer(
             self.store,
             self._open_stream,
@@ -190,12 +192,12 @@ class P2PNode:
             reveal=lambda block: walk.arrived(block.cid, block.data),
             batch=batch,
         )
-        try:
-            if nodes or leaves:
+        if batch is not None:
+            try:
                 await transfer.fetch([*nodes, *leaves])
-        finally:
-            with trio.CancelScope(shield=True):  # a sync takes the disk's time, bounded
-                await trio.to_thread.run_sync(batch.commit)
+            finally:
+                with trio.CancelScope(shield=True):  # a sync takes the disk's time, bounded
+                    await trio.to_thread.run_sync(batch.commit)
         report = transfer.report(root)
         log.info(
             "fetch_done",
