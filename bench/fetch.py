@@ -2,7 +2,9 @@
 
 1. Uncapped loopback: a 400 MB checkpoint from 1 holder process to a joiner process
    (``cnode checkpoint fetch``), MB/s against a raw libp2p stream (Noise + yamux, same host
-   settings) between two processes in the same run. Peak RSS of the joiner process.
+   settings: yamux frames that fit one Noise message, buffered TCP reads, batched window
+   updates: defects 12-14) between two processes in the same run, and against one with
+   py-libp2p's own settings. Peak RSS of the joiner.
 2. Capped: k = 1, 2, 4 holder processes, each capped at R bytes/s by its own token bucket
    (``--rate``); fetch time against the ideal size / (k * R). R defaults to 5 MB/s so that
    4R stays below what one (shared, loaded) core here verifies and stores.
@@ -13,13 +15,19 @@
    ``--only gateway`` runs just this part (``--gateway-mb``, default 200).
 
 Fetch time is what the joiner reports for the transfer itself (after connecting). Figures go to
-stdout; nothing is asserted. Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100);
+stdout; nothing is asserted. Part 1 also reports CPU seconds of each side (the joiner's minus a
+second, empty fetch: start-up and connect) and the throughput each would reach on a core of its
+own, which a shared, loaded machine disturbs far less than wall-clock MB/s.
+Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100);
 ``--uncapped-only`` runs part 1 alone.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -89,10 +97,26 @@ def _stop(procs: list[subprocess.Popen[str]]) -> None:
             proc.wait()
 
 
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a live process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+_last_fetch_cpu = 0.0  # CPU seconds of the latest joiner process (set by _fetch)
+
+
 def _fetch(
     home: Path, root: str, addrs: list[str], extra: tuple[str, ...] = ()
 ) -> tuple[float, float, int]:
     """Run a joiner process; return (transfer seconds, MB/s, peak RSS bytes)."""
+    global _last_fetch_cpu
+    cpu_before = _children_cpu_s()
     args = [sys.executable, "-m", "cnode", "checkpoint", "fetch", root, "--home", str(home)]
     for addr in addrs:
         args += ["--peer", addr]
@@ -116,6 +140,7 @@ def _fetch(
     out = proc.stdout.read()
     if proc.wait() != 0:
         raise SystemExit(f"fetch failed ({proc.returncode}): {out}")
+    _last_fetch_cpu = _children_cpu_s() - cpu_before  # only this child was reaped meanwhile
     line = next(x for x in out.splitlines() if x.startswith("fetched "))
     seconds = float(line.split(" in ")[1].split(" s ")[0])
     mb_per_s = float(line.split("(")[1].split(" MB/s")[0])
@@ -129,15 +154,23 @@ from libp2p.crypto.ed25519 import create_new_key_pair
 from libp2p.custom_types import TProtocol
 from cnode.node.p2p import _defects
 N = int(sys.argv[1])
+if sys.argv[2] == "tuned":
+    _defects.fit_yamux_frames()
+    _defects.buffer_tcp_reads()
+    _defects.batch_window_updates()
 async def main():
     kp = create_new_key_pair()
     host = new_host(
         key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
     )
-    piece = b"\\x00" * 65536
+    # Writes of 16 whole yamux frames (the library's or ours): the stream's best case.
+    from libp2p.stream_muxer.yamux import yamux
+    piece = b"\\x00" * (16 * (yamux.MAX_MESSAGE_SIZE - 12))
     async def send(stream):
-        for _ in range(N // len(piece)):
-            await stream.write(piece)
+        sent = 0
+        while sent < N:
+            await stream.write(piece[: N - sent])
+            sent += min(len(piece), N - sent)
         await stream.close()
     host.set_stream_handler(TProtocol("/bench/raw/1"), _defects.guard_handler("raw", send))
     async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
@@ -156,6 +189,10 @@ from libp2p.peer.peerinfo import info_from_p2p_addr
 from cnode.node.p2p import _defects
 async def main():
     _defects.remove_dial_delay()
+    if sys.argv[2] == "tuned":
+        _defects.fit_yamux_frames()
+        _defects.buffer_tcp_reads()
+        _defects.batch_window_updates()
     kp = create_new_key_pair()
     host = new_host(
         key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
@@ -164,6 +201,7 @@ async def main():
         info = info_from_p2p_addr(multiaddr.Multiaddr(sys.argv[1]))
         await host.connect(info)
         start = time.monotonic()
+        cpu = time.process_time()
         stream = await host.new_stream(info.peer_id, [TProtocol("/bench/raw/1")])
         total = 0
         try:
@@ -174,14 +212,20 @@ async def main():
                 total += len(data)
         except StreamEOF:
             pass
-        print(total, time.monotonic() - start, flush=True)
+        print(total, time.monotonic() - start, time.process_time() - cpu, flush=True)
 trio.run(main)
 """
 
 
-def _raw_stream_mb_per_s(nbytes: int) -> float:
+_last_raw_cpu = (0.0, 0.0)  # (receiver, sender) CPU seconds of the latest raw stream
+
+
+def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned") -> float:
+    """A raw stream's MB/s; ``settings`` "tuned": the node's host settings (defect 12's frames,
+    defect 13's read-ahead, defect 14's window updates), "library": py-libp2p's own."""
+    global _last_raw_cpu
     server = subprocess.Popen(
-        [sys.executable, "-c", RAW_SERVER, str(nbytes)],
+        [sys.executable, "-c", RAW_SERVER, str(nbytes), settings],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -189,16 +233,30 @@ def _raw_stream_mb_per_s(nbytes: int) -> float:
     try:
         assert server.stdout is not None
         addr = server.stdout.readline().strip()
+        server_cpu = _cpu_s(server.pid)
         out = subprocess.run(
-            [sys.executable, "-c", RAW_CLIENT, addr],
+            [sys.executable, "-c", RAW_CLIENT, addr, settings],
             capture_output=True,
             text=True,
             timeout=600,
             check=True,
         ).stdout.split()
+        _last_raw_cpu = (float(out[2]), _cpu_s(server.pid) - server_cpu)
         return int(out[0]) / 1e6 / float(out[1])
     finally:
         _stop([server])
+
+
+def _hivemind_note() -> None:
+    """hivemind's load_state_from_peers is compared only where it is installed (its own venv)."""
+    python = os.environ.get("CNODE_BENCH_HIVEMIND_PYTHON")
+    if python is None and importlib.util.find_spec("hivemind") is None:
+        print(
+            "hivemind: not installed here (set CNODE_BENCH_HIVEMIND_PYTHON to a venv's python "
+            "that has it); issue 11 measured its unverified load_state_from_peers at 169 MB/s"
+        )
+        return
+    print(f"hivemind: installed ({python or sys.executable}); no runner for it in this bench yet")
 
 
 def _gateway_section(base: Path, size_mb: int) -> None:
@@ -261,15 +319,44 @@ def main() -> None:
         root = _make_checkpoint(big, args.size_mb)
         size = sum(p.stat().st_size for p in (big / "blocks").rglob("*") if p.is_file())
         print(f"checkpoint {root}: {size / 1e6:.0f} MB, made in {time.monotonic() - t:.0f} s")
+        # Raw streams measured just before and just after the fetch (their mean is the baseline),
+        # so a machine whose load changes during the run biases the ratio less.
+        raw_before = _raw_stream_mb_per_s(size)
+        raw_cpu = _last_raw_cpu
         holders = _start_holders([_home(base, "h0", big)], 0)
         try:
+            holder_cpu = _cpu_s(holders[0][0].pid)
             seconds, mbps, rss = _fetch(base / "joiner0", root, [holders[0][1]])
+            holder_cpu = _cpu_s(holders[0][0].pid) - holder_cpu
+            joiner_cpu = _last_fetch_cpu
+            _fetch(base / "joiner0", root, [holders[0][1]])  # nothing left: start-up, connect
+            joiner_cpu -= _last_fetch_cpu
         finally:
             _stop([p for p, _ in holders])
-        raw = _raw_stream_mb_per_s(size)
+        raw_after = _raw_stream_mb_per_s(size)
+        raw = (raw_before + raw_after) / 2
+        raw_library = _raw_stream_mb_per_s(size, "library")
         print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
-        print(f"raw libp2p stream (noise+yamux, same run): {raw:.1f} MB/s")
+        print(
+            f"raw libp2p stream (noise+yamux, same run): {raw:.1f} MB/s "
+            f"(before the fetch {raw_before:.1f}, after {raw_after:.1f})"
+        )
+        print(f"raw libp2p stream, py-libp2p's own settings: {raw_library:.1f} MB/s")
         print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
+        print(f"ratio fetch / raw stream with py-libp2p's own settings: {mbps / raw_library:.2f}")
+        # On a shared machine wall-clock figures swing with others' load; CPU seconds do not
+        # much. Capacity = the MB/s if each process had a core of its own: size / the busier.
+        fetch_cap = size / 1e6 / max(joiner_cpu, holder_cpu)
+        raw_cap = size / 1e6 / max(raw_cpu)
+        print(
+            f"CPU s for {size / 1e6:.0f} MB: joiner {joiner_cpu:.2f} (transfer only), holder "
+            f"{holder_cpu:.2f}; raw stream receiver {raw_cpu[0]:.2f}, sender {raw_cpu[1]:.2f}"
+        )
+        print(
+            f"CPU-bound capacity: fetch {fetch_cap:.0f} MB/s, raw stream {raw_cap:.0f} MB/s, "
+            f"ratio {fetch_cap / raw_cap:.2f}"
+        )
+        _hivemind_note()
         print(
             f"joiner peak RSS: {rss / 1e6:.0f} MB "
             f"(goal <= 256 MB above model size; model {size / 1e6:.0f} MB is streamed to disk)"

@@ -23,6 +23,7 @@ from ._cid import DAG_PB as DAG_PB
 from ._cid import RAW as RAW
 from ._cid import compute_cid as compute_cid
 from ._cid import verify_block as verify_block
+from ._closure import ClosureWalk as ClosureWalk
 from ._closure import manifest_closure as manifest_closure
 from ._closure import missing_blocks as missing_blocks
 from ._dag import block_links as block_links
@@ -58,6 +59,7 @@ from ._state import state_cid_of_layers as state_cid_of_layers
 from ._unixfs import UnixFSView as UnixFSView
 from ._unixfs import recorded_root as recorded_unixfs_root
 from ._unixfs import unixfs_view as unixfs_view
+from ._unsynced import UnsyncedBatch as UnsyncedBatch
 from ._verified import VerifiedBlock as VerifiedBlock
 from ._verified import verify_received as verify_received
 from ._verify import Fault as Fault
@@ -76,6 +78,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "CheckpointError",
     "CheckpointInfo",
     "CheckpointMeta",
+    "ClosureWalk",
     "CorruptBlockError",
     "DAG_CBOR",
     "DAG_PB",
@@ -93,6 +96,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/storage/test_expor
     "RAW",
     "StorageError",
     "UnixFSView",
+    "UnsyncedBatch",
     "VerifiedBlock",
     "VerifyReport",
     "block_links",

@@ -7,6 +7,8 @@ Layout under ``root``::
     tmp/                 files being written; renamed into blocks/ only when complete + fsynced
     quarantine/<cid>     blocks that failed verification on read, kept for inspection
     pins/<name>          one pin per file: the root CID text of a manifest kept by gc
+    unsynced/<marker>    one per batch of fetched blocks written without a per-block fsync
+                         (specs/blocks.md#durability, ``_unsynced``); checked on open if stale
 
 Two layers, as boxo does it: :class:`_BlockFiles` reads and writes files and trusts them;
 :class:`BlockStore` (the public class) verifies every byte it hands out, so a corrupt file is
@@ -41,6 +43,7 @@ from ._exceptions import (
     ManifestError,
     StorageError,
 )
+from ._unsynced import UnsyncedBatch, stale_markers, start_writeback, sync_filesystem
 from ._verified import VerifiedBlock
 from ._walk import BlockReader
 
@@ -77,6 +80,7 @@ class _BlockFiles:
         self.tmp = self.root / "tmp"
         self.quarantine = self.root / "quarantine"
         self.pins = self.root / "pins"
+        self.unsynced = self.root / "unsynced"
         try:
             if not create:  # read-only use: nothing is created; an absent store reads as empty
                 try:
@@ -109,8 +113,11 @@ class _BlockFiles:
         text = str(cid)
         return self.blocks / text[-3:-1] / text
 
-    def write(self, cid: CID, data: bytes | bytearray | memoryview) -> None:
-        """Write atomically: temp file, fsync, rename. Same-CID writers race harmlessly."""
+    def write(self, cid: CID, data: bytes | bytearray | memoryview, *, fsync: bool = True) -> None:
+        """Write atomically: temp file, fsync, rename. Same-CID writers race harmlessly.
+
+        ``fsync=False`` (an open UnsyncedBatch covers it): only start the writeback.
+        """
         target = self.path(cid)
         target.parent.mkdir(exist_ok=True)
         tmp = self.tmp / f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}"
@@ -121,7 +128,10 @@ class _BlockFiles:
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
-            os.fsync(fd)
+            if fsync:
+                os.fsync(fd)
+            else:
+                start_writeback(fd)
             complete = True
         finally:
             os.close(fd)
@@ -154,6 +164,51 @@ class BlockStore:
     def __init__(self, root: Path, *, create: bool = True) -> None:
         self._files = _BlockFiles(Path(root), create=create)
         self.root = self._files.root
+        if create:
+            self._recover_unsynced()
+
+    # -- durability of fetched blocks (specs/blocks.md#durability) ------------------------
+
+    def begin_unsynced(self) -> UnsyncedBatch:
+        """Open a batch: ``put_verified(block, batch=...)`` then skips the per-block fsync.
+
+        The caller MUST end it with ``batch.commit()`` (sync once, drop the marker) or, when it
+        cannot wait, ``batch.abandon()`` (the next open of the store checks the batch).
+        """
+        try:
+            return UnsyncedBatch(self._files.unsynced).open()
+        except OSError as exc:
+            raise StorageError(f"cannot start a batch in {self.root}: {exc}") from exc
+
+    def _recover_unsynced(self) -> None:
+        """Check every block written since a stale marker (a batch a crash cut short)."""
+        for marker, since in stale_markers(self._files.unsynced):
+            checked = corrupt = 0
+            for cid in self._written_since(since):
+                checked += 1
+                corrupt += self.check(cid)[0] == "corrupt"  # quarantined by check
+            sync_filesystem(self.root)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(marker)
+            log.warning(
+                "unsynced_batch_checked",
+                marker=marker.name,
+                checked=checked,
+                quarantined=corrupt,
+                reason="a batch of fetched blocks ended without its sync (crash or kill)",
+            )
+
+    def _written_since(self, mtime_ns: int) -> Iterator[CID]:
+        for shard in os.scandir(self._files.blocks):
+            if not shard.is_dir():
+                continue
+            for entry in os.scandir(shard.path):
+                try:
+                    if entry.stat().st_mtime_ns < mtime_ns:
+                        continue
+                    yield CID.parse(entry.name)
+                except (FileNotFoundError, InvalidCIDError):
+                    continue
 
     # -- presence -------------------------------------------------------------------------
 
@@ -293,11 +348,13 @@ class BlockStore:
             pass
         self._files.write(cid, data)
 
-    def put_verified(self, block: VerifiedBlock) -> None:
+    def put_verified(self, block: VerifiedBlock, *, batch: UnsyncedBatch | None = None) -> None:
         """Store a block the block exchange hashed on receipt, without hashing it again.
 
         Only a :class:`VerifiedBlock` is taken, and only :func:`verify_received` makes one (by
         hashing its bytes): so nothing reaches the disk unhashed. Reads still verify.
+        With an open ``batch`` (:meth:`begin_unsynced`) the block is not fsynced on its own:
+        the batch's commit makes it durable (specs/blocks.md#durability).
         """
         if type(block) is not VerifiedBlock:
             raise TypeError(f"put_verified takes a VerifiedBlock, not {type(block).__name__}")
@@ -307,7 +364,7 @@ class BlockStore:
                 return
         except FileNotFoundError:
             pass
-        self._files.write(block.cid, block.data)
+        self._files.write(block.cid, block.data, fsync=batch is None or not batch.is_open)
 
     def put_new(self, data: bytes | bytearray | memoryview, codec: int = RAW) -> CID:
         """Compute the CID of ``data``, store it, and return the CID."""

@@ -7,15 +7,29 @@ here imports the store.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 
+from . import limits
 from ._cid import CID
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
-from ._manifest import parse_root
+from ._manifest import (
+    PartialLayer,
+    RootNode,
+    parse_chunk_page,
+    parse_layer_page,
+    parse_root,
+)
 from ._unixfs import build_view, recorded_root
-from ._walk import BlockReader, resolve, walk_manifest
+from ._walk import BlockReader, ManifestWalk, WalkedLayer, assemble, resolve, walk_manifest
 
-__all__ = ["manifest_closure", "missing_blocks", "reachable_blocks", "view_closure"]
+__all__ = [
+    "ClosureWalk",
+    "manifest_closure",
+    "missing_blocks",
+    "reachable_blocks",
+    "view_closure",
+]
 
 
 def _held_node(store: BlockReader, cid: CID) -> bytes | None:
@@ -83,3 +97,159 @@ def view_closure(store: BlockReader, manifest_cid: CID, extra: Mapping[str, obje
         return []  # pages still missing: known once they are held
     view = build_view(manifest.layers, manifest.model_config, manifest.tokenizer_files)
     return view.cids() if view.root == recorded else [recorded]
+
+
+# What a CID is to a ClosureWalk: the root, a layer page, a chunk page, or a leaf (a chunk, a
+# side-file chunk, a UnixFS view block: nothing below it to read).
+_ROOT, _LAYER_PAGE, _CHUNK_PAGE, _LEAF = "root", "layer page", "chunk page", "leaf"
+
+
+class ClosureWalk:
+    """A manifest's missing blocks, learned in one pass while they are fetched.
+
+    ``missing_blocks`` reads every held node each time it is called, so a fetcher that loops
+    fetch/missing_blocks reads and parses the root, pages and chunk lists again on every round
+    (specs/blocks.md#fetching). A ClosureWalk reads each node once: :meth:`start` reads the held
+    ones (a resumed fetch), :meth:`arrived` parses a fetched node from the bytes just received,
+    and each returns only the blocks that node newly reveals as missing. It enforces the bounds
+    ``walk_manifest`` does (MAX_MANIFEST_NODES, MAX_LAYERS) and ends, once every page is known,
+    with the UnixFS view the manifest records (as :func:`manifest_closure`).
+
+    Safe to call from several threads (one lock): the block exchange stores and reveals in
+    worker threads. Error handling: ManifestError for a node that breaks the schema or a tree
+    over the bounds; a held node that is corrupt is quarantined by the store and fetched again.
+    """
+
+    def __init__(self, store: BlockReader, root: CID) -> None:
+        self.store = store
+        self.root = root
+        self._kinds: dict[CID, str] = {root: _ROOT}
+        self._root: RootNode | None = None
+        self._layer_pages: dict[CID, tuple[PartialLayer, ...]] = {}
+        self._chunk_pages: dict[CID, tuple[CID, ...]] = {}
+        self._unread = 1  # nodes listed but not parsed yet (the root)
+        self._nodes = 1
+        self._layers = 0
+        self._parsed: set[CID] = set()
+        self._view_done = False
+        self._lock = threading.Lock()
+
+    @property
+    def nodes_read(self) -> int:
+        """Nodes parsed so far (each at most once)."""
+        return len(self._parsed)
+
+    def start(self) -> tuple[list[CID], list[CID]]:
+        """What is missing as far as the held nodes tell: (nodes, leaves) in fetch order."""
+        with self._lock:
+            return self._expand([self.root])
+
+    def arrived(self, cid: CID, data: bytes) -> tuple[list[CID], list[CID]]:
+        """``cid`` was fetched (verified) with ``data``: what it newly reveals as missing.
+
+        A leaf reveals nothing; a root or page is parsed from ``data`` (not read back).
+        """
+        with self._lock:
+            if self._kinds.get(cid, _LEAF) == _LEAF:
+                return [], []
+            return self._expand(self._learn(cid, data))
+
+    def _held_node(self, cid: CID) -> bytes | None:
+        if not self.store.has(cid):
+            return None
+        try:
+            return self.store.get(cid)
+        except (BlockNotFoundError, CorruptBlockError):
+            return None  # quarantined by the store: fetch it again
+
+    def _expand(self, cids: list[CID]) -> tuple[list[CID], list[CID]]:
+        # Breadth first: held nodes are read and parsed now, missing ones returned.
+        nodes: list[CID] = []
+        leaves: list[CID] = []
+        todo = list(cids)
+        while todo:
+            below: list[CID] = []
+            for cid in todo:
+                if self._kinds[cid] == _LEAF:
+                    if not self.store.has(cid):
+                        leaves.append(cid)
+                    continue
+                data = self._held_node(cid)
+                if data is None:
+                    nodes.append(cid)
+                else:
+                    below.extend(self._learn(cid, data))
+            todo = below
+        leaves.extend(c for c in self._view() if not self.store.has(c))
+        return nodes, leaves
+
+    def _list(self, cids: tuple[CID, ...], kind: str) -> list[CID]:
+        """Children of a parsed node; pages count towards MAX_MANIFEST_NODES. New ones only."""
+        new: list[CID] = []
+        for cid in cids:
+            if kind != _LEAF:
+                self._nodes += 1
+                if self._nodes > limits.MAX_MANIFEST_NODES:
+                    raise ManifestError(
+                        f"manifest spans more than MAX_MANIFEST_NODES "
+                        f"{limits.MAX_MANIFEST_NODES} nodes"
+                    )
+            if cid not in self._kinds:
+                self._kinds[cid] = kind
+                self._unread += kind != _LEAF
+                new.append(cid)
+        return new
+
+    def _partials(self, partials: tuple[PartialLayer, ...]) -> list[CID]:
+        self._layers += len(partials)
+        if self._layers > limits.MAX_LAYERS:
+            raise ManifestError(f"more than MAX_LAYERS {limits.MAX_LAYERS} layers")
+        out: list[CID] = []
+        for p in partials:
+            out += self._list(p.chunk_pages, _CHUNK_PAGE)
+            out += self._list(p.chunks, _LEAF)
+        return out
+
+    def _learn(self, cid: CID, data: bytes) -> list[CID]:
+        """Parse one node (once) and list what it links to that was not known yet."""
+        kind = self._kinds[cid]
+        if cid in self._parsed:
+            return []
+        self._parsed.add(cid)
+        self._unread -= 1
+        if kind == _ROOT:
+            root = self._root = parse_root(data)
+            out = self._list(root.layer_pages, _LAYER_PAGE) + self._partials(root.layers)
+            for ref in root.meta.tokenizer_files.values():
+                out += self._list(ref.chunks, _LEAF)
+            return out
+        if kind == _LAYER_PAGE:
+            partials = self._layer_pages[cid] = parse_layer_page(data)
+            return self._partials(partials)
+        chunks = self._chunk_pages[cid] = parse_chunk_page(data)
+        return self._list(chunks, _LEAF)
+
+    def _view(self) -> list[CID]:
+        """The UnixFS view's blocks, once, when every page is parsed (as view_closure)."""
+        if self._view_done or self._unread or self._root is None:
+            return []
+        self._view_done = True
+        recorded = recorded_root(self._root.meta.extra)
+        if recorded is None:
+            return []
+        walk = ManifestWalk(self._root, layer_pages=list(self._root.layer_pages))
+        partials = list(self._root.layers)
+        for page in self._root.layer_pages:
+            partials.extend(self._layer_pages[page])
+        for p in partials:
+            pages: list[tuple[CID, tuple[CID, ...] | None]] = [
+                (page, self._chunk_pages[page]) for page in p.chunk_pages
+            ]
+            walk.layers.append(WalkedLayer(p, pages))
+        try:
+            manifest = assemble(walk)
+        except ManifestError:
+            return []  # as view_closure: verify reports it
+        view = build_view(manifest.layers, manifest.model_config, manifest.tokenizer_files)
+        cids = view.cids() if view.root == recorded else [recorded]
+        return self._list(tuple(cids), _LEAF)

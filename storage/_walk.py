@@ -139,7 +139,12 @@ def resolve(root_cid: CID, get: Callable[[CID], bytes]) -> Manifest:
     Strict: raises ManifestError for anything against the schema or the limits, and whatever
     ``get`` raises for a node it cannot give.
     """
-    walk = walk_manifest(parse_root(get(root_cid)), lambda cid, _what: get(cid))
+    return assemble(walk_manifest(parse_root(get(root_cid)), lambda cid, _what: get(cid)))
+
+
+def assemble(walk: ManifestWalk) -> Manifest:
+    """The manifest a complete walk describes (every page read); ManifestError if the layers,
+    their chunks or the totals do not add up."""
     root = walk.root
     layers = []
     seen: set[str] = set()

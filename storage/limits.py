@@ -64,3 +64,7 @@ MAX_CONFIG_JSON_SIZE = 1 << 20
 
 # UnixFS view (specs/manifest.md#unixfs-view): most links per DAG-PB file node (kubo's default).
 UNIXFS_FANOUT = 174
+
+# Durability of fetched blocks (specs/blocks.md#durability): block files written up to this
+# many seconds before a stale unsynced-batch marker are checked too (coarse file clocks).
+UNSYNCED_MTIME_SLACK_S = 2

@@ -52,6 +52,26 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
     :func:`bound_stream_resets` gives each ``NetStream.reset`` STREAM_RESET_S to send its
     frame; the stream is marked reset and removed either way (the connection's own teardown
     deals with what was not sent).
+12. Yamux cuts a stream's writes into DATA frames of ``MAX_MESSAGE_SIZE`` = 65536 bytes, header
+    included, but a Noise transport message carries at most 65519 plaintext bytes: every full
+    frame goes out as two Noise messages (65519 + 17 bytes), each with its own encryption,
+    length prefix, socket write and, on the receiving side, two reads and a decryption. Bulk
+    transfers pay every per-message cost twice. :func:`fit_yamux_frames` caps frames at
+    YAMUX_MAX_FRAME (one Noise message); any yamux peer accepts smaller frames, so the wire
+    stays compatible.
+13. The TCP connection under Noise is read with one ``receive_some`` per read call, each sized
+    to what the caller asked for: every Noise message costs at least two socket reads (its
+    2-byte length, then its body, often in several partial reads), each a trio wait and a
+    syscall. :func:`buffer_tcp_reads` reads ahead up to TCP_READ_AHEAD bytes per socket read
+    and serves the next reads from that buffer (same results, in order; one reader per
+    connection, as Noise has).
+14. Yamux's receiver sends a WINDOW_UPDATE for every read call ("release on read", on unless
+    ``PY_YAMUX_RELEASE_ON_READ=0``), which bypasses the go-yamux hysteresis it also implements
+    (credit returned once half the window is read): a bulk reader sends about one update per
+    64 KiB frame, each a Noise message and a socket write, and the sender handles each.
+    :func:`batch_window_updates` turns release-on-read off, so updates follow the hysteresis
+    (measured: 915 updates for 64 MiB before, 166 after); the window still never closes on a
+    reader that keeps reading.
 """
 
 from __future__ import annotations
@@ -71,6 +91,7 @@ from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
+from libp2p.io.trio import TrioTCPStream
 from libp2p.network import swarm as _swarm_module
 from libp2p.network.stream.net_stream import NetStream, StreamState
 from libp2p.peer.id import ID
@@ -79,6 +100,7 @@ from libp2p.pubsub.gossipsub import PROTOCOL_ID_V11 as GOSSIPSUB_V11
 from libp2p.pubsub.gossipsub import GossipSub
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.yamux import yamux as _yamux_module
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 
@@ -328,3 +350,54 @@ def bound_stream_resets() -> None:
     reset._cnode_bounded = True  # type: ignore[attr-defined]
     reset.__wrapped__ = NetStream.reset  # type: ignore[attr-defined]
     NetStream.reset = reset  # type: ignore[method-assign]
+
+
+# -- 12. yamux frames one byte too big for one Noise message -----------------------------------
+
+
+def fit_yamux_frames() -> None:
+    """Cap yamux DATA frames (header included) at one Noise message (process-wide setting)."""
+    _yamux_module.MAX_MESSAGE_SIZE = limits.YAMUX_MAX_FRAME  # type: ignore[attr-defined]
+
+
+# -- 13. one socket read per read call under Noise ----------------------------------------------
+
+
+def buffer_tcp_reads() -> None:
+    """Read the TCP connection TCP_READ_AHEAD bytes at a time (idempotent, process-wide)."""
+    if getattr(TrioTCPStream.read, "_cnode_buffered", False):
+        return
+    original = TrioTCPStream.read
+
+    async def read(self: TrioTCPStream, n: int | None = None) -> bytes:
+        if n == 0:
+            return b""
+        ahead: bytes = getattr(self, "_cnode_ahead", b"")
+        if ahead:
+            # Served from what the last socket read brought (no await: nobody reads between).
+            take = len(ahead) if n is None else n
+            self._cnode_ahead = ahead[take:]  # type: ignore[attr-defined]
+            await trio.lowlevel.checkpoint()
+            return ahead[:take]
+        data = await original(
+            self, limits.TCP_READ_AHEAD if n is None else max(n, limits.TCP_READ_AHEAD)
+        )
+        if n is None or len(data) <= n:
+            return data
+        self._cnode_ahead = data[n:]  # type: ignore[attr-defined]
+        return data[:n]
+
+    read._cnode_buffered = True  # type: ignore[attr-defined]
+    read.__wrapped__ = original  # type: ignore[attr-defined]
+    TrioTCPStream.read = read  # type: ignore[method-assign]
+
+
+# -- 14. a yamux window update per read -------------------------------------------------------
+
+
+_original_release_on_read = _yamux_module._yamux_release_on_read  # type: ignore[attr-defined]
+
+
+def batch_window_updates() -> None:
+    """Return yamux receive credit by go-yamux's half-window hysteresis (process-wide)."""
+    _yamux_module._yamux_release_on_read = lambda: False  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ from libp2p.pubsub.pubsub import Pubsub
 from libp2p.tools.anyio_service import background_trio_service
 
 from cnode.auth import Opened, seal
-from cnode.storage import CID, BlockStore, missing_blocks
+from cnode.storage import CID, BlockStore, ClosureWalk
 
 from . import _defects, limits
 from ._admission import PeerAdmission, present_token, serve_admit
@@ -169,22 +169,35 @@ class P2PNode:
         Holders: ``holders`` plus every peer that announced ``root``, partial holders included
         (they answer LACKING for what they lack, and are not asked for it again); if both are
         empty, every connected peer. ``gateways`` (trustless HTTP gateways, specs/gateway.md)
-        are holders too, sharing the same queue. Loops fetch / ``missing_blocks`` until nothing
-        is missing.
+        are holders too, sharing the same queue. One pass over the manifest tree
+        (``storage.ClosureWalk``): held nodes are read once, each fetched node is parsed from
+        the bytes received and its missing children join the queue at once.
 
         Error handling: FetchError when some block cannot be had from any holder; every block
         stored until then stays stored, so calling fetch again resumes.
         """
+        walk = ClosureWalk(self.store, root)
+        nodes, leaves = await trio.to_thread.run_sync(walk.start)
+        # Fetched blocks are fsynced together, once, before fetch returns or raises
+        # (specs/blocks.md#durability); a crash before that leaves a marker the store checks.
+        batch = None
+        if nodes or leaves:
+            batch = await trio.to_thread.run_sync(self.store.begin_unsynced)
         transfer = Transfer(
-            self.store, self._open_stream, self._sources([root], holders), progress, gateways
+            self.store,
+            self._open_stream,
+            self._sources([root], holders),
+            progress,
+            gateways,
+            reveal=lambda block: walk.arrived(block.cid, block.data),
+            batch=batch,
         )
-        rounds = 0
-        while True:
-            missing = await trio.to_thread.run_sync(missing_blocks, self.store, root)
-            if not missing:
-                break
-            rounds += 1
-            await transfer.fetch(missing)
+        if batch is not None:
+            try:
+                await transfer.fetch([*nodes, *leaves])
+            finally:
+                with trio.CancelScope(shield=True):  # a sync takes the disk's time, bounded
+                    await trio.to_thread.run_sync(batch.commit)
         report = transfer.report(root)
         log.info(
             "fetch_done",
@@ -194,7 +207,7 @@ class P2PNode:
             mb_per_s=round(report.mb_per_s, 1),
             holders=len(report.per_holder_bytes),
             dropped=len(report.dropped),
-            rounds=rounds,
+            nodes_read=walk.nodes_read,
         )
         return report
 
@@ -398,6 +411,9 @@ async def open_p2p_node(
     """
     _defects.remove_dial_delay()
     _defects.bound_stream_resets()
+    _defects.fit_yamux_frames()
+    _defects.buffer_tcp_reads()
+    _defects.batch_window_updates()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,

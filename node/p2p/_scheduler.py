@@ -32,7 +32,7 @@ from typing import Protocol
 import structlog
 import trio
 
-from cnode.storage import CID, BlockStore, VerifiedBlock
+from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
 
 from . import limits
 from ._exceptions import (
@@ -60,6 +60,9 @@ class RequestStream(ByteStream, Protocol):
 
 OpenStream = Callable[[str], Awaitable[RequestStream]]
 OnBlock = Callable[[VerifiedBlock], Awaitable[None]]
+# reveal(block) -> (nodes, leaves): what a stored block newly shows to be missing (a manifest
+# node's children, storage.ClosureWalk.arrived). Called in the storing thread.
+Reveal = Callable[[VerifiedBlock], tuple[list[CID], list[CID]]]
 
 
 class DirectHolder(Protocol):
@@ -179,6 +182,11 @@ class Transfer:
         progress: called after every stored block.
         direct: holders reached without a libp2p stream (gateways), by name; their names
             are holders too and share the queue, the stealing and the drop rules.
+        reveal: called with each stored block (in the storing thread); the CIDs it returns
+            join the queue during the fetch, nodes at the front, leaves at the back, so a
+            manifest is fetched in one pass as its nodes arrive.
+        batch: an open ``store.begin_unsynced()`` batch: blocks are then stored without a
+            per-block fsync, and the caller commits the batch (specs/blocks.md#durability).
     """
 
     def __init__(
@@ -188,8 +196,12 @@ class Transfer:
         holders: Iterable[str],
         progress: ProgressFn | None = None,
         direct: Iterable[DirectHolder] = (),
+        reveal: Reveal | None = None,
+        batch: UnsyncedBatch | None = None,
     ) -> None:
         self.store = store
+        self.reveal = reveal
+        self.batch = batch
         self.open_stream = open_stream
         self.direct = {d.name: d for d in direct}
         self.holders = {peer: _Holder(peer) for peer in [*holders, *self.direct]}
@@ -354,6 +366,23 @@ class Transfer:
                 self._pending.extendleft(reversed(back))
                 self._notify()
 
+    def _keep(self, block: VerifiedBlock) -> tuple[list[CID], list[CID]]:
+        """Store one verified block and say what it reveals (runs in a worker thread)."""
+        self.store.put_verified(block, batch=self.batch)
+        if self.reveal is None:
+            return [], []
+        return self.reveal(block)
+
+    def _enqueue(self, nodes: list[CID], leaves: list[CID]) -> None:
+        known = self._stored | self._in_flight
+        nodes = [c for c in nodes if c not in known]
+        leaves = [c for c in leaves if c not in known]
+        if not nodes and not leaves:
+            return
+        self._pending.extendleft(reversed(nodes))
+        self._pending.extend(leaves)
+        self._notify()
+
     def _drop(self, holder: _Holder, reason: str) -> None:
         if holder.dropped is None:
             holder.dropped = reason
@@ -393,9 +422,10 @@ class Transfer:
             request.storing = True
             try:
                 # Hashed once on receipt (request_blocks): the store does not hash it again.
-                await trio.to_thread.run_sync(self.store.put_verified, block)
+                nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
             finally:
                 request.storing = False
+            self._enqueue(nodes, leaves)  # before cid leaves _in_flight: no worker stops early
             request.delivered.add(cid)
             self._stored.add(cid)
             self._in_flight.discard(cid)  # done: no longer pending anywhere

@@ -3,7 +3,8 @@
 One request per stream. The handler decodes the REQUEST, checks the requester against the allow
 hook and the per-peer stream cap, then streams BLOCK frames for held blocks (read from disk one
 block at a time, verified by the store, sent in SEND_PIECE pieces through the upload token
-bucket), one LACKING frame for the rest, and END.
+bucket, or in one write when the node's upload is uncapped), one LACKING frame for the rest,
+and END.
 """
 
 from __future__ import annotations
@@ -124,6 +125,10 @@ class BlockServer:
         )
 
     async def _send_block(self, stream: Libp2pStream, header: bytes, data: bytes) -> None:
+        if not self.bucket.rate:  # uncapped: one write, yamux cuts it into frames itself
+            await stream.write(header + data)
+            self.bytes_sent += len(header) + len(data)
+            return
         view = memoryview(data)
         first = limits.SEND_PIECE - len(header)
         await self.bucket.take(len(header) + min(first, len(view)))

@@ -131,16 +131,27 @@ class Block:
 
     @classmethod
     def decode(cls, body: bytes) -> Block:
-        if not body:
+        return cls.decode_parts([body])
+
+    @classmethod
+    def decode_parts(cls, parts: list[bytes]) -> Block:
+        """The BLOCK whose body is ``b"".join(parts)``, its data joined once (FrameReader)."""
+        head = parts[0]
+        if len(parts) > 1 and (not head or len(head) < 1 + head[0]):
+            head = b"".join(parts)  # a body split before its CID ended (tiny reads)
+            parts = [head]
+        if not head:
             raise PeerProtocolError("BLOCK frame is empty")
-        size = body[0]
-        if size > limits.MAX_CID_BYTES or 1 + size > len(body):
+        size = head[0]
+        if size > limits.MAX_CID_BYTES or 1 + size > len(head):
             raise PeerProtocolError(f"BLOCK frame has a bad CID length {size}")
         try:
-            cid = CID.parse(body[1 : 1 + size])
+            cid = CID.parse(head[1 : 1 + size])
         except InvalidCIDError as exc:
             raise PeerProtocolError(f"BLOCK frame has a bad CID: {exc}") from exc
-        return cls(cid, body[1 + size :])
+        if len(parts) == 1:
+            return cls(cid, head[1 + size :])
+        return cls(cid, b"".join([head[1 + size :], *parts[1:]]))
 
 
 @dataclass(frozen=True)
@@ -287,11 +298,32 @@ class FrameReader:
             cid = await self._peek_block_cid(length)
             if cid is not None:
                 on_block_cid(cid)
+        if kind == Kind.BLOCK and len(self._buf) < HEADER_SIZE + length:
+            return await self._read_block(length)
         if not await self._fill(HEADER_SIZE + length):
             raise PeerProtocolError("stream ended inside a frame")
         body = bytes(self._buf[HEADER_SIZE : HEADER_SIZE + length])
         del self._buf[: HEADER_SIZE + length]
         return decode_frame(kind, body)
+
+    async def _read_block(self, length: int) -> Block:
+        # A BLOCK body still arriving (up to 1 MiB): its pieces are kept as read and joined
+        # once, without the CID prefix, so the block's bytes are copied once here (a bytearray
+        # buffer would copy them three times: append, slice, and the data slice in decode).
+        parts = [bytes(self._buf[HEADER_SIZE:])]
+        have = len(parts[0])
+        self._buf = bytearray()
+        while have < length:
+            data = await self._stream.read(max(self._read_size, length - have))
+            if not data:
+                raise PeerProtocolError("stream ended inside a frame")
+            parts.append(data)
+            have += len(data)
+        if have > length:  # the next frame began in the last read
+            extra = have - length
+            self._buf = bytearray(parts[-1][-extra:])
+            parts[-1] = parts[-1][:-extra]
+        return Block.decode_parts(parts)
 
     async def _peek_block_cid(self, length: int) -> CID | None:
         # The CID at the front of a BLOCK body, or None when it is not there (yet): the full

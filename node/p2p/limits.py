@@ -34,8 +34,17 @@ STEAL_SLOWER_FACTOR = 4.0
 NO_PROGRESS_TIMEOUT_S = 10.0
 # A requester that sends no complete REQUEST frame within this time has its stream reset.
 REQUEST_READ_TIMEOUT_S = 10.0
-# Pieces in which a block is written to a stream (and taken from the upload token bucket).
-SEND_PIECE = 64 * 1024
+# Largest yamux frame we send, its 12-byte header included (defect 12): one Noise transport
+# message (65535 bytes minus the 16-byte Poly1305 tag), so a frame is never split in two
+# messages. py-libp2p's own (65536) makes every full frame two Noise messages.
+YAMUX_MAX_FRAME = 65535 - 16
+# Bytes read from a TCP connection per socket read, served to Noise from a buffer (defect 13):
+# several Noise messages per read instead of at least two reads per message.
+TCP_READ_AHEAD = 256 * 1024
+# Pieces in which a block is written to a stream (and taken from the upload token bucket): one
+# yamux frame's payload, so each piece is one frame and one Noise message (64 KiB made two
+# frames, the second of 29 bytes).
+SEND_PIECE = YAMUX_MAX_FRAME - 12
 
 # -- /cnode/admit/1.0.0 (specs/blocks.md#admission) ----------------------------------------------
 

@@ -592,3 +592,177 @@ def test_wedged_reset_is_bounded() -> None:
         assert stream._state is StreamState.RESET  # marked reset all the same
 
     trio.run(main)
+
+
+# -- 12. yamux frames one byte too big for one Noise message ---------------------------------
+
+BULK = TProtocol("/cnode-test/bulk/1")
+BULK_BYTES = 4 * 1024 * 1024
+
+
+async def _noise_messages_for_bulk(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Noise transport messages the sender encrypts to send BULK_BYTES on one stream."""
+    from libp2p.security.noise.io import NoiseTransportReadWriter
+
+    sent: list[int] = []
+    encrypt = NoiseTransportReadWriter.encrypt
+
+    def counting(self: NoiseTransportReadWriter, data: bytes) -> bytes:
+        sent.append(len(data))
+        return encrypt(self, data)
+
+    monkeypatch.setattr(NoiseTransportReadWriter, "encrypt", counting)
+    server, client = _host(), _host()
+    received = trio.Event()
+
+    async def sink(stream: INetStream) -> None:
+        got = 0
+        while got < BULK_BYTES:
+            got += len(await stream.read(1 << 20))
+        received.set()
+        await stream.close()
+
+    server.set_stream_handler(BULK, sink)
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        with trio.fail_after(30):
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            await client.connect(info)
+            stream = await client.new_stream(info.peer_id, [BULK])
+            sent.clear()
+            await stream.write(b"\x00" * BULK_BYTES)
+            await received.wait()
+    return sum(1 for n in sent if n > 12)  # not the receiver's window updates (a bare header)
+
+
+def test_yamux_frames_split_in_two_noise_messages_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.setattr(yamux, "MAX_MESSAGE_SIZE", 64 * 1024)  # the library's own
+    full_frames = BULK_BYTES // (64 * 1024 - 12)
+    assert trio.run(_noise_messages_for_bulk, monkeypatch) >= 2 * full_frames
+
+
+def test_yamux_frames_fit_one_noise_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.setattr(yamux, "MAX_MESSAGE_SIZE", 64 * 1024)
+    defects.fit_yamux_frames()
+    frames = -(-BULK_BYTES // (p2p_limits.YAMUX_MAX_FRAME - 12))
+    assert trio.run(_noise_messages_for_bulk, monkeypatch) <= frames + 2
+
+
+# -- 13. one socket read per read call under Noise --------------------------------------------
+
+NOISE_MESSAGES = 16  # of 65535 bytes each, framed as Noise frames them (2-byte length, body)
+
+
+async def _socket_reads_for_messages(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Socket reads TrioTCPStream makes to read NOISE_MESSAGES framed messages the way Noise
+    does (``read_exactly`` of the length, then of the body), sent before the first read."""
+    from libp2p.io.trio import TrioTCPStream
+    from libp2p.io.utils import read_exactly
+
+    reads: list[int] = []
+    receive = trio.SocketStream.receive_some
+
+    async def counting(self: trio.SocketStream, max_bytes: int | None = None) -> bytes:
+        data = await receive(self, max_bytes)
+        reads.append(len(data))
+        return data
+
+    monkeypatch.setattr(trio.SocketStream, "receive_some", counting)
+    body = bytes(range(256)) * 255 + bytes(255)  # 65535 bytes
+    sent = (len(body).to_bytes(2, "big") + body) * NOISE_MESSAGES
+    with trio.fail_after(30):
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        server = await listeners[0].accept()
+        async with client, server, listeners[0], trio.open_nursery() as nursery:
+            nursery.start_soon(client.send_all, sent)
+            await trio.sleep(0.2)  # what the socket buffers hold is queued before the first read
+            reader = TrioTCPStream(server)
+            got = bytearray()
+            for _ in range(NOISE_MESSAGES):
+                length = int.from_bytes(await read_exactly(reader, 2), "big")
+                got += length.to_bytes(2, "big") + await read_exactly(reader, length)
+    assert bytes(got) == sent  # same bytes, same order
+    return len(reads)
+
+
+def test_noise_reads_the_socket_per_message_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.io.trio import TrioTCPStream
+
+    original = getattr(TrioTCPStream.read, "__wrapped__", TrioTCPStream.read)
+    monkeypatch.setattr(TrioTCPStream, "read", original)
+    assert trio.run(_socket_reads_for_messages, monkeypatch) >= 2 * NOISE_MESSAGES
+
+
+def test_tcp_reads_are_buffered(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.io.trio import TrioTCPStream
+
+    original = getattr(TrioTCPStream.read, "__wrapped__", TrioTCPStream.read)
+    monkeypatch.setattr(TrioTCPStream, "read", original)  # restored after the test
+    defects.buffer_tcp_reads()
+    defects.buffer_tcp_reads()  # idempotent: one wrapper, not two
+    assert getattr(TrioTCPStream.read, "__wrapped__", None) is original
+    assert trio.run(_socket_reads_for_messages, monkeypatch) < NOISE_MESSAGES
+
+
+# -- 14. a yamux window update per read -------------------------------------------------------
+
+
+WINDOW_BULK = 32 * 1024 * 1024  # long enough for the window's growth phase not to dominate
+
+
+async def _window_updates_for_bulk(monkeypatch: pytest.MonkeyPatch) -> int:
+    """WINDOW_UPDATE frames the receiver sends while it reads WINDOW_BULK on one stream."""
+    from libp2p.stream_muxer.yamux.yamux import YamuxStream
+
+    updates: list[int] = []
+    send = YamuxStream.send_window_update
+
+    async def counting(self: YamuxStream, increment: int, skip_lock: bool = False) -> None:
+        updates.append(increment)
+        await send(self, increment, skip_lock)
+
+    monkeypatch.setattr(YamuxStream, "send_window_update", counting)
+    server, client = _host(), _host()
+    done = trio.Event()
+
+    async def sink(stream: INetStream) -> None:
+        got = 0
+        while got < WINDOW_BULK:
+            got += len(await stream.read(1 << 20))
+        done.set()
+
+    server.set_stream_handler(BULK, sink)
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        with trio.fail_after(30):
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            await client.connect(info)
+            stream = await client.new_stream(info.peer_id, [BULK])
+            await stream.write(b"\x00" * WINDOW_BULK)
+            await done.wait()  # every byte arrived: the window never closed for good
+    return len(updates)
+
+
+def test_a_window_update_per_read_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.delenv("PY_YAMUX_RELEASE_ON_READ", raising=False)
+    original = getattr(defects, "_original_release_on_read", yamux._yamux_release_on_read)
+    monkeypatch.setattr(yamux, "_yamux_release_on_read", original)  # the library's own
+    assert yamux._yamux_release_on_read()
+    frames = WINDOW_BULK // (yamux.MAX_MESSAGE_SIZE - 12)
+    assert trio.run(_window_updates_for_bulk, monkeypatch) >= frames * 3 // 4
+
+
+def test_window_updates_follow_the_hysteresis(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.stream_muxer.yamux import yamux
+
+    monkeypatch.setattr(yamux, "_yamux_release_on_read", yamux._yamux_release_on_read)
+    defects.batch_window_updates()
+    assert not yamux._yamux_release_on_read()
+    frames = WINDOW_BULK // (yamux.MAX_MESSAGE_SIZE - 12)
+    assert trio.run(_window_updates_for_bulk, monkeypatch) <= frames // 2

@@ -121,6 +121,30 @@ def test_all_holders_gone_keeps_progress_then_resumes(
 
 
 @pytest.mark.slow
+def test_joiner_killed_mid_fetch_leaves_no_corrupt_block_and_resumes(
+    tmp_path: Path, checkpoint: Checkpoint, running: Procs
+) -> None:
+    """specs/blocks.md#durability: the fetch's blocks are fsynced as one batch; a joiner killed
+    before the batch's sync leaves its marker, and the next open of the store checks them."""
+    home = holder_home(tmp_path, "h0", checkpoint)
+    _proc, addr = running.holder(home, "--open", "--rate", "1500000")
+    joiner = tmp_path / "joiner"
+    fetch = _fetch(running, joiner, checkpoint, [addr])
+    _wait_blocks(joiner, 6)
+    fetch.kill()
+    assert len(list((joiner / "blocks" / "unsynced").iterdir())) == 1  # the batch's marker
+    again = _fetch(running, joiner, checkpoint, [addr])  # opens the store: checks, resumes
+    assert again.wait(60) == 0, again.describe()
+    store = BlockStore(joiner / "blocks")
+    assert list((store.root / "unsynced").iterdir()) == []
+    assert not any((store.root / "quarantine").glob("*"))
+    assert all(store.check(cid)[0] == "ok" for cid in store.iter_cids())
+    _assert_same(store, checkpoint)
+    checked = [e for e in again.log_events() if e.get("event") == "unsynced_batch_checked"]
+    assert len(checked) == 1 and checked[0]["checked"] >= 6 and checked[0]["quarantined"] == 0
+
+
+@pytest.mark.slow
 def test_slow_holder_does_not_hold_up_the_end(
     tmp_path: Path, checkpoint: Checkpoint, running: Procs
 ) -> None:

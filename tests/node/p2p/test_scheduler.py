@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+import torch
 import trio
 import trio.testing
 
@@ -28,7 +29,18 @@ from cnode.node.p2p import FetchError, FetchReport, PeerProtocolError, StreamBro
 from cnode.node.p2p._exchange import request_blocks
 from cnode.node.p2p._scheduler import RequestStream, Transfer
 from cnode.node.p2p._wire import Block, End, Lacking, Request
-from cnode.storage import CID, BlockStore, VerifiedBlock, compute_cid
+from cnode.storage import (
+    CID,
+    BlockStore,
+    ClosureWalk,
+    ManifestLayout,
+    UnsyncedBatch,
+    VerifiedBlock,
+    compute_cid,
+    manifest_closure,
+    save_checkpoint,
+)
+from tests.storage.conftest import meta
 
 PIECES = 4
 T = TypeVar("T")
@@ -65,9 +77,15 @@ class CountingStore(BlockStore):
         self.hashing_puts += 1
         super().put(cid, data)
 
-    def put_verified(self, block: VerifiedBlock) -> None:
+    def put_verified(self, block: VerifiedBlock, *, batch: UnsyncedBatch | None = None) -> None:
         self.puts[block.cid] += 1
-        super().put_verified(block)
+        super().put_verified(block, batch=batch)
+
+    def get(self, cid: CID) -> bytes:
+        self.gets += 1
+        return super().get(cid)
+
+    gets = 0  # blocks read back out of the store
 
 
 @dataclass
@@ -416,3 +434,39 @@ def test_block_start_seen_before_its_bytes() -> None:
     lacked = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert lacked == {cids[0]}
     assert seen == [("start", cids[1]), ("block", cids[1]), ("start", cids[2]), ("block", cids[2])]
+
+
+# -- a manifest in one pass --------------------------------------------------------------------
+
+
+def test_a_paged_manifest_is_fetched_in_one_pass(tmp_path: Path) -> None:
+    """Each node is parsed as it arrives and its children join the queue: one fetch, every
+    block requested once, nothing read back out of the store."""
+    src = BlockStore(tmp_path / "src")
+    tensors = {f"layer.{i}.w": torch.full((300_000,), float(i)) for i in range(6)}
+    layout = ManifestLayout(max_inline_chunks=1, max_node_size=700)
+    root = save_checkpoint(src, tensors, meta(), layout=layout)
+    closure = manifest_closure(src, root)
+    blocks = {cid: src.get(cid) for cid in closure}
+    holders = list(_holders(blocks, 2, block_s=0.01))
+    store = CountingStore(tmp_path / "store")
+    walk = ClosureWalk(store, root)
+
+    async def main() -> None:
+        transfer = Transfer(
+            store,
+            _opener(holders),
+            [h.peer for h in holders],
+            reveal=lambda block: walk.arrived(block.cid, block.data),
+        )
+        with trio.fail_after(3600):
+            nodes, leaves = walk.start()
+            assert (nodes, leaves) == ([root], [])
+            await transfer.fetch(nodes)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert set(store.iter_cids()) == set(closure)
+    assert store.puts == dict.fromkeys(closure, 1)
+    assert _requested(holders) == dict.fromkeys(closure, 1)
+    assert store.gets == 0
+    assert walk.nodes_read == sum(1 for c in closure if c.codec == root.codec) > 3

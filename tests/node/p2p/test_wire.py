@@ -115,6 +115,39 @@ def test_truncated_stream() -> None:
     trio.run(main)
 
 
+@pytest.mark.parametrize("step", [1, 7, 40, 4096, 1 << 20])
+def test_blocks_read_in_any_pieces_are_the_blocks_sent(step: int) -> None:
+    """FrameReader joins a BLOCK body once from the pieces read (_read_block), whatever their
+    sizes: the CID split across reads, frames sharing a read, the next frame in the last read."""
+    blocks = [
+        Block(compute_cid(bytes([i]) * n), bytes([i]) * n)
+        for i, n in enumerate([1, 300_000, 70_000, 1 << 20])
+    ]
+    wire = b"".join(b.encode() for b in blocks) + End().encode()
+
+    async def main() -> None:
+        reader = FrameReader(_Bytes(wire, step), read_size=4096)
+        seen: list[object] = []
+        for _ in range(len(blocks) + 1):
+            seen.append(await reader.read_frame(limits.MAX_FRAME_BODY, seen.append))
+        assert await reader.read_frame(limits.MAX_FRAME_BODY) is None
+        frames = [f for f in seen if isinstance(f, (Block, End))]
+        assert frames == [*blocks, End()]
+        assert [c for c in seen if not isinstance(c, (Block, End))] == [b.cid for b in blocks]
+
+    trio.run(main)
+
+
+def test_stream_ending_inside_a_block_body_is_a_protocol_error() -> None:
+    data = Block(CIDS[0], b"x" * 300_000).encode()[:-1]
+
+    async def main() -> None:
+        with pytest.raises(PeerProtocolError, match="ended inside a frame"):
+            await FrameReader(_Bytes(data, 65536)).read_frame(limits.MAX_FRAME_BODY)
+
+    trio.run(main)
+
+
 def test_token_bucket_rate() -> None:
     from cnode.node.p2p import TokenBucket
 

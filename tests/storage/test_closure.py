@@ -1,0 +1,119 @@
+"""storage/_closure.py: ClosureWalk learns a manifest's missing blocks in one pass."""
+
+from __future__ import annotations
+
+from collections import deque
+from pathlib import Path
+
+import pytest
+import torch
+
+from cnode.storage import (
+    CID,
+    BlockStore,
+    ClosureWalk,
+    ManifestError,
+    ManifestLayout,
+    limits,
+    manifest_closure,
+    missing_blocks,
+    save_checkpoint,
+    verify_received,
+)
+
+from .conftest import meta
+
+PAGED = ManifestLayout(max_inline_chunks=1, max_node_size=700)
+
+
+class CountingStore(BlockStore):
+    """A real store that counts the blocks read out of it."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.reads: list[CID] = []
+
+    def get(self, cid: CID) -> bytes:
+        self.reads.append(cid)
+        return super().get(cid)
+
+
+def _paged(tmp_path: Path) -> tuple[BlockStore, CID]:
+    src = BlockStore(tmp_path / "src")
+    state = {f"layer.{i}.w": torch.full((300_000,), float(i)) for i in range(6)}
+    files = {"tokenizer.json": b'{"v": 1}'}
+    cid = save_checkpoint(src, state, meta(tokenizer_files=files), layout=PAGED)
+    return src, cid
+
+
+def _fetch(src: BlockStore, dst: BlockStore, walk: ClosureWalk) -> list[CID]:
+    """What a fetch does: take the next missing CID, store it verified, enqueue what it shows."""
+    nodes, leaves = walk.start()
+    queue = deque([*nodes, *leaves])
+    fetched: list[CID] = []
+    for _ in range(10_000):
+        if not queue:
+            return fetched
+        cid = queue.popleft()
+        block = verify_received(cid, src.get(cid))
+        dst.put_verified(block)
+        fetched.append(cid)
+        nodes, leaves = walk.arrived(block.cid, block.data)
+        queue.extendleft(reversed(nodes))
+        queue.extend(leaves)
+    raise AssertionError("the walk did not end")
+
+
+def test_one_pass_fetches_the_closure_and_reads_nothing_back(tmp_path: Path) -> None:
+    src, root = _paged(tmp_path)
+    dst = CountingStore(tmp_path / "dst")
+    walk = ClosureWalk(dst, root)
+    fetched = _fetch(src, dst, walk)
+    closure = manifest_closure(src, root)
+    assert sorted(map(str, fetched)) == sorted(map(str, closure))
+    assert len(fetched) == len(set(fetched))  # nothing asked for twice
+    assert dst.reads == []  # every node was parsed from the bytes that arrived
+    # root, layer pages and chunk pages: each parsed once
+    nodes = [c for c in closure if c.codec == root.codec]
+    assert walk.nodes_read == len(nodes) > 3
+    assert missing_blocks(dst, root) == []
+
+
+def test_a_resumed_walk_reads_each_held_node_once(tmp_path: Path) -> None:
+    src, root = _paged(tmp_path)
+    dst = CountingStore(tmp_path / "dst")
+    closure = manifest_closure(src, root)
+    for cid in closure[: len(closure) // 2]:  # root and pages first: an interrupted fetch
+        dst.put(cid, src.get(cid))
+    dst.reads.clear()
+    walk = ClosureWalk(dst, root)
+    nodes, leaves = walk.start()
+    held_nodes = [c for c in closure[: len(closure) // 2] if c.codec == root.codec]
+    assert sorted(map(str, dst.reads)) == sorted(map(str, held_nodes))
+    assert set(nodes) | set(leaves) <= set(closure)
+    fetched = _fetch(src, dst, ClosureWalk(dst, root))
+    rest = closure[len(closure) // 2 :]
+    assert sorted(map(str, fetched)) == sorted(map(str, rest))
+    assert missing_blocks(dst, root) == []
+
+
+def test_a_whole_store_needs_nothing(tmp_path: Path) -> None:
+    src, root = _paged(tmp_path)
+    assert ClosureWalk(src, root).start() == ([], [])
+    assert ClosureWalk(BlockStore(tmp_path / "empty"), root).start() == ([root], [])
+
+
+def test_bounds_hold_as_in_walk_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    src, root = _paged(tmp_path)
+    monkeypatch.setattr(limits, "MAX_MANIFEST_NODES", 3)
+    with pytest.raises(ManifestError, match="MAX_MANIFEST_NODES"):
+        _fetch(src, BlockStore(tmp_path / "dst"), ClosureWalk(BlockStore(tmp_path / "dst"), root))
+
+
+def test_a_page_that_breaks_the_schema_is_an_error(tmp_path: Path) -> None:
+    src, root = _paged(tmp_path)
+    walk = ClosureWalk(BlockStore(tmp_path / "dst"), root)
+    walk.arrived(root, src.get(root))
+    page = next(c for c in manifest_closure(src, root)[1:] if c.codec == root.codec)
+    with pytest.raises(ManifestError):
+        walk.arrived(page, b"\xa0")  # an empty map: no page
