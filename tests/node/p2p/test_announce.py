@@ -203,7 +203,10 @@ def test_late_peer_learns_existing_holders(tmp_path: Path, monkeypatch: pytest.M
         return logs
 
     logs = trio.run(main)
-    assert not [e for e in logs if e["event"] == "pubsub_message_dropped"]
+    # Nothing was refused as invalid. A re-announcement that gossip delivers after a newer one
+    # is dropped as stale (seen on a loaded machine): that is the replay check working.
+    dropped = [e for e in logs if e["event"] == "pubsub_message_dropped"]
+    assert not [e for e in dropped if not str(e["reason"]).startswith("replayed: stale")]
 
 
 def test_bridge_calls_node_from_asyncio(tmp_path: Path) -> None:
