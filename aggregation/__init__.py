@@ -40,6 +40,7 @@ from ._scores import ReputationPolicy as ReputationPolicy
 from ._scores import UpdateScore as UpdateScore
 from ._scores import admission_bar as admission_bar
 from ._scores import admit as admit
+from ._scores import ban_bound as ban_bound
 from ._scores import draw_indices as draw_indices
 from ._scores import loss_score as loss_score
 from ._scores import score_seed as score_seed
@@ -78,6 +79,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "aggregate",
     "aggregate_partition",
     "alie_z",
+    "ban_bound",
     "assign_partitions",
     "backup_aggregators",
     "combine_records",

@@ -14,13 +14,14 @@ below ``SCORE_UNIT``) makes the same decisions. See specs/aggregation.md "Scores
   number of SCORE_UNITs (1e-4). The round score is ``own + min(held, 0)``: an update must improve
   its sender's own data, and pays for what it breaks on the shared split, but an honest peer with
   different data is not asked to improve data it does not hold.
-* **Reputation**: an integer EMA, r <- r + floor((s - r) / REPUTATION_DIVISOR), starting at the
-  first score; only scored rounds move it.
+* **Reputation**: an integer EMA, r <- r + floor((s - r) / REPUTATION_DIVISOR), starting at 0;
+  only scored rounds move it.
 * **Admission**: an update enters the aggregate iff its round score >= ADMIT_SCORE and its
   reputation after this round >= ADMIT_REPUTATION. Admitted updates get equal weight; CenteredClip
   then runs on them with distance rejection off (score admission already removed far updates).
-* **Ban evidence**: a peer whose reputation stays below BAN_REPUTATION for REPUTATION_BAN_ROUNDS
-  rounds in a row is recommended, with the update CIDs, seeds and losses of those rounds.
+* **Ban evidence**: a peer whose reputation stays below ``ban_bound`` (min(BAN_REPUTATION, minus
+  the round's median |score| // BAN_MEDIAN_DIVISOR)) for REPUTATION_BAN_ROUNDS rounds in a row
+  is recommended, with the update CIDs, seeds, bounds and losses of those rounds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "UpdateScore",
     "admission_bar",
     "admit",
+    "ban_bound",
     "draw_indices",
     "loss_score",
     "score_seed",
@@ -134,16 +136,13 @@ def score_update(
 
 
 def update_reputation(previous: Mapping[str, int], scores: Mapping[str, int]) -> dict[str, int]:
-    """Reputations after one round: r + floor((s - r) / REPUTATION_DIVISOR) for scored peers,
-    s itself for a peer seen for the first time, unchanged for peers not scored this round."""
+    """Reputations after one round: r + floor((s - r) / REPUTATION_DIVISOR) for scored peers
+    (r = 0 for a peer seen for the first time: it starts neutral), unchanged for the others."""
     out = dict(previous)
     for peer in sorted(scores):
         s = int(scores[peer])
-        out[peer] = (
-            s
-            if peer not in previous
-            else previous[peer] + ((s - previous[peer]) // limits.REPUTATION_DIVISOR)
-        )
+        r = previous.get(peer, 0)
+        out[peer] = r + (s - r) // limits.REPUTATION_DIVISOR
     return dict(sorted(out.items()))
 
 
@@ -169,7 +168,19 @@ def admit(scores: Mapping[str, int], reputation: Mapping[str, int]) -> list[str]
     and reputation (after this round) >= ADMIT_REPUTATION."""
     bar = admission_bar(scores)
     return sorted(
-        p for p, s in scores.items() if s >= bar and reputation.get(p, s) >= limits.ADMIT_REPUTATION
+        p for p, s in scores.items() if s >= bar and reputation.get(p, 0) >= limits.ADMIT_REPUTATION
+    )
+
+
+def ban_bound(scores: Mapping[str, int]) -> int:
+    """The reputation a peer must stay below to count a round towards a ban:
+    min(BAN_REPUTATION, -(lower median of the round's |scores|) // BAN_MEDIAN_DIVISOR): harm of
+    at least a fraction of a typical update's effect, whatever the scale of this run's updates."""
+    if not scores:
+        return limits.BAN_REPUTATION
+    ranked = sorted(abs(v) for v in scores.values())
+    return min(
+        limits.BAN_REPUTATION, -(ranked[(len(ranked) - 1) // 2] // limits.BAN_MEDIAN_DIVISOR)
     )
 
 
@@ -177,14 +188,16 @@ def admit(scores: Mapping[str, int], reputation: Mapping[str, int]) -> list[str]
 class _Low:
     round: int
     reputation: int
+    bound: int
     score: UpdateScore
     update_cid: str | None
     seed: str
 
 
 class ReputationPolicy:
-    """Ban evidence from reputations: below BAN_REPUTATION in REPUTATION_BAN_ROUNDS consecutive
-    scored rounds of a peer -> one BanRecommendation (once per peer). Rounds strictly increase."""
+    """Ban evidence from reputations: below ban_bound(round's scores) in REPUTATION_BAN_ROUNDS
+    consecutive scored rounds of a peer -> one BanRecommendation (once per peer). Rounds
+    strictly increase."""
 
     def __init__(self, rounds: int = limits.REPUTATION_BAN_ROUNDS) -> None:
         if rounds < 1:
@@ -207,16 +220,17 @@ class ReputationPolicy:
             raise AggregationInputError(f"round {round_} observed after round {self._last}")
         self._last = round_
         cids = update_cids or {}
+        bound = ban_bound({p: s.score for p, s in scores.items()})
         out: list[BanRecommendation] = []
         for peer in sorted(scores):
             if peer in self._recommended:
                 continue
             rep = reputation[peer]
-            if rep >= limits.BAN_REPUTATION:
+            if rep >= bound:
                 self._low.pop(peer, None)
                 continue
             low = self._low.setdefault(peer, [])
-            low.append(_Low(round_, rep, scores[peer], cids.get(peer), seed.hex()))
+            low.append(_Low(round_, rep, bound, scores[peer], cids.get(peer), seed.hex()))
             if len(low) < self.rounds:
                 continue
             self._recommended.add(peer)
@@ -225,12 +239,12 @@ class ReputationPolicy:
                 BanRecommendation(
                     peer,
                     round_,
-                    f"reputation below {limits.BAN_REPUTATION} in {len(low)} rounds in a row",
+                    f"reputation below the ban bound in {len(low)} rounds in a row",
                     cids.get(peer),
                     {
-                        "ban_reputation": limits.BAN_REPUTATION,
                         "rounds": [x.round for x in low],
                         "reputations": [x.reputation for x in low],
+                        "bounds": [x.bound for x in low],
                         "update_cids": [x.update_cid for x in low],
                         "seeds": [x.seed for x in low],
                         "scores": [x.score.to_dict() for x in low],

@@ -47,6 +47,7 @@ from cnode.aggregation import (
     PARTITION_TENSOR,
     AggregatorConfig,
     NotEnoughUpdatesError,
+    ReputationPolicy,
     TensorSpec,
     UpdateScore,
     admit,
@@ -216,6 +217,10 @@ def accuracy(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> fl
     return float((logits.argmax(1) == y).float().mean()) * 100
 
 
+# Reputation ban recommendations seen by the scored rows: (setting, peer, round from 1).
+BANS: dict[str, list[tuple[Setting, str, int]]] = {"honest": [], "attacker": []}
+
+
 def _digest(update: dict[str, torch.Tensor]) -> str:
     """Stands in for the update header CID in the bench (content-addressed, fixed per update)."""
     return hashlib.sha256(b"".join(update[k].numpy().tobytes() for k in sorted(update))).hexdigest()
@@ -305,6 +310,7 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
     momenta: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
     prev = None
     reputation: dict[str, int] = {}
+    policy = ReputationPolicy()
     for rnd in range(rounds):
         deltas = local_deltas(glob, xs, ys, g)
         if beta > 0:
@@ -319,8 +325,11 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
         received = {ids[i]: sent[i] for i in present}
         if s.aggregator in SCORED:
             valid = {p: u for p, u in received.items() if validate_update(u, spec) is None}
-            _, scores = score_round(glob, valid, own, (xhe, yhe))
+            seed, scores = score_round(glob, valid, own, (xhe, yhe))
             reputation = update_reputation(reputation, {p: v.score for p, v in scores.items()})
+            for rec in policy.observe(rnd, seed, scores, reputation):
+                bad = ids.index(rec.peer) in attackers
+                BANS["attacker" if bad else "honest"].append((s, rec.peer, rnd + 1))
             received = {
                 p: received[p] for p in admit({p: v.score for p, v in scores.items()}, reputation)
             }
@@ -461,6 +470,15 @@ def main() -> int:
             )
             ok &= loss <= 1.0
             print(f"partitioned vs full, {shards}: at most {loss:.1f} points worse (goal <= 1)")
+    honest_bans = BANS["honest"]
+    ok &= not honest_bans
+    late = [b for b in BANS["attacker"] if b[2] > 3]
+    print(
+        f"reputation bans: honest peers {len(honest_bans)} (goal 0)"
+        + "".join(f"\n  {b[0]} {b[1]} round {b[2]}" for b in honest_bans[:5])
+        + f"; attackers {len(BANS['attacker'])}, of them after round 3: {len(late)} "
+        f"({', '.join(sorted({b[0].attack for b in BANS['attacker']}))})"
+    )
     print(f"goal met: {ok}; wall {time.perf_counter() - t0:.0f} s")
     if args.json and DEFAULT in aggs:
         mode = modes[0]

@@ -21,6 +21,7 @@ from cnode.aggregation import (
     admission_bar,
     admit,
     aggregate,
+    ban_bound,
     draw_indices,
     flip_labels,
     limits,
@@ -79,11 +80,12 @@ def test_round_score_charges_held_out_harm_only() -> None:
     assert s.to_dict()["own_before"] == 2.0
 
 
-def test_reputation_is_an_integer_ema_started_at_the_first_score() -> None:
-    rep = update_reputation({}, {"a": 400, "b": -800})
-    assert rep == {"a": 400, "b": -800}
-    rep = update_reputation(rep, {"a": 0})
-    assert rep == {"a": 400 + (0 - 400) // limits.REPUTATION_DIVISOR, "b": -800}  # b unscored
+def test_reputation_is_an_integer_ema_started_at_zero() -> None:
+    d = limits.REPUTATION_DIVISOR
+    rep = update_reputation({}, {"a": 400, "b": -801})
+    assert rep == {"a": 400 // d, "b": -801 // d}  # floor division: -801 // 2 == -401
+    rep2 = update_reputation(rep, {"a": 0})
+    assert rep2 == {"a": rep["a"] + (0 - rep["a"]) // d, "b": rep["b"]}  # b unscored: unchanged
     assert all(isinstance(v, int) for v in rep.values())
 
 
@@ -93,9 +95,18 @@ def test_admission_needs_a_typical_score_and_a_reputation() -> None:
     assert bar == max(limits.ADMIT_SCORE, 800 // limits.ADMIT_MEDIAN_DIVISOR)
     rep = {"a": 1000, "b": -1, "c": 800, "d": 100, "e": 50}
     assert admit(scores, rep) == ["a", "c"]
+    # A peer never scored before starts at reputation 0: admitted on its score alone.
+    assert admit({"new": 1000, "a": 1000, "b": 1000}, rep) == ["a", "new"]
     # All noise (median <= 0): the floor decides, the reputation gates.
     assert admission_bar({"a": -3, "b": -2, "c": 5}) == max(limits.ADMIT_SCORE, -1)
     assert admission_bar({}) == limits.ADMIT_SCORE
+
+
+def test_ban_bound_is_minus_a_typical_absolute_score_and_at_most_ban_reputation() -> None:
+    d = limits.BAN_MEDIAN_DIVISOR
+    assert ban_bound({"a": 3000, "b": -5000, "c": 40, "d": 10000}) == -(3000 // d)
+    assert ban_bound({"a": 1, "b": -2, "c": 3}) == limits.BAN_REPUTATION
+    assert ban_bound({}) == limits.BAN_REPUTATION
 
 
 def test_reputation_policy_recommends_after_consecutive_low_rounds_with_evidence() -> None:
@@ -118,6 +129,8 @@ def test_reputation_policy_recommends_after_consecutive_low_rounds_with_evidence
     ]
     assert fig["seeds"] == [seed.hex()] * limits.REPUTATION_BAN_ROUNDS
     assert fig["scores"][0]["own_after"] == 1.5
+    bound = min(limits.BAN_REPUTATION, -(1000 // limits.BAN_MEDIAN_DIVISOR))  # |scores| 10000, 1000
+    assert fig["bounds"] == [bound] * limits.REPUTATION_BAN_ROUNDS
     with pytest.raises(AggregationInputError):
         policy.observe(1, seed, {}, rep)
 
