@@ -155,12 +155,14 @@ def scored_config() -> AggregatorConfig:
 
 
 def admission_bar(scores: Mapping[str, int]) -> int:
-    """The least round score admitted: max(ADMIT_SCORE, lower median // ADMIT_MEDIAN_DIVISOR)."""
+    """The least round score admitted: lower median // ADMIT_MEDIAN_DIVISOR when that median is
+    > 0; ADMIT_SCORE when it is <= 0 (a round where a typical update does not measurably help
+    its own data: only blatant harm and the reputation keep an update out)."""
     if not scores:
         return limits.ADMIT_SCORE
     ranked = sorted(scores.values())
     median = ranked[(len(ranked) - 1) // 2]
-    return max(limits.ADMIT_SCORE, median // limits.ADMIT_MEDIAN_DIVISOR)
+    return median // limits.ADMIT_MEDIAN_DIVISOR if median > 0 else limits.ADMIT_SCORE
 
 
 def admit(scores: Mapping[str, int], reputation: Mapping[str, int]) -> list[str]:

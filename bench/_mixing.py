@@ -1,9 +1,20 @@
-"""Bench-only update transforms for bench/robustness.py --pre (specs/aggregation.md "Non-iid
-shards"), and the flat-vector helpers they share with it."""
+"""Helpers of bench/robustness.py: the bench-only update transforms of --pre (specs/aggregation.md
+"Non-iid shards") and the partitioned aggregation of --mode partitioned."""
 
 from __future__ import annotations
 
 import torch
+
+from cnode.aggregation import (
+    PARTITION_TENSOR,
+    AggregatorConfig,
+    aggregate_partition,
+    combine_records,
+    flat_segments,
+    partition_count,
+    partition_segments,
+    segment_ranges,
+)
 
 
 def _flat(update: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -48,3 +59,28 @@ def bucket(
         mean = torch.stack([_flat(updates[p]) for p in group]).mean(0)
         out[f"bucket{b // size:02d}"] = _unflat(mean, updates[group[0]])
     return out
+
+
+def aggregate_partitioned(
+    received: dict[str, dict[str, torch.Tensor]],
+    like: dict[str, torch.Tensor],
+    config: AggregatorConfig,
+    members: int,
+    segment: int,
+) -> dict[str, torch.Tensor]:
+    """Aggregate each of partition_count(members, segments) contiguous partitions of the flat
+    update apart (issue 10), segments of ``segment`` values; ban records by combine_records."""
+    numel = sum(t.numel() for t in like.values())
+    ranges = segment_ranges(numel, segment)
+    parts = partition_count(members, len(ranges))
+    flats = {p: torch.cat(flat_segments(u, segment)) for p, u in received.items()}
+    out = torch.zeros(numel, dtype=torch.float32)
+    records = []
+    for part in range(parts):
+        segs = partition_segments(len(ranges), parts, part)
+        a, b = ranges[segs[0]][0], ranges[segs[-1]][1]
+        res = aggregate_partition({p: f[a:b].contiguous() for p, f in flats.items()}, config)
+        out[a:b] = res.tensors[PARTITION_TENSOR]
+        records.append(res.records)
+    combine_records(records)  # the round's ban records, as the node builds them
+    return _unflat(out, like)

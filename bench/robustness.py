@@ -44,7 +44,6 @@ from sklearn.datasets import load_digits
 from cnode.aggregation import (
     ATTACKS,
     ATTACKS_DATA_LEVEL,
-    PARTITION_TENSOR,
     AggregatorConfig,
     NotEnoughUpdatesError,
     ReputationPolicy,
@@ -52,18 +51,12 @@ from cnode.aggregation import (
     UpdateScore,
     admit,
     aggregate,
-    aggregate_partition,
-    combine_records,
     draw_indices,
-    flat_segments,
     flip_labels,
     new_attack,
-    partition_count,
-    partition_segments,
     score_seed,
     score_update,
     scored_config,
-    segment_ranges,
     update_reputation,
     validate_update,
     worker_momentum,
@@ -71,7 +64,7 @@ from cnode.aggregation import (
 from cnode.aggregation.limits import SCORE_STEP
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _mixing import _unflat, bucket, nnm
+from _mixing import aggregate_partitioned, bucket, nnm
 
 N_PEERS = 10
 HIDDEN = 32
@@ -266,28 +259,6 @@ def score_round(
     return seed, scores
 
 
-def aggregate_partitioned(
-    received: dict[str, dict[str, torch.Tensor]],
-    like: dict[str, torch.Tensor],
-    config: AggregatorConfig,
-) -> dict[str, torch.Tensor]:
-    """Aggregate each of N_PEERS contiguous partitions of the flat update apart (issue 10)."""
-    numel = sum(t.numel() for t in like.values())
-    ranges = segment_ranges(numel, SEGMENT)
-    parts = partition_count(N_PEERS, len(ranges))
-    flats = {p: torch.cat(flat_segments(u, SEGMENT)) for p, u in received.items()}
-    out = torch.zeros(numel, dtype=torch.float32)
-    records = []
-    for part in range(parts):
-        segs = partition_segments(len(ranges), parts, part)
-        a, b = ranges[segs[0]][0], ranges[segs[-1]][1]
-        res = aggregate_partition({p: f[a:b].contiguous() for p, f in flats.items()}, config)
-        out[a:b] = res.tensors[PARTITION_TENSOR]
-        records.append(res.records)
-    combine_records(records)  # the round's ban records, as the node builds them
-    return _unflat(out, like)
-
-
 def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float:
     xtr, ytr, xhe, yhe, xte, yte = load_data(s.seed)
     shards = make_shards(ytr, s.shards, s.seed)
@@ -342,7 +313,7 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
             received, use = bucket(received, int(s.pre.removeprefix("bucket")), rnd), None
         try:
             if s.mode == "partitioned":
-                agg = aggregate_partitioned(received, glob, config)
+                agg = aggregate_partitioned(received, glob, config, N_PEERS, SEGMENT)
             else:
                 res = aggregate(received, expected=spec, config=config, weights=use, previous=prev)
                 agg = res.tensors

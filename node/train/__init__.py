@@ -14,6 +14,7 @@ from ._checkpoint import store_checkpoint as store_checkpoint
 from ._config import DataConfig as DataConfig
 from ._config import ModelConfig as ModelConfig
 from ._config import TrainingConfig as TrainingConfig
+from ._corrupt import DATA_ATTACKS as DATA_ATTACKS
 from ._data import TextData as TextData
 from ._demo import DemoSettings as DemoSettings
 from ._demo import run_demo as run_demo
@@ -53,6 +54,7 @@ from ._trainer import NodeTrainer as NodeTrainer
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_exports.py)
     "BannedError",
     "CatchUpError",
+    "DATA_ATTACKS",
     "DataConfig",
     "DemoSettings",
     "HeaderCollector",

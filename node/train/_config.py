@@ -148,13 +148,18 @@ class TrainingConfig:
     # meant (old runs, and the extra.training of their checkpoints, which replay reads); new
     # runs (`cnode demo`, bench/round.py, the README's run config) write "int8-blockwise".
     update_codec: str = "f32"
+    # issue 12: score updates, keep reputations, admit by them (node/train/_scores.py)
+    scores: bool = False
 
     @property
     def samples_per_round(self) -> int:
         return self.local_steps * self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.scores:  # issue 12: absent = off, so runs without scores keep their bytes
+            del out["scores"]
+        return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainingConfig:

@@ -91,14 +91,13 @@ def test_reputation_is_an_integer_ema_started_at_zero() -> None:
 
 def test_admission_needs_a_typical_score_and_a_reputation() -> None:
     scores = {"a": 1000, "b": 900, "c": 800, "d": 100, "e": -5}
-    bar = admission_bar(scores)
-    assert bar == max(limits.ADMIT_SCORE, 800 // limits.ADMIT_MEDIAN_DIVISOR)
+    assert admission_bar(scores) == 800 // limits.ADMIT_MEDIAN_DIVISOR
     rep = {"a": 1000, "b": -1, "c": 800, "d": 100, "e": 50}
     assert admit(scores, rep) == ["a", "c"]
     # A peer never scored before starts at reputation 0: admitted on its score alone.
     assert admit({"new": 1000, "a": 1000, "b": 1000}, rep) == ["a", "new"]
     # All noise (median <= 0): the floor decides, the reputation gates.
-    assert admission_bar({"a": -3, "b": -2, "c": 5}) == max(limits.ADMIT_SCORE, -1)
+    assert admission_bar({"a": -3, "b": -2, "c": 5}) == limits.ADMIT_SCORE
     assert admission_bar({}) == limits.ADMIT_SCORE
 
 
