@@ -75,7 +75,9 @@ class RunTopics:
                 except P2PError as exc:
                     log.info("header_republish_failed", error=str(exc))
 
-    async def _follow_run_state(self, node: P2PNode, on_state: Callable[[RunState], None]) -> None:
+    async def _follow_run_state(
+        self, node: P2PNode, on_state: Callable[[RunState], None]
+    ) -> None:
         """Take the coordinator's signed state from gossip as soon as it publishes it.
 
         Polling (PeerFinder) would see a ban within DISCOVERY_POLL_S; over gossip it stops a
