@@ -112,12 +112,17 @@ class UpdateScore:
     score: int  # own + min(held, 0): the round score
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON/CBOR-friendly: a non-finite loss is given as its repr ("inf", "nan")."""
+
+        def num(x: float) -> float | str:
+            return x if math.isfinite(x) else repr(x)
+
         return {
             "peer": self.peer,
-            "own_before": self.own_before,
-            "own_after": self.own_after,
-            "held_before": self.held_before,
-            "held_after": self.held_after,
+            "own_before": num(self.own_before),
+            "own_after": num(self.own_after),
+            "held_before": num(self.held_before),
+            "held_after": num(self.held_after),
             "own": self.own,
             "held": self.held,
             "score": self.score,

@@ -78,6 +78,7 @@ def test_round_score_charges_held_out_harm_only() -> None:
     s = score_update("p", 2.0, 1.0, 1.0, 0.5)
     assert (s.own, s.held, s.score) == (5000, 5000, 5000)
     assert s.to_dict()["own_before"] == 2.0
+    assert score_update("p", 2.0, math.inf, 1.0, 1.0).to_dict()["own_after"] == "inf"
 
 
 def test_reputation_is_an_integer_ema_started_at_zero() -> None:
