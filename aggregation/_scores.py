@@ -19,9 +19,9 @@ below ``SCORE_UNIT``) makes the same decisions. See specs/aggregation.md "Scores
 * **Admission**: an update enters the aggregate iff its round score >= ADMIT_SCORE and its
   reputation after this round >= ADMIT_REPUTATION. Admitted updates get equal weight; CenteredClip
   then runs on them with distance rejection off (score admission already removed far updates).
-* **Ban evidence**: a peer whose reputation stays below ``ban_bound`` (min(BAN_REPUTATION, minus
-  the round's median |score| // BAN_MEDIAN_DIVISOR)) for REPUTATION_BAN_ROUNDS rounds in a row
-  is recommended, with the update CIDs, seeds, bounds and losses of those rounds.
+* **Ban evidence**: a peer whose reputation stays below ``ban_bound`` (min(BAN_REPUTATION, median
+  - BAN_MADS x MAD of the round's reputations)) for REPUTATION_BAN_ROUNDS rounds in a row is
+  recommended, with the update CIDs, seeds, bounds and losses of those rounds.
 """
 
 from __future__ import annotations
@@ -179,16 +179,19 @@ def admit(scores: Mapping[str, int], reputation: Mapping[str, int]) -> list[str]
     )
 
 
-def ban_bound(scores: Mapping[str, int]) -> int:
-    """The reputation a peer must stay below to count a round towards a ban:
-    min(BAN_REPUTATION, -(lower median of the round's |scores|) // BAN_MEDIAN_DIVISOR): harm of
-    at least a fraction of a typical update's effect, whatever the scale of this run's updates."""
-    if not scores:
+def ban_bound(reputation: Mapping[str, int]) -> int:
+    """The reputation a peer must stay below to count a round towards a ban, from the reputations
+    of the peers scored this round: min(BAN_REPUTATION, median - BAN_MADS x MAD), median and MAD
+    (median absolute deviation) the lower medians, in integers. With f < n/2 both are set by
+    honest peers, so the bound sits BAN_MADS honest spreads below a typical honest reputation,
+    whatever the scale and the noise of this run's scores."""
+    if not reputation:
         return limits.BAN_REPUTATION
-    ranked = sorted(abs(v) for v in scores.values())
-    return min(
-        limits.BAN_REPUTATION, -(ranked[(len(ranked) - 1) // 2] // limits.BAN_MEDIAN_DIVISOR)
-    )
+    values = sorted(reputation.values())
+    mid = (len(values) - 1) // 2
+    median = values[mid]
+    mad = sorted(abs(v - median) for v in values)[mid]
+    return min(limits.BAN_REPUTATION, median - limits.BAN_MADS * mad)
 
 
 @dataclass
@@ -202,9 +205,9 @@ class _Low:
 
 
 class ReputationPolicy:
-    """Ban evidence from reputations: below ban_bound(round's scores) in REPUTATION_BAN_ROUNDS
-    consecutive scored rounds of a peer -> one BanRecommendation (once per peer). Rounds
-    strictly increase."""
+    """Ban evidence from reputations: below ban_bound(the round's reputations) in
+    REPUTATION_BAN_ROUNDS consecutive scored rounds of a peer -> one BanRecommendation (once per
+    peer). Rounds strictly increase."""
 
     def __init__(self, rounds: int = limits.REPUTATION_BAN_ROUNDS) -> None:
         if rounds < 1:
@@ -227,7 +230,7 @@ class ReputationPolicy:
             raise AggregationInputError(f"round {round_} observed after round {self._last}")
         self._last = round_
         cids = update_cids or {}
-        bound = ban_bound({p: s.score for p, s in scores.items()})
+        bound = ban_bound({p: reputation[p] for p in scores})
         out: list[BanRecommendation] = []
         for peer in sorted(scores):
             if peer in self._recommended:
