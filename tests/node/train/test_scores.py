@@ -116,3 +116,28 @@ def test_a_node_training_on_flipped_tokens_is_left_out_and_banned_within_3_round
     with pytest.raises(ReplayMismatchError, match="reputation"):
         check_recorded_scores(tampered, {n: p for n, p in rounds[:2]})
     assert agg_limits.REPUTATION_BAN_ROUNDS == 3
+
+
+def test_data_attacks_corrupt_the_training_text_only() -> None:
+    from cnode.node.train._corrupt import DATA_ATTACKS, corrupt_data
+    from cnode.node.train._data import TextData
+
+    config = TrainingConfig()
+    data = TextData.build(config.data, config.model)
+    vocab = config.model.vocab_size
+    flipped = corrupt_data(data, "flipped_tokens", vocab)
+    assert bool(((vocab - 1) - flipped.train == data.train).all())
+    shuffled = corrupt_data(data, "shuffled_tokens", vocab)
+    assert bool((shuffled.train.sort(dim=1).values == data.train.sort(dim=1).values).all())
+    assert not bool((shuffled.train == data.train).all())
+    for bad in (flipped, shuffled):
+        assert bad.eval is data.eval and bad.n_shards == data.n_shards  # scored on true data
+    assert set(DATA_ATTACKS) == {"flipped_tokens", "shuffled_tokens"}
+    with pytest.raises(ValueError, match="unknown data attack"):
+        corrupt_data(data, "bogus", vocab)
+
+
+def test_scores_setting_round_trips_and_is_absent_when_off() -> None:
+    on = TrainingConfig.from_dict({"scores": True})
+    assert on.scores and TrainingConfig.from_dict(on.to_dict()) == on
+    assert "scores" not in TrainingConfig().to_dict()  # runs without scores keep their bytes
