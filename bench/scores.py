@@ -18,10 +18,7 @@ import structlog
 import torch
 
 from cnode.auth import Identity
-from cnode.node.train import TrainingConfig
-from cnode.node.train._data import TextData
-from cnode.node.train._model import build_model, model_state
-from cnode.node.train._scores import RoundScoring
+from cnode.node.train import RoundScoring, TextData, TrainingConfig, build_model, model_state
 
 
 def main() -> None:

@@ -46,6 +46,7 @@ from ._round import aggregate_round as aggregate_round
 from ._round import header_cid as header_cid
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
+from ._scores import RoundScoring as RoundScoring
 from ._state import state_cid as state_cid
 from ._state import state_cid_from_layers as state_cid_from_layers
 from ._topics import updates_topic as updates_topic
@@ -68,6 +69,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "ReplayInputs",
     "ReplayMismatchError",
     "ReplayReport",
+    "RoundScoring",
     "RoundStalledError",
     "SignedUpdates",
     "StateMismatchError",
