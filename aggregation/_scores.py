@@ -10,15 +10,16 @@ below ``SCORE_UNIT``) makes the same decisions. See specs/aggregation.md "Scores
 * For each accepted update u of sender p, on the agreed state theta:
   ``own`` = relative loss decrease on a batch of p's own assigned data,
   ``held`` = relative loss decrease on a batch of the shared held-out split,
-  each ``(L(theta) - L(theta + u)) / L(theta)`` clamped to [-1, 1] and rounded to an integer
+  each ``(L(theta) - L(theta + SCORE_STEP u)) / L(theta)`` clamped to [-1, 1], rounded to an integer
   number of SCORE_UNITs (1e-4). The round score is ``own + min(held, 0)``: an update must improve
   its sender's own data, and pays for what it breaks on the shared split, but an honest peer with
   different data is not asked to improve data it does not hold.
 * **Reputation**: an integer EMA, r <- r + floor((s - r) / REPUTATION_DIVISOR), starting at 0;
   only scored rounds move it.
-* **Admission**: an update enters the aggregate iff its round score >= ADMIT_SCORE and its
-  reputation after this round >= ADMIT_REPUTATION. Admitted updates get equal weight; CenteredClip
-  then runs on them with distance rejection off (score admission already removed far updates).
+* **Admission**: an update enters the aggregate iff its round score >= ``admission_bar`` (the
+  round's lower median score // ADMIT_MEDIAN_DIVISOR when > 0, else ADMIT_SCORE) and its
+  reputation after this round >= ADMIT_REPUTATION. Admitted updates get equal weight;
+  CenteredClip (``scored_config``) then runs on them with distance rejection off.
 * **Ban evidence**: a peer whose reputation stays below ``ban_bound`` (min(BAN_REPUTATION, median
   - BAN_MADS x MAD of the round's reputations)) for REPUTATION_BAN_ROUNDS rounds in a row is
   recommended, with the update CIDs, seeds, bounds and losses of those rounds.
