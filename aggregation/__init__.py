@@ -37,6 +37,17 @@ from ._partition import partition_segments as partition_segments
 from ._partition import segment_ranges as segment_ranges
 from ._partition import unflatten_segments as unflatten_segments
 from ._partition import verification_choice as verification_choice
+from ._scores import ReputationPolicy as ReputationPolicy
+from ._scores import UpdateScore as UpdateScore
+from ._scores import admission_bar as admission_bar
+from ._scores import admit as admit
+from ._scores import ban_bound as ban_bound
+from ._scores import draw_indices as draw_indices
+from ._scores import loss_score as loss_score
+from ._scores import score_seed as score_seed
+from ._scores import score_update as score_update
+from ._scores import scored_config as scored_config
+from ._scores import update_reputation as update_reputation
 from ._types import AGGREGATORS as AGGREGATORS
 from ._types import AggregationResult as AggregationResult
 from ._types import AggregatorConfig as AggregatorConfig
@@ -60,25 +71,36 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "NotEnoughUpdatesError",
     "PARTITION_TENSOR",
     "PeerRecord",
+    "ReputationPolicy",
     "TensorSpec",
     "UpdateEncodingError",
+    "UpdateScore",
+    "admission_bar",
+    "admit",
     "aggregate",
     "aggregate_partition",
     "alie_z",
     "assign_partitions",
     "backup_aggregators",
+    "ban_bound",
     "combine_records",
     "decode_update_tensor",
+    "draw_indices",
     "encode_update_tensor",
     "encoded_nbytes",
     "flat_segments",
     "flip_labels",
+    "loss_score",
     "new_attack",
     "partition_count",
     "partition_segments",
+    "score_seed",
+    "score_update",
+    "scored_config",
     "segment_ranges",
     "tree_sum",
     "unflatten_segments",
+    "update_reputation",
     "validate_update",
     "verification_choice",
     "worker_momentum",

@@ -72,3 +72,32 @@ IPM_EPSILON = 0.1  # inner-product manipulation: send -epsilon x mean of honest 
 IPM_LARGE_EPSILON = 10.0  # the variant aimed at the plain mean
 STALE_DELAY_ROUNDS = 5  # the stale attacker replays its own update from this many rounds ago
 ALIE_MAX_Z = 3.0  # cap on z when f is so large that the formula's quantile reaches 1
+
+# Scores and reputation (_scores.py, specs/aggregation.md "Scores and reputation"). Part of the
+# result: every node of a run must use the same values, or admission, hence the aggregate, differs.
+# Losses are taken at theta + SCORE_STEP x update: a power of two (the scaling is exact). At full
+# step honest SGD updates that overshoot score negative late in training; at 1/8 a data attack's
+# harm on the text model is second order and hides in the noise; 1/4 separates both (measured,
+# specs/aggregation.md "Scores and reputation").
+SCORE_STEP = 0.25
+SCORE_UNIT = 1e-4  # a score is an integer number of these (relative loss decrease), |score| <= 1
+MAX_SCORE_BATCH = 1024  # most samples in one scoring batch (draw_indices)
+REPUTATION_DIVISOR = 4  # integer EMA: r <- r + floor((s - r) / 4), i.e. weight 1/4 on the new score
+ADMIT_SCORE = -1000  # when a round's median score is <= 0, an update needs a score >= this ...
+# ... and when that median is > 0, at least median // ADMIT_MEDIAN_DIVISOR: an update must help
+# its sender's own data by an eighth of what a typical update does for its sender's (f < n/2
+# keeps that median within the honest scores; 4 cost 1.2 points without attack on Dirichlet).
+ADMIT_MEDIAN_DIVISOR = 8
+ADMIT_REPUTATION = 0  # ... and its sender's reputation after the round is >= this (units)
+# A round counts towards a ban when the peer's reputation is below min(BAN_REPUTATION,
+# median - BAN_MADS x MAD of the round's reputations): three honest spreads below a typical
+# honest reputation, whatever the scale and noise of the scores (honest SGD updates near
+# convergence score down to -12 % on the bench; a data attacker on the demo model -1 % to -6 %),
+# and at least 0.25 % of the loss at the scoring step ...
+BAN_REPUTATION = -25
+BAN_MADS = 3
+REPUTATION_BAN_ROUNDS = 3  # ... in this many scored rounds in a row -> ban recommendation
+# CenteredClip on the admitted updates (scored_config()): distance rejection off, tau = 3 x the
+# median distance, so honest heterogeneous updates are almost never clipped while a far update
+# that passed the scores still pulls by at most tau.
+SCORED_TAU_SCALE = 3.0

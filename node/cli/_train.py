@@ -94,7 +94,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--attack",
         metavar="KIND",
         help="TESTING AID ONLY: misbehave with attack KIND from the attack harness "
-        "(sign_flip, gaussian, nan, ...) to exercise detection and bans",
+        "(sign_flip, gaussian, nan, ...), or train on corrupted data (flipped_tokens, "
+        "shuffled_tokens; scored away with training.scores) to exercise detection and bans",
     )
     parser.set_defaults(handler=_handle)
 
@@ -104,12 +105,12 @@ def _handle(args: argparse.Namespace) -> int:
 
     from cnode.aggregation import ATTACKS
     from cnode.node.p2p import check_gateway_url
-    from cnode.node.train import NODE_ATTACKS, TrainSettings, run_node
+    from cnode.node.train import DATA_ATTACKS, NODE_ATTACKS, TrainSettings, run_node
 
     home = args.home or default_home()
     config = load_config(home)
     if args.attack is not None:
-        known = sorted([*ATTACKS, *NODE_ATTACKS])
+        known = sorted([*ATTACKS, *NODE_ATTACKS, *DATA_ATTACKS])
         if args.attack not in known:
             raise UsageError(f"unknown attack {args.attack!r} (known: {', '.join(known)})")
         print(

@@ -14,6 +14,7 @@ from ._checkpoint import store_checkpoint as store_checkpoint
 from ._config import DataConfig as DataConfig
 from ._config import ModelConfig as ModelConfig
 from ._config import TrainingConfig as TrainingConfig
+from ._corrupt import DATA_ATTACKS as DATA_ATTACKS
 from ._data import TextData as TextData
 from ._demo import DemoSettings as DemoSettings
 from ._demo import run_demo as run_demo
@@ -56,6 +57,7 @@ from ._round import aggregate_round as aggregate_round
 from ._round import header_cid as header_cid
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
+from ._scores import RoundScoring as RoundScoring
 from ._state import state_cid as state_cid
 from ._state import state_cid_from_layers as state_cid_from_layers
 from ._topics import updates_topic as updates_topic
@@ -64,6 +66,7 @@ from ._trainer import NodeTrainer as NodeTrainer
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_exports.py)
     "BannedError",
     "CatchUpError",
+    "DATA_ATTACKS",
     "DataConfig",
     "DemoSettings",
     "HeaderCollector",
@@ -81,6 +84,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "ReplayInputs",
     "ReplayMismatchError",
     "ReplayReport",
+    "RoundScoring",
     "RoundStalledError",
     "SignedUpdates",
     "StateMismatchError",

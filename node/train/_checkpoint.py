@@ -35,6 +35,7 @@ from cnode.storage import (
 
 from . import limits
 from ._config import TrainingConfig
+from ._data import TextData
 from ._exceptions import CatchUpError, PeerUpdateError, ReplayMismatchError, TrainingConfigError
 from ._model import State, build_model, model_state
 from ._partitioned import (
@@ -47,6 +48,7 @@ from ._partitioned import (
     state_numel,
 )
 from ._round import UpdateHeader, aggregate_round, load_update, open_update_header
+from ._scores import RoundScoring, check_recorded_scores, checkpoint_reputation
 from ._state import layer_chunk_cids, state_cid
 
 __all__ = [
@@ -167,6 +169,7 @@ def replay_rounds(
     first_round: int,
     headers: Sequence[CID],
     config: TrainingConfig,
+    reputation: Mapping[str, int] | None = None,
 ) -> tuple[State, list[RoundLog]]:
     """Re-aggregate the rounds the signed headers describe, starting from ``parent``.
 
@@ -193,6 +196,10 @@ def replay_rounds(
     if len(rounds) > limits.MAX_REPLAY_ROUNDS:
         raise ReplayMismatchError(f"{len(rounds)} rounds to replay > MAX_REPLAY_ROUNDS")
     state, logs = parent, []
+    # issue 12: scores and reputations are recomputed too, from the parent's reputation
+    scoring = None
+    if config.scores:
+        scoring = RoundScoring(config, TextData.build(config.data, config.model), reputation)
     for number in rounds:
         if partitions.get(number):
             state, entry = _replay_partitioned(store, state, number, partitions[number], config)
@@ -216,10 +223,15 @@ def replay_rounds(
                 )
             except PeerUpdateError as exc:
                 raise CatchUpError(f"round {number}: {exc}") from exc
-        result = aggregate_round(state, updates, config)
+        rule, extra = config, {}
+        if scoring is not None:  # issue 12
+            scored = scoring.score(number, state, updates, {h.peer: c for c, h in by_round[number]})
+            updates, rule = scoring.admitted_updates(scored, updates), scoring.rule_config()
+            extra = {"scores": scored.to_params()}
+        result = aggregate_round(state, updates, rule)
         state = result.state
         cids = tuple(cid for cid, _ in sorted(by_round[number], key=lambda item: item[1].peer))
-        logs.append(RoundLog(number, result.state_cid, cids, result.aggregation.params))
+        logs.append(RoundLog(number, result.state_cid, cids, result.aggregation.params | extra))
         log.info("round_replayed", round=number, updates=len(updates), state=str(result.state_cid))
     return state, logs
 
@@ -309,6 +321,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
     if info.training is None:
         raise ReplayMismatchError(f"checkpoint {manifest_cid} carries no training settings")
     config = info.training
+    reputation: dict[str, int] = {}  # issue 12: the parent's recorded reputations
     if info.parent is None:
         parent_state, first = genesis_state(config), 1
     else:
@@ -317,14 +330,25 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         except StorageError as exc:
             raise CatchUpError(f"parent checkpoint {info.parent} is not available: {exc}") from exc
         first = _meta(parent_manifest).round + 1
+        reputation = checkpoint_reputation(parent_manifest)
     state, logs = replay_rounds(
-        store, parent_state, run=info.run, first_round=first, headers=info.headers, config=config
+        store,
+        parent_state,
+        run=info.run,
+        first_round=first,
+        headers=info.headers,
+        config=config,
+        reputation=reputation,
     )
     if logs and logs[-1].round != info.round:
         raise ReplayMismatchError(
             f"updates end at round {logs[-1].round}, the checkpoint is of round {info.round}"
         )
     compare_layers(info.manifest, state)
+    if config.scores:  # issue 12: the recorded scores, admissions and reputations, recomputed
+        record = _meta(info.manifest).aggregation
+        recorded = record.params.get("rounds") if record is not None else None
+        check_recorded_scores(recorded, {r.round: r.params for r in logs})
     return ReplayReport(
         manifest_cid,
         info.parent,

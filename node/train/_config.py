@@ -162,13 +162,18 @@ class TrainingConfig:
     # #verification): more catches a lying aggregator sooner and costs about one update of
     # traffic per member each.
     verify_partitions: int = limits.VERIFY_PARTITIONS
+    # issue 12: score updates, keep reputations, admit by them (node/train/_scores.py)
+    scores: bool = False
 
     @property
     def samples_per_round(self) -> int:
         return self.local_steps * self.batch_size
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.scores:  # issue 12: absent = off, so runs without scores keep their bytes
+            del out["scores"]
+        return out
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainingConfig:

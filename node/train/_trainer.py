@@ -30,6 +30,7 @@ from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
 
 from ._checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from ._config import TrainingConfig
+from ._corrupt import DATA_ATTACKS, corrupt_data
 from ._data import TextData
 from ._exceptions import (
     CatchUpError,
@@ -57,6 +58,7 @@ from ._round import (
     seal_update_header,
     store_update,
 )
+from ._scores import RoundScoring, checkpoint_reputation
 from ._state import state_cid
 
 __all__ = ["NodeTrainer", "OwnUpdate", "RoundOutcome"]
@@ -118,8 +120,14 @@ class NodeTrainer:
         self.store = store
         self.data = TextData.build(config.data, config.model)
         self.model = build_model(config)
-        self.attack = ATTACKS.get(attack or "")
         self.attack_name = attack
+        self.train_data = self.data  # issue 12: data attacks train on corrupted text
+        if attack in DATA_ATTACKS:
+            self.train_data = corrupt_data(self.data, attack, config.model.vocab_size)
+            attack = None
+        # Update attacks only; node attacks (withhold, wrong_partition) act elsewhere.
+        self.attack = ATTACKS.get(attack or "")
+        self.scoring = RoundScoring(config, self.data) if config.scores else None  # issue 12
         self._rng = torch.Generator().manual_seed(config.seed + 1)
         self.bans = BanPolicy()
         self.state: State = genesis_state(config)
@@ -152,6 +160,10 @@ class NodeTrainer:
             raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
         self.state, self.state_cid, self.round = tensors, got, info.round
         self.checkpoint, self.since_checkpoint = cid, []
+        if self.config.scores:  # issue 12: reputations as the checkpoint recorded them
+            self.scoring = RoundScoring(
+                self.config, self.data, checkpoint_reputation(info.manifest)
+            )
         # Re-synced from a checkpoint: the residual belongs to rounds this state did not see.
         self.residual = None
         drop_residual(self.store, self.run)
@@ -182,7 +194,7 @@ class NodeTrainer:
         if round_ != self.round + 1:
             raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
         local = train_local(
-            self.model, self.state, self.data, self.config, peer_id=self.peer, round_=round_
+            self.model, self.state, self.train_data, self.config, peer_id=self.peer, round_=round_
         )
         began = time.perf_counter()
         delta = local.delta
@@ -259,17 +271,27 @@ class NodeTrainer:
                 dropped[peer] = exc.reason
                 continue
             used[peer] = cid
-        result = aggregate_round(self.state, updates, self.config)
+        rule, scored = self.config, None
+        if self.scoring is not None:  # issue 12: score, move reputations, admit (_scores.py)
+            scored = self.scoring.score(round_, self.state, updates, used)
+            updates, rule = (
+                self.scoring.admitted_updates(scored, updates),
+                self.scoring.rule_config(),
+            )
+        result = aggregate_round(self.state, updates, rule)
         update_cids = {p: str(headers[p][1].update) for p in [*used, *malformed]}
         records = {**result.aggregation.records, **malformed}
         bans = self.bans.observe(round_, records, update_cids)
+        if self.scoring is not None and scored is not None:
+            bans += self.scoring.bans(scored, update_cids)
         self.state, self.state_cid, self.round = result.state, result.state_cid, round_
         self.since_checkpoint.append(
             RoundLog(
                 round_,
                 result.state_cid,
                 tuple(used[p] for p in sorted(used)),
-                _finite(result.aggregation.params),
+                _finite(result.aggregation.params)
+                | ({"scores": scored.to_params()} if scored is not None else {}),
             )
         )
         log.info(

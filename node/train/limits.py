@@ -12,6 +12,10 @@ MAX_REPLAY_ROUNDS = 1000
 MAX_MODEL_PARAMETERS = 200_000_000
 # Local optimizer steps per round; more is a misconfigured run, not a bigger experiment.
 MAX_LOCAL_STEPS = 10_000
+# Scores (issue 12, _scores.py): sequences per scoring batch (own data and held-out), and the
+# relative tolerance a replay allows between recorded and recomputed float64 losses.
+SCORE_SEQUENCES = 16
+SCORE_LOSS_RTOL = 1e-9
 # Bytes of a training corpus read from a local file or downloaded from a Hub dataset.
 MAX_CORPUS_BYTES = 512 * 1024 * 1024
 

@@ -1,0 +1,143 @@
+"""Scores and reputations in real NodeTrainers (issue 12): a node that trains on corrupted text is
+left out at once and recommended for a ban within 3 rounds on evidence that a replay recomputes.
+
+Several NodeTrainers with their own stores exchange blocks by copying them, as in test_round.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cnode.aggregation import limits as agg_limits
+from cnode.aggregation import score_seed
+from cnode.auth import Identity
+from cnode.node.train import ReplayMismatchError, TrainingConfig, replay_checkpoint
+from cnode.node.train._round import open_update_header
+from cnode.node.train._scores import check_recorded_scores
+from cnode.node.train._trainer import NodeTrainer, RoundOutcome
+from cnode.storage import BlockStore, manifest_closure, read_manifest
+
+CONFIG = TrainingConfig.from_dict({"local_steps": 16, "batch_size": 4, "scores": True})
+
+
+def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
+    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
+        if not dst.has(cid):
+            dst.put(cid, src.get(cid))
+
+
+def _play_round(nodes: list[NodeTrainer], round_: int) -> list[RoundOutcome]:
+    own = [node.train(round_) for node in nodes]
+    outcomes = []
+    for node in nodes:
+        headers = {}
+        for o, src in zip(own, nodes, strict=True):
+            _copy(src.store, node.store, o.header.update)
+            node.store.put(o.header_cid, o.envelope)
+            header = open_update_header(o.envelope, run="r1", round_=round_, signer=src.peer)
+            headers[src.peer] = (o.header_cid, header)
+        outcomes.append(node.aggregate(round_, headers, {}))
+    return outcomes
+
+
+def _rounds_of(node: NodeTrainer, cid: Any) -> list[Any]:
+    manifest = read_manifest(node.store, cid)
+    meta = getattr(manifest, "meta", manifest)
+    return list(meta.aggregation.params["rounds"])
+
+
+@pytest.mark.slow
+def test_a_node_training_on_flipped_tokens_is_left_out_and_banned_within_3_rounds(
+    tmp_path: Path,
+) -> None:
+    nodes = [
+        NodeTrainer(
+            CONFIG,
+            run="r1",
+            identity=Identity.generate(),
+            store=BlockStore(tmp_path / f"n{i}"),
+            attack="flipped_tokens" if i == 0 else None,
+        )
+        for i in range(4)
+    ]
+    attacker, honest = nodes[0].peer, nodes[1:]
+    bans: dict[str, int] = {}
+    for round_ in (1, 2, 3):
+        outcomes = _play_round(nodes, round_)
+        assert len({node.state_cid for node in nodes}) == 1  # the attacker's node agrees too
+        for outcome in outcomes:
+            assert attacker not in outcome.members  # never aggregated
+            # An honest update that does not measurably help its own data may sit a round out.
+            assert 2 * len(outcome.members) >= len(honest)
+            for ban in outcome.bans:
+                assert ban.peer == attacker  # no honest peer is ever recommended
+                bans.setdefault(ban.reason, round_)
+        if round_ == 2:
+            first = nodes[1].store_checkpoint()
+            for node in nodes:
+                node.checkpoint, node.since_checkpoint = first, []
+    assert bans == {"reputation below the ban bound in 3 rounds in a row": 3}
+    rec = next(b for b in outcomes[1].bans if b.peer == attacker)
+    figures = rec.to_payload()["figures"]
+    assert figures["rounds"] == [1, 2, 3]
+    assert all(r < b for r, b in zip(figures["reputations"], figures["bounds"], strict=True))
+
+    # The evidence is recomputable: replay both checkpoints, which recomputes every score,
+    # admission and reputation and compares them with the record (and the layers' CIDs).
+    second = nodes[1].store_checkpoint()
+    replay_checkpoint(nodes[1].store, first)
+    replay_checkpoint(nodes[1].store, second)
+    rounds = _rounds_of(nodes[1], first) + _rounds_of(nodes[1], second)
+    for number, row in zip(figures["rounds"], figures["scores"], strict=True):
+        recorded = rounds[number - 1][1]["scores"]
+        losses = recorded["peers"][attacker][:4]
+        assert losses == [
+            row["own_before"],
+            row["own_after"],
+            row["held_before"],
+            row["held_after"],
+        ]
+        assert recorded["seed"] == figures["seeds"][number - 1]
+        assert recorded["reputation"][attacker] == figures["reputations"][number - 1]
+        assert attacker not in recorded["admitted"]
+    # The seed is sha256 over the round's header CIDs, which the checkpoint lists.
+    manifest = read_manifest(nodes[1].store, first)
+    headers = [str(c) for c in getattr(manifest, "meta", manifest).aggregation.updates]
+    assert score_seed(headers[: len(nodes)]).hex() == figures["seeds"][0]
+
+    # A record whose scores were altered does not replay.
+    tampered = [[n, dict(p)] for n, p in rounds[:2]]
+    scores = dict(tampered[0][1]["scores"])
+    scores["reputation"] = {**scores["reputation"], attacker: 0}
+    tampered[0][1]["scores"] = scores
+    with pytest.raises(ReplayMismatchError, match="reputation"):
+        check_recorded_scores(tampered, {n: p for n, p in rounds[:2]})
+    assert agg_limits.REPUTATION_BAN_ROUNDS == 3
+
+
+def test_data_attacks_corrupt_the_training_text_only() -> None:
+    from cnode.node.train._corrupt import DATA_ATTACKS, corrupt_data
+    from cnode.node.train._data import TextData
+
+    config = TrainingConfig()
+    data = TextData.build(config.data, config.model)
+    vocab = config.model.vocab_size
+    flipped = corrupt_data(data, "flipped_tokens", vocab)
+    assert bool(((vocab - 1) - flipped.train == data.train).all())
+    shuffled = corrupt_data(data, "shuffled_tokens", vocab)
+    assert bool((shuffled.train.sort(dim=1).values == data.train.sort(dim=1).values).all())
+    assert not bool((shuffled.train == data.train).all())
+    for bad in (flipped, shuffled):
+        assert bad.eval is data.eval and bad.n_shards == data.n_shards  # scored on true data
+    assert set(DATA_ATTACKS) == {"flipped_tokens", "shuffled_tokens"}
+    with pytest.raises(ValueError, match="unknown data attack"):
+        corrupt_data(data, "bogus", vocab)
+
+
+def test_scores_setting_round_trips_and_is_absent_when_off() -> None:
+    on = TrainingConfig.from_dict({"scores": True})
+    assert on.scores and TrainingConfig.from_dict(on.to_dict()) == on
+    assert "scores" not in TrainingConfig().to_dict()  # runs without scores keep their bytes
