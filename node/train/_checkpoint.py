@@ -196,7 +196,7 @@ def replay_rounds(
     if len(rounds) > limits.MAX_REPLAY_ROUNDS:
         raise ReplayMismatchError(f"{len(rounds)} rounds to replay > MAX_REPLAY_ROUNDS")
     state, logs = parent, []
-    # issue 12: scores and reputations are recomputed too, from the parent's reputation
+    # Scores and reputations are recomputed too, from the parent's reputation
     scoring = None
     if config.scores:
         scoring = RoundScoring(config, TextData.build(config.data, config.model), reputation)
@@ -224,7 +224,7 @@ def replay_rounds(
             except PeerUpdateError as exc:
                 raise CatchUpError(f"round {number}: {exc}") from exc
         rule, extra = config, {}
-        if scoring is not None:  # issue 12
+        if scoring is not None:
             scored = scoring.score(number, state, updates, {h.peer: c for c, h in by_round[number]})
             updates, rule = scoring.admitted_updates(scored, updates), scoring.rule_config()
             extra = {"scores": scored.to_params()}
@@ -321,7 +321,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
     if info.training is None:
         raise ReplayMismatchError(f"checkpoint {manifest_cid} carries no training settings")
     config = info.training
-    reputation: dict[str, int] = {}  # issue 12: the parent's recorded reputations
+    reputation: dict[str, int] = {}  # the parent's recorded reputations
     if info.parent is None:
         parent_state, first = genesis_state(config), 1
     else:
@@ -345,7 +345,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
             f"updates end at round {logs[-1].round}, the checkpoint is of round {info.round}"
         )
     compare_layers(info.manifest, state)
-    if config.scores:  # issue 12: the recorded scores, admissions and reputations, recomputed
+    if config.scores:  # the recorded scores, admissions and reputations, recomputed
         record = _meta(info.manifest).aggregation
         recorded = record.params.get("rounds") if record is not None else None
         check_recorded_scores(recorded, {r.round: r.params for r in logs})

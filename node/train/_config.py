@@ -162,7 +162,8 @@ class TrainingConfig:
     # #verification): more catches a lying aggregator sooner and costs about one update of
     # traffic per member each.
     verify_partitions: int = limits.VERIFY_PARTITIONS
-    # issue 12: score updates, keep reputations, admit by them (node/train/_scores.py)
+    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). Off by
+    # default: it costs forward passes per update and per round on every node.
     scores: bool = False
 
     @property
@@ -171,7 +172,7 @@ class TrainingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if not self.scores:  # issue 12: absent = off, so runs without scores keep their bytes
+        if not self.scores:  # absent = off, so runs without scores keep their bytes
             del out["scores"]
         return out
 

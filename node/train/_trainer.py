@@ -121,13 +121,13 @@ class NodeTrainer:
         self.data = TextData.build(config.data, config.model)
         self.model = build_model(config)
         self.attack_name = attack
-        self.train_data = self.data  # issue 12: data attacks train on corrupted text
+        self.train_data = self.data  # data attacks (flipped_tokens, ...) train on corrupted text
         if attack in DATA_ATTACKS:
             self.train_data = corrupt_data(self.data, attack, config.model.vocab_size)
             attack = None
         # Update attacks only; node attacks (withhold, wrong_partition) act elsewhere.
         self.attack = ATTACKS.get(attack or "")
-        self.scoring = RoundScoring(config, self.data) if config.scores else None  # issue 12
+        self.scoring = RoundScoring(config, self.data) if config.scores else None
         self._rng = torch.Generator().manual_seed(config.seed + 1)
         self.bans = BanPolicy()
         self.state: State = genesis_state(config)
@@ -160,7 +160,7 @@ class NodeTrainer:
             raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
         self.state, self.state_cid, self.round = tensors, got, info.round
         self.checkpoint, self.since_checkpoint = cid, []
-        if self.config.scores:  # issue 12: reputations as the checkpoint recorded them
+        if self.config.scores:  # reputations as the checkpoint recorded them
             self.scoring = RoundScoring(
                 self.config, self.data, checkpoint_reputation(info.manifest)
             )
@@ -272,7 +272,7 @@ class NodeTrainer:
                 continue
             used[peer] = cid
         rule, scored = self.config, None
-        if self.scoring is not None:  # issue 12: score, move reputations, admit (_scores.py)
+        if self.scoring is not None:  # score, move reputations, admit (_scores.py)
             scored = self.scoring.score(round_, self.state, updates, used)
             updates, rule = (
                 self.scoring.admitted_updates(scored, updates),
