@@ -21,24 +21,27 @@ def _short(peer: str) -> str:
 
 
 def _traffic_table(procs: list[_Proc], events: dict[str, list[dict[str, Any]]]) -> Table:
-    """Bytes each node fetched and served per round (partitioned rounds: about twice an update
-    in, specs/training.md#partitioned-rounds)."""
-    rounds = sorted({e["round"] for evs in events.values() for e in evs if e["event"] == "round"})
-    table = Table(title="round traffic per node: verified MB in / MB out (partitions)")
-    table.add_column("node")
-    for r in rounds:
-        table.add_column(f"round {r}", justify="right")
+    """Bytes each node fetched and served per round, one row per round (partitioned rounds:
+    about twice an update in, specs/training.md#partitioned-rounds)."""
+    by_node = {
+        p.name: {e["round"]: e for e in events[p.name] if e["event"] == "round"} for p in procs
+    }
+    rounds = sorted({r for seen in by_node.values() for r in seen})
+    table = Table(title="round traffic: verified MB in/out per node (parts: 0 = full replication)")
+    table.add_column("round", justify="right")
+    table.add_column("parts", justify="right")
     for p in procs:
-        by_round = {e["round"]: e for e in events[p.name] if e["event"] == "round"}
+        table.add_column(p.name, justify="right")
+    for r in rounds:
+        parts = next((seen[r].get("parts") for seen in by_node.values() if r in seen), None)
         cells = []
-        for r in rounds:
-            e = by_round.get(r)
+        for p in procs:
+            e = by_node[p.name].get(r)
             if e is None or e.get("bytes_in") is None:
                 cells.append("—")
-                continue
-            parts = f" ({e['parts']})" if e.get("parts") else " (full)"
-            cells.append(f"{e['bytes_in'] / 1e6:.2f} / {e.get('bytes_out', 0) / 1e6:.2f}{parts}")
-        table.add_row(f"{p.name} (…{_short(p.peer)})", *cells)
+            else:
+                cells.append(f"{e['bytes_in'] / 1e6:.2f}/{e.get('bytes_out', 0) / 1e6:.2f}")
+        table.add_row(str(r), str(parts or 0), *cells)
     return table
 
 
