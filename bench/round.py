@@ -116,6 +116,9 @@ def _report_cnode(
     )
     for key, value in phases.items():
         print(f"  {key:<10} {value:8.3f}")
+        if key == "verify" and value:
+            parts = {k: _median(cnode, f"verify_{k}", skip) for k in ("fetch", "compute")}
+            print("             (" + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + ")")
     update = _median(cnode, "update_bytes", False)
     fetched = _median(cnode, "fetched_bytes", skip)
     verify = _median(cnode, "verify_bytes", skip)
