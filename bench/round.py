@@ -60,6 +60,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,10 +89,15 @@ def _run(target: Any, n: int, args_of: Any) -> list[list[dict[str, Any]]]:
         try:
             for p in procs:
                 p.start()
-            for p in procs:
-                p.join(timeout=JOIN_S)
-                if p.exitcode != 0:
-                    raise SystemExit(f"a peer process failed (exit {p.exitcode})")
+            deadline = time.monotonic() + JOIN_S
+            while any(p.exitcode is None for p in procs):  # fail fast: one dies, all stop
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    why = f"exit {failed[0]}" if failed else f"over {JOIN_S} s"
+                    raise SystemExit(f"a peer process failed ({why}; -9: killed, often OOM)")
+                time.sleep(0.2)
+            if any(p.exitcode != 0 for p in procs):
+                raise SystemExit("a peer process failed")
             return [json.loads(Path(o).read_text()) for o in outs]
         finally:
             for p in procs:
