@@ -21,6 +21,10 @@ from pathlib import Path
 from typing import Any
 
 WAIT_S = 300.0  # the longest any peer waits for the others at one step (bounded waits)
+# Attempts per fetch. On 2 cores with 16 peer processes a holder's event loop can starve past
+# the block exchange's NO_PROGRESS_TIMEOUT_S; the live node retries too. A failed attempt's
+# blocks are kept but its bytes are not counted (FetchError counts blocks): ``retries`` says.
+FETCH_TRIES = 3
 RUN = "bench"
 
 
@@ -121,6 +125,19 @@ class _Peer:
         self.trainer, self.node, self.headers = trainer, node, headers
         self.store = trainer.store
 
+    async def _tries(self, t: dict[str, Any], fetch: Any, *args: Any) -> Any:
+        """``await fetch(*args)``, again on FetchError, at most FETCH_TRIES times."""
+        from cnode.node.p2p import FetchError
+
+        for attempt in range(FETCH_TRIES):
+            try:
+                return await fetch(*args)
+            except FetchError:
+                if attempt == FETCH_TRIES - 1:
+                    raise
+                t["retries"] += 1
+        raise AssertionError("unreachable")
+
     async def _barrier(self, name: str, round_: int, t: dict[str, Any]) -> None:
         """Every peer reached ``name`` of this round; the time waited counts as ``wait``."""
         began = time.perf_counter()
@@ -137,7 +154,7 @@ class _Peer:
         t: dict[str, Any] = dict.fromkeys(
             ("wait", "fetch", "aggregate", "results", "verify", "assemble"), 0.0
         )
-        t.update(fetched_bytes=0, verify_bytes=0)
+        t.update(fetched_bytes=0, verify_bytes=0, retries=0)
         t0 = time.perf_counter()
         own = await trio.to_thread.run_sync(self.trainer.train, round_)
         t["train"] = own.local.seconds
@@ -177,7 +194,7 @@ class _Peer:
         t3 = time.perf_counter()
 
         async def fetch(update: Any, peer: str) -> None:
-            got = (await self.node.fetch(update, holders=[peer])).bytes
+            got = (await self._tries(t, self.node.fetch, update, [peer])).bytes
             t["fetched_bytes"] += got
 
         with trio.fail_after(WAIT_S):
@@ -219,7 +236,7 @@ class _Peer:
 
         async def segments(peer: str, indices: list[int], key: str) -> None:
             update = mine[peer][1].update
-            got = await fetch_update_segments(node, update, indices, [peer])
+            got = await self._tries(t, fetch_update_segments, node, update, indices, [peer])
             t[key] += got  # (read t[key] after the await: tasks run concurrently)
 
         # fetch: this peer's partitions of every other update, from its author
@@ -316,14 +333,14 @@ class _Peer:
 
         cid_text, aggregator = text.split("\n")
         cid = CID.parse(cid_text)
-        got = (await self.node.fetch_blocks([cid], holders=[aggregator])).bytes
+        got = (await self._tries(t, self.node.fetch_blocks, [cid], [aggregator])).bytes
         result = open_partition_result(
             self.store.get(cid), run=RUN, round_=round_, signer=aggregator
         )
         if result.partition != p or result.parts != parts:
             raise AssertionError(f"result {cid} is not partition {p} of {parts}")
         if result.output is not None:
-            got += (await self.node.fetch(result.output, holders=[aggregator])).bytes
+            got += (await self._tries(t, self.node.fetch, result.output, [aggregator])).bytes
         t["fetched_bytes"] += got
         results[p] = (cid, result)
 

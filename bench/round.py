@@ -137,6 +137,8 @@ def _report_cnode(
     )
     print(f"  overhead_s (publish+fetch+aggregate+results+verify+assemble): {overhead:.3f}")
     print(f"  every peer ends on one state: {len(states) == 1} ({', '.join(sorted(states))[:120]})")
+    retries = sum(r.get("retries", 0) for peer in cnode for r in peer)
+    print(f"  fetches retried (a holder starved past NO_PROGRESS_TIMEOUT_S): {retries}")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     return {
         "peers": n,
@@ -150,6 +152,7 @@ def _report_cnode(
         "overhead_s": round(overhead, 4),
         "phases": {k: round(v, 4) for k, v in phases.items()},
         "states": len(states),
+        "retries": retries,
     }
 
 
