@@ -12,6 +12,7 @@ bytes it received (see ``round.py``'s docstring for the phases).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -91,10 +92,10 @@ async def _cnode_peer_async(index: int, spec: dict[str, Any], work: Path) -> lis
         post(work / f"addr{index}", node.listen_addrs[0])
         addrs = await wait_files(work, "addr", n)
         with trio.fail_after(WAIT_S):
-            for i, addr in enumerate(addrs):
-                if i != index:
-                    await node.connect(addr)
+            for addr in addrs[:index]:  # one connection per pair: the later peer dials
+                await node.connect(addr)
         peer = _Peer(index, spec, work, trainer, node, headers)
+        peer.addrs = {a.rsplit("/p2p/", 1)[1]: a for a in addrs}
         async with trio.open_nursery() as nursery:
 
             async def drain() -> None:
@@ -124,10 +125,14 @@ class _Peer:
         self.n = spec["peers"]
         self.trainer, self.node, self.headers = trainer, node, headers
         self.store = trainer.store
+        self.addrs: dict[str, str] = {}  # peer id -> listen address
 
-    async def _tries(self, t: dict[str, Any], fetch: Any, *args: Any) -> Any:
-        """``await fetch(*args)``, again on FetchError, at most FETCH_TRIES times."""
-        from cnode.node.p2p import FetchError
+    async def _tries(self, t: dict[str, Any], holder: str, fetch: Any, *args: Any) -> Any:
+        """``await fetch(*args)``; on FetchError redial ``holder`` and again, FETCH_TRIES
+        times at most (under load py-libp2p may drop a connection)."""
+        import trio
+
+        from cnode.node.p2p import FetchError, P2PError
 
         for attempt in range(FETCH_TRIES):
             try:
@@ -136,6 +141,9 @@ class _Peer:
                 if attempt == FETCH_TRIES - 1:
                     raise
                 t["retries"] += 1
+                # the next attempt says whether a failed redial matters
+                with trio.move_on_after(30), contextlib.suppress(P2PError):
+                    await self.node.connect(self.addrs[holder])
         raise AssertionError("unreachable")
 
     async def _barrier(self, name: str, round_: int, t: dict[str, Any]) -> None:
@@ -194,7 +202,7 @@ class _Peer:
         t3 = time.perf_counter()
 
         async def fetch(update: Any, peer: str) -> None:
-            got = (await self._tries(t, self.node.fetch, update, [peer])).bytes
+            got = (await self._tries(t, peer, self.node.fetch, update, [peer])).bytes
             t["fetched_bytes"] += got
 
         with trio.fail_after(WAIT_S):
@@ -236,7 +244,7 @@ class _Peer:
 
         async def segments(peer: str, indices: list[int], key: str) -> None:
             update = mine[peer][1].update
-            got = await self._tries(t, fetch_update_segments, node, update, indices, [peer])
+            got = await self._tries(t, peer, fetch_update_segments, node, update, indices, [peer])
             t[key] += got  # (read t[key] after the await: tasks run concurrently)
 
         # fetch: this peer's partitions of every other update, from its author
@@ -333,14 +341,16 @@ class _Peer:
 
         cid_text, aggregator = text.split("\n")
         cid = CID.parse(cid_text)
-        got = (await self._tries(t, self.node.fetch_blocks, [cid], [aggregator])).bytes
+        got = (await self._tries(t, aggregator, self.node.fetch_blocks, [cid], [aggregator])).bytes
         result = open_partition_result(
             self.store.get(cid), run=RUN, round_=round_, signer=aggregator
         )
         if result.partition != p or result.parts != parts:
             raise AssertionError(f"result {cid} is not partition {p} of {parts}")
         if result.output is not None:
-            got += (await self._tries(t, self.node.fetch, result.output, [aggregator])).bytes
+            got += (
+                await self._tries(t, aggregator, self.node.fetch, result.output, [aggregator])
+            ).bytes
         t["fetched_bytes"] += got
         results[p] = (cid, result)
 
