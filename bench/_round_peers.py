@@ -26,6 +26,9 @@ WAIT_S = 300.0  # the longest any peer waits for the others at one step (bounded
 # the block exchange's NO_PROGRESS_TIMEOUT_S; the live node retries too. A failed attempt's
 # blocks are kept but its bytes are not counted (FetchError counts blocks): ``retries`` says.
 FETCH_TRIES = 3
+# Fetches one peer runs at once (each from one holder): with 16 processes on 2 cores, a holder
+# serving 15 requesters at once starves past NO_PROGRESS_TIMEOUT_S.
+FETCH_CONCURRENCY = 4
 RUN = "bench"
 
 
@@ -126,6 +129,9 @@ class _Peer:
         self.trainer, self.node, self.headers = trainer, node, headers
         self.store = trainer.store
         self.addrs: dict[str, str] = {}  # peer id -> listen address
+        import trio
+
+        self.limiter = trio.CapacityLimiter(FETCH_CONCURRENCY)
 
     async def _tries(self, t: dict[str, Any], holder: str, fetch: Any, *args: Any) -> Any:
         """``await fetch(*args)``; on FetchError redial ``holder`` and again, FETCH_TRIES
@@ -136,7 +142,8 @@ class _Peer:
 
         for attempt in range(FETCH_TRIES):
             try:
-                return await fetch(*args)
+                async with self.limiter:
+                    return await fetch(*args)
             except FetchError:
                 if attempt == FETCH_TRIES - 1:
                     raise
