@@ -1,38 +1,60 @@
-"""Seconds per training round, split train / publish / fetch / aggregate, vs a plain all-reduce.
+"""Seconds and bytes per training round, full replication vs partitioned, vs a plain all-reduce.
 
-Four peers, each its own process, on loopback; a GPT-2-style model of ~10.2M parameters (so each
-update is ~41 MB of float32). Per round, each cnode peer:
+N peers (``--peers``, default 4), each its own process, on loopback; each a real py-libp2p node
+with a real BlockStore and a ``NodeTrainer``. The model is GPT-2-style, ~10.2M parameters (each
+f32 update ~41 MB); above 8 peers, or with ``--small``, a ~1.7M-parameter one (the banner says
+which). Per round, each cnode peer:
 
 * train      one local AdamW step (batch 4 x 64 tokens) and the parameter delta;
-* publish    store the delta as blocks (kind "update" manifest), sign the update header, put it
-             on gossipsub;
-* wait       until the other three headers have arrived (the slowest peer's training), and
-             after fetching until every peer has fetched (so no peer serves blocks while it
-             aggregates); reported apart, it is not this peer's work;
-* fetch      the other three updates over the block exchange (/cnode/blocks/1.0.0), every
-             block verified against its CID;
-* aggregate  load the four updates, CenteredClip (default config), apply, state CID.
+* publish    store the delta (64 segments, one manifest layer each), sign the update header,
+             put it on gossipsub;
+* wait       (not this peer's work, reported apart) until every header has arrived (the
+             slowest trainer), and at barriers between network and compute phases, so no peer
+             serves blocks (GIL-bound, main thread) while another computes;
 
-Each codec given with ``--codec`` (the run's ``update_codec``: f32, bf16, int8-blockwise; default
-f32 and int8-blockwise) runs its own swarm; the report gives each one's phases and the update
-bytes on the wire (one peer's update manifest, every block; and the bytes each peer fetched),
-int8-blockwise against f32.
+``--mode full`` (every peer fetches every update and aggregates everything):
 
-The baseline runs in the same invocation, the same way: four processes with torch.distributed
-(gloo, loopback), the same model and step, then ``all_reduce(delta) / 4`` and apply.
-Printed: the median over rounds (and peers) of each phase, and fetch+aggregate vs the
-all-reduce. No coordinator is involved (it adds two small HTTP requests per round).
+* fetch      the other N-1 updates whole, every block verified against its CID;
+* aggregate  CenteredClip of all N updates, apply, state CID.
 
-    .venv/bin/python bench/round.py              # 3 rounds
-    .venv/bin/python bench/round.py --rounds 5
-    .venv/bin/python bench/round.py --codec int8-blockwise --no-baseline
+``--mode partitioned`` (parts = partition_count(N, SEGMENTS), aggregators =
+assign_partitions("bench", round, sorted peer ids, parts)):
+
+* fetch      this peer's partition's segments of the N-1 other updates (fetch_update_segments,
+             from each update's author);
+* aggregate  CenteredClip of the partition (NodeTrainer.aggregate_partition), output stored,
+             result signed and stored; its CID goes to the others as a file in the work dir
+             (bench-only coordination, like the address files: the coordinator is left out);
+* results    every other partition's signed result and output, from its aggregator;
+* verify     ``--verify K`` partitions (default node/train/limits.VERIFY_PARTITIONS) chosen by
+             verification_choice(sha256 of the sorted result CIDs, me, parts, K, own excluded):
+             their inputs fetched and the partition recomputed; the output CID must match;
+* assemble   NodeTrainer.apply_partitions: the new state from every output, state CID.
+
+Printed per (mode, codec) swarm: the median over peers and rounds (the first round left out when
+rounds > 1) of each phase; bytes received per peer per round / update size, split into exchange
+(inputs + results) and verification; whether every peer ends on one state CID. The baseline runs
+in the same invocation: N processes with torch.distributed (gloo, loopback), the same model and
+step, ``all_reduce(delta) / N`` and apply. ``overhead_s`` = publish + fetch + aggregate + results
++ verify + assemble (the medians): what a round costs beyond training and waiting for the
+slowest trainer; compared with the all-reduce. No coordinator is involved.
+
+``--json`` ends the output with ONE JSON line. One swarm: ``{"peers", "mode", "codec", "params",
+"update_bytes", "bytes_in_per_peer", "bytes_in_ratio", "verify_bytes_per_peer", "verify_ratio",
+"overhead_s", "allreduce_s", "overhead_vs_allreduce", "phases": {phase: s}, "states"}``
+(``allreduce_s`` and the ratio null with ``--no-baseline``; ``states``: distinct final state
+CIDs, 1 when the peers agree). Several swarms: ``{"peers", "params", "allreduce_s", "runs":
+[one object as above per swarm]}``.
+
+    .venv/bin/python bench/round.py                          # 4 peers, both modes and codecs
+    .venv/bin/python bench/round.py --peers 8 --mode partitioned --codec f32 --json
+    .venv/bin/python bench/round.py --peers 16 --mode full partitioned --verify 0
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
 import multiprocessing as mp
 import os
 import statistics
@@ -42,7 +64,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-PEERS = 4
+from _round_peers import allreduce_peer, cnode_peer
+
 # n_layer=6, n_embd=368 (4 heads), vocab 1024, 64 positions: 10,152,000 parameters (+ LayerNorms).
 TRAINING = {
     "model": {"n_layer": 6, "n_embd": 368, "n_head": 4, "n_positions": 64},
@@ -50,238 +73,98 @@ TRAINING = {
     "batch_size": 4,
     "data": {"eval_sequences": 8},
 }
+# For many peers on a small machine: n_layer=3, n_embd=192.
+SMALL = {**TRAINING, "model": {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_positions": 64}}
+PHASES = ("train", "publish", "wait", "fetch", "aggregate", "results", "verify", "assemble")
+OVERHEAD = ("publish", "fetch", "aggregate", "results", "verify", "assemble")
+JOIN_S = 1200  # the longest a swarm may take before its processes are killed
 
 
-def _quiet() -> None:
-    import structlog
-
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-
-# -- cnode peers -------------------------------------------------------------------------------
-
-
-def _cnode_peer(index: int, work: str, rounds: int, out: str, codec: str) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    _quiet()
-    import trio
-
-    trio.run(_cnode_peer_async, index, Path(work), rounds, Path(out), codec)
-
-
-async def _cnode_peer_async(index: int, work: Path, rounds: int, out: Path, codec: str) -> None:
-    import trio
-
-    from cnode.auth import Identity
-    from cnode.node.p2p import P2PSettings, open_p2p_node
-    from cnode.node.train import (
-        HeaderCollector,
-        NodeTrainer,
-        TrainingConfig,
-        header_cid,
-        updates_topic,
-    )
-    from cnode.storage import BlockStore, manifest_closure
-
-    identity = Identity.generate()
-    store = BlockStore(work / f"peer{index}")
-    config = TrainingConfig.from_dict({**TRAINING, "update_codec": codec})
-    trainer = await trio.to_thread.run_sync(
-        lambda: NodeTrainer(config, run="bench", identity=identity, store=store)
-    )
-    headers = HeaderCollector("bench", lambda _peer: True)
-    settings = P2PSettings(listen=("/ip4/127.0.0.1/tcp/0",), run_id="bench")
-    timings: list[dict[str, Any]] = []
-    async with open_p2p_node(identity, store, settings, allow=lambda _p: True) as node:
-        (work / f"addr{index}").write_text(node.listen_addrs[0])
-        addrs = await _wait_files(work, "addr", PEERS)
-        for i, addr in enumerate(addrs):
-            if i != index:
-                await node.connect(addr)
-
-        async with trio.open_nursery() as nursery:
-
-            async def drain() -> None:
-                async with node.subscribe(updates_topic("bench"), headers) as sub:
-                    async for _ in sub:
-                        pass
-
-            nursery.start_soon(drain)
-            await trio.sleep(3)  # let the gossip mesh form (heartbeat 1 s)
-            for round_ in range(1, rounds + 1):
-                t0 = time.perf_counter()
-                own = await trio.to_thread.run_sync(trainer.train, round_)
-                t_train = own.local.seconds
-                t1 = time.perf_counter()
-                headers.seen[(round_, trainer.peer)] = (own.envelope, own.header)
-                await node.publish(updates_topic("bench"), own.envelope)
-                t_publish = time.perf_counter() - t1 + own.seconds_store
-                t2 = time.perf_counter()
-                while sum(1 for (r, _p) in headers.seen if r == round_) < PEERS:
-                    await trio.sleep(0.005)
-                t_wait = time.perf_counter() - t2
-                t3 = time.perf_counter()
-                c3 = time.process_time()
-                mine = {}
-                for (r, peer), (envelope, header) in list(headers.seen.items()):
-                    if r == round_:
-                        cid = header_cid(envelope)
-                        if not store.has(cid):
-                            store.put(cid, envelope)
-                        mine[peer] = (cid, header)
-                fetched: list[int] = []
-
-                async def fetch(update: Any, peer: str, into: list[int] = fetched) -> None:
-                    into.append((await node.fetch(update, holders=[peer])).bytes)
-
-                async with trio.open_nursery() as fetches:
-                    for peer, (_cid, header) in mine.items():
-                        if peer != trainer.peer:
-                            fetches.start_soon(fetch, header.update, peer)
-                update_bytes = sum(
-                    store.size(c) for c in manifest_closure(store, own.header.update)
-                )
-                t_fetch = time.perf_counter() - t3
-                cpu_fetch = time.process_time() - c3
-                # Wait until every peer has fetched, so no peer serves blocks (GIL-bound, in the
-                # main thread) while it aggregates: each phase is then timed on its own.
-                t5 = time.perf_counter()
-                (work / f"fetched{index}.{round_}").write_text("")
-                await _wait_files(work, "fetched", PEERS, suffix=f".{round_}")
-                t_wait += time.perf_counter() - t5
-                t4 = time.perf_counter()
-                c4 = time.process_time()
-                await trio.to_thread.run_sync(trainer.aggregate, round_, mine, {})
-                t_aggregate = time.perf_counter() - t4
-                cpu_aggregate = time.process_time() - c4
-                timings.append(
-                    {
-                        "train": t_train,
-                        "publish": t_publish,
-                        "wait": t_wait,
-                        "fetch": t_fetch,
-                        "aggregate": t_aggregate,
-                        "fetch_cpu": cpu_fetch,
-                        "aggregate_cpu": cpu_aggregate,
-                        "round": time.perf_counter() - t0,
-                        "state": str(trainer.state_cid),
-                        "update_bytes": update_bytes,
-                        "fetched_bytes": sum(fetched),
-                    }
-                )
-                (work / f"done{index}.{round_}").write_text("")
-                await _wait_files(work, "done", PEERS, suffix=f".{round_}")
-            nursery.cancel_scope.cancel()
-    out.write_text(json.dumps(timings))
-
-
-async def _wait_files(work: Path, prefix: str, n: int, suffix: str = "") -> list[str]:
-    import trio
-
-    with trio.fail_after(120):
-        while True:
-            paths = [work / f"{prefix}{i}{suffix}" for i in range(n)]
-            if all(p.exists() for p in paths):
-                return [p.read_text() for p in paths]
-            await trio.sleep(0.05)
-
-
-# -- all-reduce baseline -----------------------------------------------------------------------
-
-
-def _allreduce_peer(index: int, init: str, rounds: int, out: str) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    _quiet()
-    from cnode.node.train import TextData, TrainingConfig, build_model, model_state, train_local
-
-    dist.init_process_group("gloo", init_method=init, rank=index, world_size=PEERS)
-    config = TrainingConfig.from_dict(TRAINING)
-    data = TextData.build(config.data, config.model)
-    model = build_model(config)
-    state = model_state(model)
-    timings = []
-    for round_ in range(1, rounds + 1):
-        dist.barrier()
-        t0 = time.perf_counter()
-        local = train_local(model, state, data, config, peer_id=f"peer{index}", round_=round_)
-        t1 = time.perf_counter()
-        dist.barrier()  # the same "wait for the slowest trainer" as the cnode peers
-        t_wait = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        flat = torch.cat([local.delta[k].reshape(-1) for k in state])
-        dist.all_reduce(flat)
-        flat /= PEERS
-        offset = 0
-        for k in state:
-            n = state[k].numel()
-            state[k] = state[k] + flat[offset : offset + n].view_as(state[k])
-            offset += n
-        t_allreduce = time.perf_counter() - t2
-        timings.append({"train": t1 - t0, "wait": t_wait, "allreduce": t_allreduce, "round": 0.0})
-        timings[-1]["round"] = time.perf_counter() - t0
-    dist.destroy_process_group()
-    Path(out).write_text(json.dumps(timings))
-
-
-# -- driver ------------------------------------------------------------------------------------
-
-
-def _run(target: Any, args_of: Any) -> list[list[dict[str, Any]]]:
+def _run(target: Any, n: int, args_of: Any) -> list[list[dict[str, Any]]]:
+    """Start ``n`` processes of ``target``; their JSON outputs. Every process is stopped."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="cnode-bench-round-") as tmp:
-        outs = [str(Path(tmp) / f"out{i}.json") for i in range(PEERS)]
-        procs = [ctx.Process(target=target, args=args_of(i, tmp, outs[i])) for i in range(PEERS)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=900)
-            if p.exitcode != 0:
-                for q in procs:
-                    q.kill()
-                raise SystemExit(f"a peer process failed (exit {p.exitcode})")
-        return [json.loads(Path(o).read_text()) for o in outs]
+        outs = [str(Path(tmp) / f"out{i}.json") for i in range(n)]
+        procs = [ctx.Process(target=target, args=args_of(i, tmp, outs[i])) for i in range(n)]
+        try:
+            for p in procs:
+                p.start()
+            deadline = time.monotonic() + JOIN_S
+            while any(p.exitcode is None for p in procs):  # fail fast: one dies, all stop
+                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+                if failed or time.monotonic() > deadline:
+                    why = f"exit {failed[0]}" if failed else f"over {JOIN_S} s"
+                    raise SystemExit(f"a peer process failed ({why}; -9: killed, often OOM)")
+                time.sleep(0.2)
+            if any(p.exitcode != 0 for p in procs):
+                raise SystemExit("a peer process failed")
+            return [json.loads(Path(o).read_text()) for o in outs]
+        finally:
+            for p in procs:
+                if p.is_alive():
+                    p.kill()
+                    p.join(timeout=10)
 
 
 def _median(results: list[list[dict[str, Any]]], key: str, skip_first: bool) -> float:
-    values = [r[key] for peer in results for r in peer[1 if skip_first else 0 :]]
-    return statistics.median(values)
+    values = [r.get(key, 0.0) for peer in results for r in peer[1 if skip_first else 0 :]]
+    return float(statistics.median(values))
 
 
-def _report_cnode(codec: str, cnode: list[list[dict[str, Any]]], skip: bool) -> dict[str, float]:
-    rows = {
-        k: _median(cnode, k, skip)
-        for k in ("train", "publish", "wait", "fetch", "aggregate", "round")
-    }
-    cpu = {k: _median(cnode, f"{k}_cpu", skip) for k in ("fetch", "aggregate")}
+def _report_cnode(
+    mode: str, codec: str, cnode: list[list[dict[str, Any]]], skip: bool, n: int
+) -> dict[str, Any]:
+    phases = {k: _median(cnode, k, skip) for k in (*PHASES, "round")}
+    cpu_note = ", first round left out" if skip else ""
+    print(
+        f"\n{mode}, update_codec = {codec!r}, {n} peers (median over peers and rounds"
+        f"{cpu_note}), seconds:"
+    )
+    for key, value in phases.items():
+        print(f"  {key:<10} {value:8.3f}")
+        if key == "verify" and value:
+            parts = {k: _median(cnode, f"verify_{k}", skip) for k in ("fetch", "compute")}
+            print("             (" + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + ")")
+    update = _median(cnode, "update_bytes", False)
+    fetched = _median(cnode, "fetched_bytes", skip)
+    verify = _median(cnode, "verify_bytes", skip)
     states = {r["state"] for peer in cnode for r in peer[-1:]}
+    overhead = sum(phases[k] for k in OVERHEAD)
     print(
-        f"\ncnode round, update_codec = {codec!r} (median over peers and rounds"
-        f"{', first round left out' if skip else ''}), seconds:"
+        f"  update: {update / 1e6:.2f} MB (all its blocks); received per peer per round: "
+        f"exchange {fetched / 1e6:.2f} MB = {fetched / update:.2f}x the update, "
+        f"verification {verify / 1e6:.2f} MB = {verify / update:.2f}x"
     )
-    for key, value in rows.items():
-        extra = f"   (CPU {cpu[key]:.3f} s of this process)" if key in cpu else ""
-        print(f"  {key:<10} {value:8.3f}{extra}")
-    rows["update_bytes"] = _median(cnode, "update_bytes", False)
-    rows["fetched_bytes"] = _median(cnode, "fetched_bytes", False)
-    print(
-        f"  update on the wire: {rows['update_bytes'] / 1e6:.2f} MB per peer "
-        f"(all its blocks); each peer fetched {rows['fetched_bytes'] / 1e6:.2f} MB per round"
-    )
-    print(f"  honest peers agree on the final state: {len(states) == 1} ({len(states)} distinct)")
+    print(f"  overhead_s (publish+fetch+aggregate+results+verify+assemble): {overhead:.3f}")
+    print(f"  every peer ends on one state: {len(states) == 1} ({', '.join(sorted(states))[:120]})")
+    retries = sum(r.get("retries", 0) for peer in cnode for r in peer)
+    print(f"  fetches retried (a holder starved past NO_PROGRESS_TIMEOUT_S): {retries}")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    return rows
+    return {
+        "peers": n,
+        "mode": mode,
+        "codec": codec,
+        "update_bytes": int(update),
+        "bytes_in_per_peer": int(fetched),
+        "bytes_in_ratio": round(fetched / update, 4),
+        "verify_bytes_per_peer": int(verify),
+        "verify_ratio": round(verify / update, 4),
+        "overhead_s": round(overhead, 4),
+        "phases": {k: round(v, 4) for k, v in phases.items()},
+        "states": len(states),
+        "retries": retries,
+    }
 
 
-def main() -> None:
+def _parse() -> argparse.Namespace:
     from cnode.aggregation import CODECS
+    from cnode.node.train import limits
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--peers", type=int, default=4, help="peer processes (default 4)")
+    parser.add_argument(
+        "--mode", nargs="+", choices=("full", "partitioned"), default=["full", "partitioned"]
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--codec",
@@ -290,52 +173,81 @@ def main() -> None:
         default=["f32", "int8-blockwise"],
         help="the run's update_codec; several: one swarm each, compared",
     )
+    parser.add_argument(
+        "--verify",
+        type=int,
+        default=limits.VERIFY_PARTITIONS,
+        help="partitions each peer recomputes per round (partitioned mode; 0 allowed)",
+    )
+    parser.add_argument("--small", action="store_true", help="the small model (auto above 8)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the gloo all-reduce")
+    parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args()
+    if args.peers < 2 or args.rounds < 1 or args.verify < 0:
+        parser.error("--peers >= 2, --rounds >= 1, --verify >= 0")
+    return args
+
+
+def main() -> None:
+    args = _parse()
     from cnode.node.train import TrainingConfig, build_model, model_state
 
+    n = args.peers
+    training = SMALL if args.small or n > 8 else TRAINING
+    model = TrainingConfig.from_dict(training).model
     params = sum(
-        t.numel() for t in model_state(build_model(TrainingConfig.from_dict(TRAINING))).values()
+        t.numel() for t in model_state(build_model(TrainingConfig.from_dict(training))).values()
     )
     print(
-        f"bench/round.py: {PEERS} peers on loopback, {params:,} parameters "
-        f"({params * 4 / 1e6:.1f} MB per f32 update), {args.rounds} rounds, "
-        f"{os.cpu_count()} CPUs, codecs {', '.join(args.codec)}"
+        f"bench/round.py: {n} peers on loopback, model n_layer={model.n_layer} "
+        f"n_embd={model.n_embd}: {params:,} parameters ({params * 4 / 1e6:.1f} MB per f32 "
+        f"update), {args.rounds} rounds, {os.cpu_count()} CPUs, modes {', '.join(args.mode)}, "
+        f"codecs {', '.join(args.codec)}, verify {args.verify}"
     )
     skip = args.rounds > 1  # the first round includes warm-up (allocations, first connections)
-    results: dict[str, dict[str, float]] = {}
-    for codec in args.codec:
-        cnode = _run(_cnode_peer, lambda i, tmp, out, c=codec: (i, tmp, args.rounds, out, c))
-        results[codec] = _report_cnode(codec, cnode, skip)
-    if "f32" in results:
-        for codec, rows in results.items():
-            if codec != "f32":
-                ratio = rows["update_bytes"] / results["f32"]["update_bytes"]
-                fetched = rows["fetched_bytes"] / results["f32"]["fetched_bytes"]
-                print(
-                    f"\n{codec} vs f32: update bytes {ratio:.3f}x, fetched bytes {fetched:.3f}x, "
-                    f"round {rows['round'] / results['f32']['round']:.2f}x"
-                )
-    if args.no_baseline:
-        sys.stdout.flush()
-        return
-    base = _run(
-        _allreduce_peer,
-        lambda i, tmp, out: (i, f"file://{tmp}/rendezvous", args.rounds, out),
-    )
-    b_rows = [(k, _median(base, k, skip)) for k in ("train", "wait", "allreduce", "round")]
-    print("\nall-reduce baseline (gloo, same model and step, float32), seconds:")
-    for key, value in b_rows:
-        print(f"  {key:<10} {value:8.3f}")
-    allreduce = dict(b_rows)["allreduce"]
-    for codec, rows in results.items():
-        exchange = rows["fetch"] + rows["aggregate"]
-        comm = rows["publish"] + exchange
-        print(
-            f"{codec}: fetch+aggregate {exchange:.3f} s, ratio {exchange / allreduce:.2f}x to "
-            f"the all-reduce {allreduce:.3f} s; publish+fetch+aggregate {comm:.3f} s, "
-            f"{comm / allreduce:.2f}x"
+    base_spec = {"peers": n, "rounds": args.rounds, "training": training, "verify": args.verify}
+    runs: list[dict[str, Any]] = []
+    for mode in args.mode:
+        for codec in args.codec:
+            spec = {**base_spec, "mode": mode, "codec": codec}
+            cnode = _run(cnode_peer, n, lambda i, tmp, out, s=spec: (i, s, tmp, out))
+            runs.append({**_report_cnode(mode, codec, cnode, skip, n), "params": params})
+            sys.stdout.flush()
+    allreduce: float | None = None
+    if not args.no_baseline:
+        base = _run(
+            allreduce_peer, n, lambda i, tmp, out: (i, base_spec, f"file://{tmp}/rendezvous", out)
         )
+        b_rows = [(k, _median(base, k, skip)) for k in ("train", "wait", "allreduce", "round")]
+        print(f"\nall-reduce baseline (gloo, {n} processes, same model and step, f32), seconds:")
+        for key, value in b_rows:
+            print(f"  {key:<10} {value:8.3f}")
+        allreduce = dict(b_rows)["allreduce"]
+    print(f"\nsummary, {n} peers, {params:,} parameters:")
+    print("  mode         codec            bytes_in  verify  overhead_s  allreduce_s  ratio")
+    for run in runs:
+        run["allreduce_s"] = None if allreduce is None else round(allreduce, 4)
+        ratio = None if not allreduce else run["overhead_s"] / allreduce
+        run["overhead_vs_allreduce"] = None if ratio is None else round(ratio, 3)
+        print(
+            f"  {run['mode']:<12} {run['codec']:<16} {run['bytes_in_ratio']:7.2f}x "
+            f"{run['verify_ratio']:6.2f}x {run['overhead_s']:10.3f}  "
+            f"{allreduce or float('nan'):10.3f}  {ratio or float('nan'):5.2f}x"
+        )
+    if args.json:
+        if len(runs) == 1:
+            print(json.dumps(runs[0]))
+        else:
+            print(
+                json.dumps(
+                    {
+                        "peers": n,
+                        "params": params,
+                        "allreduce_s": runs[0]["allreduce_s"],
+                        "runs": runs,
+                    }
+                )
+            )
     sys.stdout.flush()
 
 
