@@ -46,9 +46,12 @@ from ._partition_evidence import model_numel as model_numel
 from ._partition_fetch import fetch_update_segments as fetch_update_segments
 from ._partitioned import PARTITION_RESULT_TYPE as PARTITION_RESULT_TYPE
 from ._partitioned import PartitionResult as PartitionResult
+from ._partitioned import input_segments as input_segments
 from ._partitioned import open_partition_result as open_partition_result
 from ._partitioned import partition_result_cid as partition_result_cid
+from ._partitioned import recompute_partition as recompute_partition
 from ._partitioned import seal_partition_result as seal_partition_result
+from ._partitioned import state_numel as state_numel
 from ._replay_fetch import ReplayInputs as ReplayInputs
 from ._replay_fetch import fetch_replay_inputs as fetch_replay_inputs
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
@@ -104,12 +107,14 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "fetch_replay_inputs",
     "fetch_update_segments",
     "header_cid",
+    "input_segments",
     "load_state",
     "model_numel",
     "model_state",
     "open_partition_result",
     "open_update_header",
     "partition_result_cid",
+    "recompute_partition",
     "replay_checkpoint",
     "run_demo",
     "run_node",
@@ -117,6 +122,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "seal_update_header",
     "state_cid",
     "state_cid_from_layers",
+    "state_numel",
     "store_checkpoint",
     "train_local",
     "updates_topic",
