@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import trio
+
 from cnode.node.p2p import P2PNode
 from cnode.storage import CID, DAG_CBOR, missing_blocks, read_manifest
 
@@ -30,17 +32,25 @@ async def fetch_update_segments(
     what a partition needs, every block verified. Returns the bytes fetched."""
     store = node.store
     fetched = 0
+
+    def missing_nodes() -> list[CID]:
+        if not store.has(update):
+            return [update]
+        return [c for c in missing_blocks(store, update) if c.codec == DAG_CBOR]
+
+    def wanted_chunks() -> list[CID]:
+        manifest = read_manifest(store, update)
+        names = {segment_layer(i) for i in indices}
+        chunks = [c for layer in manifest.layers if layer.name in names for c in layer.chunks]
+        return [c for c in chunks if not store.has(c)]
+
+    # The walks read the store: in a worker thread, so the node keeps serving blocks meanwhile.
     for _ in range(4):  # root, layer pages, chunk pages: at most three levels
-        nodes = [update] if not store.has(update) else []
-        if not nodes:
-            nodes = [c for c in missing_blocks(store, update) if c.codec == DAG_CBOR]
+        nodes = await trio.to_thread.run_sync(missing_nodes)
         if not nodes:
             break
         fetched += (await node.fetch_blocks(nodes, holders=holders)).bytes
-    manifest = read_manifest(store, update)
-    names = {segment_layer(i) for i in indices}
-    chunks = [c for layer in manifest.layers if layer.name in names for c in layer.chunks]
-    wanted = [c for c in chunks if not store.has(c)]
+    wanted = await trio.to_thread.run_sync(wanted_chunks)
     if wanted:
         fetched += (await node.fetch_blocks(wanted, holders=holders)).bytes
     return fetched
