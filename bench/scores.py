@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(args.threads)
-    config = TrainingConfig.from_dict({"scores": True})
+    config = TrainingConfig.from_dict({"scores": True, "partitioned": "never"})
     data = TextData.build(config.data, config.model)
     state = model_state(build_model(config))
     g = torch.Generator().manual_seed(0)

@@ -9,6 +9,7 @@ evidence CAR and a right one is not; evidence that is not what it claims is refu
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,16 @@ def test_a_partitioned_checkpoint_replays(tmp_path: Path) -> None:
     _copy_all(nodes[0].store, nodes[1].store)
     report = replay_checkpoint(nodes[1].store, manifest)
     assert report.rounds == (1,) and report.state_cid == nodes[0].state_cid
+
+
+def test_scores_are_refused_in_partitioned_runs() -> None:
+    from cnode.node.train import TrainingConfigError
+
+    needs = re.escape('needs training.partitioned = "never"')
+    with pytest.raises(TrainingConfigError, match=needs):
+        TrainingConfig.from_dict({"scores": True})
+    assert TrainingConfig.from_dict({"scores": True, "partitioned": "never"}).scores
+    with pytest.raises(TrainingConfigError, match=re.escape("training.partitioned 'sometimes'")):
+        TrainingConfig.from_dict({"partitioned": "sometimes"})
+    with pytest.raises(TrainingConfigError, match=re.escape("verify_partitions must be 0..64")):
+        TrainingConfig.from_dict({"verify_partitions": 65})

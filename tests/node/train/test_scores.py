@@ -20,7 +20,9 @@ from cnode.node.train._scores import check_recorded_scores
 from cnode.node.train._trainer import NodeTrainer, RoundOutcome
 from cnode.storage import BlockStore, manifest_closure, read_manifest
 
-CONFIG = TrainingConfig.from_dict({"local_steps": 16, "batch_size": 4, "scores": True})
+CONFIG = TrainingConfig.from_dict(
+    {"local_steps": 16, "batch_size": 4, "scores": True, "partitioned": "never"}
+)
 
 
 def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
@@ -138,6 +140,6 @@ def test_data_attacks_corrupt_the_training_text_only() -> None:
 
 
 def test_scores_setting_round_trips_and_is_absent_when_off() -> None:
-    on = TrainingConfig.from_dict({"scores": True})
+    on = TrainingConfig.from_dict({"scores": True, "partitioned": "never"})
     assert on.scores and TrainingConfig.from_dict(on.to_dict()) == on
     assert "scores" not in TrainingConfig().to_dict()  # runs without scores keep their bytes
