@@ -32,8 +32,11 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --no-audit --no-fund
 	touch $(JS_STAMP)
 
+# Two pytest-xdist workers: the swarm tests run one after another on one of them
+# (tests/support/groups.py), the rest of the suite on the other. TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
 test: setup browser $(JS_STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 lint: setup
 	$(BIN)/ruff check .

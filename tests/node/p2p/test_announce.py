@@ -111,6 +111,12 @@ def _signed(identity: Identity = HOLDER, payload_type: str = ANNOUNCE_PAYLOAD_TY
         (_signed(extra=1), HOLDER.peer_id_str, "unknown fields"),
         (_signed(at=NOW - limits.MAX_ANNOUNCE_SKEW_S - 1), HOLDER.peer_id_str, "stale"),
     ],
+    # Ids from the reason, not the (random) peer ids: pytest-xdist workers must collect alike.
+    ids=lambda value: (
+        {HOLDER.peer_id_str: "holder", STRANGER.peer_id_str: "stranger"}.get(value)
+        if isinstance(value, str)
+        else None
+    ),
 )
 def test_validator_drops_with_reason(data: bytes, source: str, reason: str) -> None:
     with pytest.raises(RejectedMessage, match=reason):
