@@ -77,6 +77,16 @@ TRAINING = {
 SMALL = {**TRAINING, "model": {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_positions": 64}}
 PHASES = ("train", "publish", "wait", "fetch", "aggregate", "results", "verify", "assemble")
 OVERHEAD = ("publish", "fetch", "aggregate", "results", "verify", "assemble")
+# Process CPU per phase (train and publish share one worker-thread call: measured together).
+CPU = (
+    "train_publish",
+    "fetch",
+    "aggregate",
+    "results",
+    "verify_fetch",
+    "verify_compute",
+    "assemble",
+)
 JOIN_S = 1200  # the longest a swarm may take before its processes are killed
 
 
@@ -125,6 +135,11 @@ def _report_cnode(
         if key == "verify" and value:
             parts = {k: _median(cnode, f"verify_{k}", skip) for k in ("fetch", "compute")}
             print("             (" + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + ")")
+    cpu = {k: _median(cnode, f"cpu_{k}", skip) for k in CPU}
+    print(
+        "  CPU s (the peer's process, all threads; steadier than wall on a shared machine): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in cpu.items() if v)
+    )
     update = _median(cnode, "update_bytes", False)
     fetched = _median(cnode, "fetched_bytes", skip)
     verify = _median(cnode, "verify_bytes", skip)
@@ -151,6 +166,7 @@ def _report_cnode(
         "verify_ratio": round(verify / update, 4),
         "overhead_s": round(overhead, 4),
         "phases": {k: round(v, 4) for k, v in phases.items()},
+        "cpu": {k: round(v, 4) for k, v in cpu.items()},
         "states": len(states),
         "retries": retries,
     }
