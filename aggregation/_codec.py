@@ -132,5 +132,14 @@ def decode_update_tensor(encoded: torch.Tensor, codec: str, shape: tuple[int, ..
         raise UpdateEncodingError(
             f"int8-blockwise value {int(low.nonzero()[0])} is -128 (must be in [-127, 127])"
         )
-    per_value = scales.repeat_interleave(limits.CODEC_BLOCK)[:numel]
-    return (values.to(torch.float32) * per_value).reshape(shape)
+    # The same product per element as float32(values) * scale of its block, written once into
+    # the output: whole blocks as rows times their scale, then the short last block.
+    out = torch.empty(numel, dtype=torch.float32)
+    full = numel // limits.CODEC_BLOCK
+    head = full * limits.CODEC_BLOCK
+    if full:
+        rows = values[:head].view(full, limits.CODEC_BLOCK)
+        torch.mul(rows, scales[:full].unsqueeze(1), out=out[:head].view(full, limits.CODEC_BLOCK))
+    if head < numel:
+        torch.mul(values[head:], scales[full], out=out[head:])
+    return out.reshape(shape)

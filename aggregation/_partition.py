@@ -79,7 +79,11 @@ def flat_segments(
 def unflatten_segments(
     segments: Sequence[torch.Tensor], shapes: Mapping[str, tuple[int, ...]]
 ) -> dict[str, torch.Tensor]:
-    """The inverse of :func:`flat_segments`: name -> float32 tensor of ``shapes[name]``."""
+    """The inverse of :func:`flat_segments`: name -> float32 tensor of ``shapes[name]``.
+
+    The tensors are views into one new flat vector (the segments are copied once, never
+    shared with the caller's).
+    """
     flat = torch.cat([s.reshape(-1) for s in segments]) if segments else torch.empty(0)
     want = sum(math.prod(shape) for shape in shapes.values())
     if flat.numel() != want:
@@ -88,7 +92,7 @@ def unflatten_segments(
     offset = 0
     for name in sorted(shapes):
         n = math.prod(shapes[name])
-        out[name] = flat[offset : offset + n].reshape(shapes[name]).clone()
+        out[name] = flat[offset : offset + n].view(shapes[name])
         offset += n
     return out
 

@@ -170,13 +170,14 @@ class _Peer:
             ("wait", "fetch", "aggregate", "results", "verify", "assemble"), 0.0
         )
         t.update(fetched_bytes=0, verify_bytes=0, retries=0)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         own = await trio.to_thread.run_sync(self.trainer.train, round_)
         t["train"] = own.local.seconds
         t1 = time.perf_counter()
         self.headers.seen[(round_, self.trainer.peer)] = (own.envelope, own.header)
         await self.node.publish(updates_topic(RUN), own.envelope)
         t["publish"] = time.perf_counter() - t1 + own.seconds_store
+        t["cpu_train_publish"] = time.process_time() - c0
         t2 = time.perf_counter()
         with trio.fail_after(WAIT_S):  # the slowest trainer, and gossip
             while sum(1 for (r, _p) in self.headers.seen if r == round_) < self.n:
@@ -206,7 +207,7 @@ class _Peer:
         import trio
 
         me = self.trainer.peer
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
 
         async def fetch(update: Any, peer: str) -> None:
             got = (await self._tries(t, peer, self.node.fetch, update, [peer])).bytes
@@ -218,12 +219,14 @@ class _Peer:
                     if peer != me:
                         fetches.start_soon(fetch, header.update, peer)
         t["fetch"] = time.perf_counter() - t3
+        t["cpu_fetch"] = time.process_time() - c3
         # Wait until every peer has fetched, so no peer serves blocks (GIL-bound, in the main
         # thread) while it aggregates: each phase is then timed on its own.
         await self._barrier("fetched", round_, t)
-        t4 = time.perf_counter()
+        t4, c4 = time.perf_counter(), time.process_time()
         await trio.to_thread.run_sync(self.trainer.aggregate, round_, mine, {})
         t["aggregate"] = time.perf_counter() - t4
+        t["cpu_aggregate"] = time.process_time() - c4
 
     # -- partitioned: aggregate one partition, fetch the others' results, verify some ----------
 
@@ -255,16 +258,17 @@ class _Peer:
             t[key] += got  # (read t[key] after the await: tasks run concurrently)
 
         # fetch: this peer's partitions of every other update, from its author
-        t3 = time.perf_counter()
+        t3, c3 = time.perf_counter(), time.process_time()
         with trio.fail_after(WAIT_S):
             async with trio.open_nursery() as nursery:
                 for peer in mine:
                     if peer != me and own_parts:
                         nursery.start_soon(segments, peer, indices_of(own_parts), "fetched_bytes")
         t["fetch"] = time.perf_counter() - t3
+        t["cpu_fetch"] = time.process_time() - c3
         await self._barrier("fetched", round_, t)  # as in full mode: phases timed apart
         # aggregate: CenteredClip of the partition, its output stored, the result signed
-        t4 = time.perf_counter()
+        t4, c4 = time.perf_counter(), time.process_time()
         results: dict[int, tuple[Any, Any]] = {}
         for p in own_parts:
             envelope, result = await trio.to_thread.run_sync(
@@ -277,21 +281,23 @@ class _Peer:
                 self.store.put(cid, envelope)
             results[p] = (cid, result)
         t["aggregate"] = time.perf_counter() - t4
+        t["cpu_aggregate"] = time.process_time() - c4
         for p, (cid, _result) in results.items():  # bench-only: the result CID in a file
             post(self.work / f"result{p}.{round_}", f"{cid}\n{me}")
         t5 = time.perf_counter()
         posted = await wait_files(self.work, "result", parts, suffix=f".{round_}")
         t["wait"] += time.perf_counter() - t5
         # results: every other partition's signed result and its output, from its aggregator
-        t6 = time.perf_counter()
+        t6, c6 = time.perf_counter(), time.process_time()
         with trio.fail_after(WAIT_S):
             async with trio.open_nursery() as nursery:
                 for p, text in enumerate(posted):
                     if p not in results:
                         nursery.start_soon(self._fetch_result, round_, p, parts, text, results, t)
         t["results"] = time.perf_counter() - t6
+        t["cpu_results"] = time.process_time() - c6
         # verify: VERIFY partitions chosen by a seed fixed by all results: fetch their inputs...
-        t7 = time.perf_counter()
+        t7, c7 = time.perf_counter(), time.process_time()
         seed = hashlib.sha256("\n".join(sorted(str(c) for c, _ in results.values())).encode())
         from cnode.aggregation import verification_choice
 
@@ -308,9 +314,10 @@ class _Peer:
                 for member, qs in wanted.items():  # one partial fetch per update
                     nursery.start_soon(segments, member, indices_of(qs), "verify_bytes")
         t["verify_fetch"] = time.perf_counter() - t7
+        t["cpu_verify_fetch"] = time.process_time() - c7
         await self._barrier("verifetched", round_, t)
         # ... and recompute them: the output CID must be the one the aggregator signed
-        t8 = time.perf_counter()
+        t8, c8 = time.perf_counter(), time.process_time()
         for q in chosen:
             cid, result = results[q]
             if result.base != trainer.state_cid:
@@ -324,15 +331,17 @@ class _Peer:
             if again.output != result.output:
                 raise AssertionError(f"partition {q}: {again.output} != {result.output}")
         t["verify_compute"] = time.perf_counter() - t8
+        t["cpu_verify_compute"] = time.process_time() - c8
         t["verify"] = t["verify_fetch"] + t["verify_compute"]
         t["verified"] = len(chosen)
         # assemble: the new state from every partition's output
-        t9 = time.perf_counter()
+        t9, c9 = time.perf_counter(), time.process_time()
         outputs = {p: r.output for p, (_c, r) in results.items()}
         await trio.to_thread.run_sync(
             lambda: trainer.apply_partitions(round_, results, outputs, parts=parts, dropped={})
         )
         t["assemble"] = time.perf_counter() - t9
+        t["cpu_assemble"] = time.process_time() - c9
 
     async def _fetch_result(
         self,

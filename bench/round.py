@@ -32,16 +32,18 @@ assign_partitions("bench", round, sorted peer ids, parts)):
 * assemble   NodeTrainer.apply_partitions: the new state from every output, state CID.
 
 Printed per (mode, codec) swarm: the median over peers and rounds (the first round left out when
-rounds > 1) of each phase; bytes received per peer per round / update size, split into exchange
-(inputs + results) and verification; whether every peer ends on one state CID. The baseline runs
-in the same invocation: N processes with torch.distributed (gloo, loopback), the same model and
-step, ``all_reduce(delta) / N`` and apply. ``overhead_s`` = publish + fetch + aggregate + results
-+ verify + assemble (the medians): what a round costs beyond training and waiting for the
-slowest trainer; compared with the all-reduce. No coordinator is involved.
+rounds > 1) of each phase, and of the peer process's CPU seconds in it (all threads: steadier than
+wall time when other work shares the machine); bytes received per peer per round / update size,
+split into exchange (inputs + results) and verification; whether every peer ends on one state CID.
+The baseline runs in the same invocation: N processes with torch.distributed (gloo, loopback), the
+same model and step, ``all_reduce(delta) / N`` and apply. ``overhead_s`` = publish + fetch +
+aggregate + results + verify + assemble (the medians): what a round costs beyond training and
+waiting for the slowest trainer; compared with the all-reduce. No coordinator is involved.
 
 ``--json`` ends the output with ONE JSON line. One swarm: ``{"peers", "mode", "codec", "params",
 "update_bytes", "bytes_in_per_peer", "bytes_in_ratio", "verify_bytes_per_peer", "verify_ratio",
-"overhead_s", "allreduce_s", "overhead_vs_allreduce", "phases": {phase: s}, "states"}``
+"overhead_s", "allreduce_s", "overhead_vs_allreduce", "phases": {phase: s}, "cpu": {phase: CPU s},
+"states"}``
 (``allreduce_s`` and the ratio null with ``--no-baseline``; ``states``: distinct final state
 CIDs, 1 when the peers agree). Several swarms: ``{"peers", "params", "allreduce_s", "runs":
 [one object as above per swarm]}``.
@@ -77,6 +79,16 @@ TRAINING = {
 SMALL = {**TRAINING, "model": {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_positions": 64}}
 PHASES = ("train", "publish", "wait", "fetch", "aggregate", "results", "verify", "assemble")
 OVERHEAD = ("publish", "fetch", "aggregate", "results", "verify", "assemble")
+# Process CPU per phase (train and publish share one worker-thread call: measured together).
+CPU = (
+    "train_publish",
+    "fetch",
+    "aggregate",
+    "results",
+    "verify_fetch",
+    "verify_compute",
+    "assemble",
+)
 JOIN_S = 1200  # the longest a swarm may take before its processes are killed
 
 
@@ -125,6 +137,11 @@ def _report_cnode(
         if key == "verify" and value:
             parts = {k: _median(cnode, f"verify_{k}", skip) for k in ("fetch", "compute")}
             print("             (" + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + ")")
+    cpu = {k: _median(cnode, f"cpu_{k}", skip) for k in CPU}
+    print(
+        "  CPU s (the peer's process, all threads; steadier than wall on a shared machine): "
+        + ", ".join(f"{k} {v:.3f}" for k, v in cpu.items() if v)
+    )
     update = _median(cnode, "update_bytes", False)
     fetched = _median(cnode, "fetched_bytes", skip)
     verify = _median(cnode, "verify_bytes", skip)
@@ -151,6 +168,7 @@ def _report_cnode(
         "verify_ratio": round(verify / update, 4),
         "overhead_s": round(overhead, 4),
         "phases": {k: round(v, 4) for k, v in phases.items()},
+        "cpu": {k: round(v, 4) for k, v in cpu.items()},
         "states": len(states),
         "retries": retries,
     }

@@ -175,8 +175,18 @@ class BlockStore:
         The caller MUST end it with ``batch.commit()`` (sync once, drop the marker) or, when it
         cannot wait, ``batch.abandon()`` (the next open of the store checks the batch).
         """
+        return self._open_batch(UnsyncedBatch(self._files.unsynced))
+
+    def unsynced_save(self) -> UnsyncedBatch:
+        """A batch for blocks made here (``put_new(data, batch=...)``: a checkpoint's chunks),
+        opened only when the first of them must be written: saving what is already held costs
+        no marker and no sync. Ended like :meth:`begin_unsynced`'s, before anything that names
+        its blocks is stored (specs/blocks.md#durability, D5)."""
+        return UnsyncedBatch(self._files.unsynced)
+
+    def _open_batch(self, batch: UnsyncedBatch) -> UnsyncedBatch:
         try:
-            return UnsyncedBatch(self._files.unsynced).open()
+            return batch.open()
         except OSError as exc:
             raise StorageError(f"cannot start a batch in {self.root}: {exc}") from exc
 
@@ -366,8 +376,18 @@ class BlockStore:
             pass
         self._files.write(block.cid, block.data, fsync=batch is None or not batch.is_open)
 
-    def put_new(self, data: bytes | bytearray | memoryview, codec: int = RAW) -> CID:
-        """Compute the CID of ``data``, store it, and return the CID."""
+    def put_new(
+        self,
+        data: bytes | bytearray | memoryview,
+        codec: int = RAW,
+        *,
+        batch: UnsyncedBatch | None = None,
+    ) -> CID:
+        """Compute the CID of ``data``, store it, and return the CID.
+
+        With ``batch`` (:meth:`unsynced_save`, opened here at the first block that must be
+        written) the block is not fsynced on its own: the batch's commit makes it durable.
+        """
         cid = compute_cid(data, codec)
         path = self._files.path(cid)
         try:
@@ -375,7 +395,9 @@ class BlockStore:
                 return cid
         except FileNotFoundError:
             pass
-        self._files.write(cid, data)
+        if batch is not None and not batch.is_open:
+            self._open_batch(batch)
+        self._files.write(cid, data, fsync=batch is None)
         return cid
 
     def delete(self, cid: CID) -> None:

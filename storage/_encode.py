@@ -108,7 +108,7 @@ def encode_manifest(
         "layer_count": len(layers),
         "total_bytes": sum(layer.nbytes for layer in layers),
     }
-    root_bytes = _enc(root, "manifest") if _fits(root, layout) else None
+    root_bytes = _encoded_if_fits(root, layout)
     if root_bytes is None:
         page_cids = []
         budget = layout.max_node_size - 64  # room for the page's own type key and list head
@@ -134,13 +134,15 @@ def encode_manifest(
     return root_cid, [(root_cid, root_bytes), *extra_nodes]
 
 
-def _fits(root: dict[str, Any], layout: ManifestLayout) -> bool:
+def _encoded_if_fits(root: dict[str, Any], layout: ManifestLayout) -> bytes | None:
+    """The root's bytes if they fit in one node, else None (encoded once: links are costly)."""
     try:
-        return len(_cbor.encode(root)) <= layout.max_node_size
+        data = _cbor.encode(root)
     except BlockTooLargeError:
-        return False
+        return None
     except StorageError as exc:
         raise CheckpointError(f"manifest: {exc}") from exc
+    return data if len(data) <= layout.max_node_size else None
 
 
 def _add_page(layers: list[dict[str, Any]], out: list[tuple[CID, bytes]]) -> CID:

@@ -9,6 +9,8 @@ versioned: a new field means a new ``version``).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 import re
 from collections.abc import Iterator, Sequence
@@ -18,6 +20,7 @@ from typing import Any
 from . import _cbor, limits
 from ._cid import CID, DAG_CBOR, RAW
 from ._exceptions import BlockTooLargeError, ManifestError, StorageError
+from ._memo import ParseMemo
 
 ROOT_TYPE = "cnode/manifest"
 LAYER_PAGE_TYPE = "cnode/layer-page"
@@ -332,12 +335,40 @@ def _parse_layers(raw: list[Any], errors: list[str] | None) -> tuple[PartialLaye
     return tuple(out)
 
 
+def _own_root(root: RootNode) -> RootNode:
+    """``root`` with its own copies of the dicts a caller could change (model_config, extra...)."""
+    m = root.meta
+    agg = m.aggregation
+    if agg is not None:
+        agg = dataclasses.replace(agg, params=copy.deepcopy(agg.params))
+    meta = dataclasses.replace(
+        m,
+        model_config=copy.deepcopy(m.model_config),
+        tokenizer_files=dict(m.tokenizer_files),
+        aggregation=agg,
+        extra=copy.deepcopy(m.extra),
+    )
+    return dataclasses.replace(root, meta=meta)
+
+
+# Strict parses of nodes seen before (``_memo``): a round reads the same manifests many times.
+_ROOTS: ParseMemo[RootNode] = ParseMemo(_own_root)
+_LAYER_PAGES: ParseMemo[tuple[PartialLayer, ...]] = ParseMemo()
+_CHUNK_PAGES: ParseMemo[tuple[CID, ...]] = ParseMemo()
+
+
 def parse_root(data: bytes, errors: list[str] | None = None) -> RootNode:
     """Decode and check a root manifest node (not its pages).
 
     With ``errors`` given, a bad layer entry is skipped and its message appended there (verify
     uses this to name every bad layer); anything else still raises ManifestError.
     """
+    if errors is not None:
+        return _parse_root(data, errors)
+    return _ROOTS.parse(data, lambda: _parse_root(data, None))
+
+
+def _parse_root(data: bytes, errors: list[str] | None) -> RootNode:
     d = _keys(_decode(data, "manifest"), _ROOT_KEYS, "manifest")
     if d["type"] != ROOT_TYPE:
         raise ManifestError(f"not a cnode manifest (type {d['type']!r})"[:200])
@@ -384,6 +415,12 @@ def parse_root(data: bytes, errors: list[str] | None = None) -> RootNode:
 
 
 def parse_layer_page(data: bytes, errors: list[str] | None = None) -> tuple[PartialLayer, ...]:
+    if errors is not None:
+        return _parse_layer_page(data, errors)
+    return _LAYER_PAGES.parse(data, lambda: _parse_layer_page(data, None))
+
+
+def _parse_layer_page(data: bytes, errors: list[str] | None) -> tuple[PartialLayer, ...]:
     d = _keys(_decode(data, "layer page"), _PAGE_KEYS, "layer page")
     if d["type"] != LAYER_PAGE_TYPE:
         raise ManifestError("layer page has the wrong type")
@@ -394,6 +431,10 @@ def parse_layer_page(data: bytes, errors: list[str] | None = None) -> tuple[Part
 
 
 def parse_chunk_page(data: bytes) -> tuple[CID, ...]:
+    return _CHUNK_PAGES.parse(data, lambda: _parse_chunk_page(data))
+
+
+def _parse_chunk_page(data: bytes) -> tuple[CID, ...]:
     d = _keys(_decode(data, "chunk page"), _CHUNK_PAGE_KEYS, "chunk page")
     if d["type"] != CHUNK_PAGE_TYPE:
         raise ManifestError("chunk page has the wrong type")

@@ -193,11 +193,7 @@ class P2PNode:
             batch=batch,
         )
         if batch is not None:
-            try:
-                await transfer.fetch([*nodes, *leaves])
-            finally:
-                with trio.CancelScope(shield=True):  # a sync takes the disk's time, bounded
-                    await trio.to_thread.run_sync(batch.commit)
+            await transfer.fetch_synced([*nodes, *leaves])
         report = transfer.report(root)
         log.info(
             "fetch_done",
@@ -226,9 +222,14 @@ class P2PNode:
         if not cids:
             raise ValueError("fetch_blocks needs at least one CID")
         wanted = [cid for cid in dict.fromkeys(cids) if not self.store.has(cid)]
-        transfer = Transfer(self.store, self._open_stream, self._sources(cids, holders), progress)
+        # Several blocks (a partition's chunks): fsynced together, as :meth:`fetch` does; one
+        # block (a header) keeps its own fsync, cheaper than a batch's marker and sync.
+        batch = await trio.to_thread.run_sync(self.store.begin_unsynced) if wanted[1:] else None
+        transfer = Transfer(
+            self.store, self._open_stream, self._sources(cids, holders), progress, batch=batch
+        )
         if wanted:
-            await transfer.fetch(wanted)
+            await transfer.fetch_synced(wanted)
         return transfer.report(cids[0])
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:

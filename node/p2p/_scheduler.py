@@ -289,6 +289,16 @@ class Transfer:
 
     # -- one round ---------------------------------------------------------------------------
 
+    async def fetch_synced(self, cids: Iterable[CID]) -> None:
+        """:meth:`fetch`, then the batch (if any) committed, also after an error or a cancel
+        (specs/blocks.md#durability, D3)."""
+        try:
+            await self.fetch(cids)
+        finally:
+            if self.batch is not None:
+                with trio.CancelScope(shield=True):  # a sync takes the disk's time, bounded
+                    await trio.to_thread.run_sync(self.batch.commit)
+
     async def fetch(self, cids: Iterable[CID]) -> None:
         """Fetch every CID in ``cids`` from the live holders, or raise FetchError.
 

@@ -32,7 +32,6 @@ from cnode.aggregation import (
     encode_update_tensor,
     partition_segments,
     segment_ranges,
-    unflatten_segments,
 )
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
@@ -349,7 +348,7 @@ def apply_partitions(
     A partition whose output is None (no accepted input, or no result at all) keeps the
     parent's values. One float32 add per element, as in a full-replication round.
     """
-    shapes = {name: tuple(t.shape) for name, t in parent.items()}
+    # A new flat vector (the parent is left intact), updated in place and returned as views.
     flat = torch.cat([parent[n].reshape(-1).to(torch.float32) for n in sorted(parent)])
     numel = flat.numel()
     ranges = segment_ranges(numel)
@@ -367,9 +366,14 @@ def apply_partitions(
         for i, values in segments.items():
             start, stop = ranges[i]
             step = values if config.outer_lr == 1.0 else values * config.outer_lr
-            flat[start:stop] = flat[start:stop] + step
-    segs = [flat[a:b] for a, b in ranges]
-    return {n: t.contiguous() for n, t in unflatten_segments(segs, shapes).items()}
+            flat[start:stop].add_(step)  # the same float32 add as parent + step, in place
+    out: State = {}
+    offset = 0
+    for name in sorted(parent):
+        n = parent[name].numel()
+        out[name] = flat[offset : offset + n].view(parent[name].shape)
+        offset += n
+    return out
 
 
 def recompute_partition(

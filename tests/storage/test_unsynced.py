@@ -13,10 +13,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
-from cnode.storage import BlockStore, compute_cid, verify_received
+from cnode.storage import (
+    BlockStore,
+    CheckpointMeta,
+    compute_cid,
+    limits,
+    save_checkpoint,
+    tensor_layer,
+    verify_received,
+)
 
 WRITER = """
 import os, sys, time
@@ -150,3 +160,35 @@ def test_a_live_batch_of_another_process_is_left_alone(tmp_path: Path) -> None:
         assert len(list((root / "unsynced").iterdir())) == 1  # its marker is still there
     finally:
         _stop(proc)
+
+
+def test_a_save_of_many_chunks_is_synced_once_before_its_manifest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """D5: chunks in one batch; the manifest that names them is stored only once it is synced."""
+    store = BlockStore(tmp_path / "store")
+    state = {"w": torch.arange(6 * limits.CHUNK_SIZE // 4, dtype=torch.float32)}  # 6 chunks
+    chunk_cids = {str(c) for c in tensor_layer("w", state["w"]).chunks}
+    fsyncs: list[int] = []
+    renames: list[tuple[str, bool]] = []  # (block name, a batch marker present)
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def replace(src: Any, dst: Any) -> None:
+        if Path(dst).parent.parent.name == "blocks":
+            renames.append((Path(dst).name, any((store.root / "unsynced").iterdir())))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", lambda fd: (fsyncs.append(fd), real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", replace)
+    cid = save_checkpoint(store, state, CheckpointMeta(run_id="r", kind="update"))
+    assert {name for name, _ in renames} == chunk_cids | {str(cid)}
+    assert all(marked for name, marked in renames if name in chunk_cids)
+    assert renames[-1] == (str(cid), False)  # synced and the marker gone before the root
+    assert len(fsyncs) == 3  # marker, its folder, the root: not one per chunk
+    assert list((store.root / "unsynced").iterdir()) == []
+    renames.clear()
+    fsyncs.clear()
+    again = save_checkpoint(store, state, CheckpointMeta(run_id="r", kind="update"))
+    assert again == cid and renames == [] and fsyncs == []  # all held: no batch, no sync
+    small = save_checkpoint(store, {"b": torch.ones(3)}, CheckpointMeta(run_id="r", kind="update"))
+    assert len(fsyncs) == 2 and store.has(small)  # a chunk and a root: per-block, no batch
