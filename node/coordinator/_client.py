@@ -354,6 +354,11 @@ class CoordinatorClient:
         args = {"round": round, "partition": partition, "header": str(header)}
         await self._post(Op.RESULT, args, token=True)
 
+    async def score(self, round: int, *, record: str) -> None:
+        """Record this node's signed score record (its CID) for partitioned ``round``; refused
+        with ``score_recorded`` (another one stands) or ``scores_closed`` (too late)."""
+        await self._post(Op.SCORE, {"round": round, "record": str(record)}, token=True)
+
     async def checked(self, round: int, *, wrong: Sequence[int]) -> None:
         """Report the partitions this node recomputed and found wrong (usually none), after
         every partition of ``round`` has a result; send evidence for each wrong one first."""

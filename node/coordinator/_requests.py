@@ -34,6 +34,7 @@ __all__ = [
     "parse_partition",
     "parse_result",
     "parse_round",
+    "parse_score",
     "parse_wrong",
     "parse_wrong_result",
     "require",
@@ -106,6 +107,11 @@ def parse_partition(args: Mapping[str, Any]) -> int:
 def parse_result(args: Mapping[str, Any]) -> tuple[int, int, str]:
     """`result` {round, partition, header}: the partition result header CID an aggregator made."""
     return parse_round(args), parse_partition(args), _cid(args, "header")
+
+
+def parse_score(args: Mapping[str, Any]) -> tuple[int, str]:
+    """`score` {round, record}: the CID of the signed score record a member made."""
+    return parse_round(args), _cid(args, "record")
 
 
 def parse_wrong(args: Mapping[str, Any]) -> list[int]:

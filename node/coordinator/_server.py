@@ -60,6 +60,7 @@ from ._requests import (
     parse_missing,
     parse_result,
     parse_round,
+    parse_score,
     parse_wrong,
 )
 from ._store import Store
@@ -428,6 +429,10 @@ class CoordinatorServer:
             if op is Op.RESULT:
                 n, partition, header = parse_result(args)
                 m.partitions.result(peer, n, partition, header, now)
+                return {}
+            if op is Op.SCORE:
+                n, score_record = parse_score(args)
+                m.partitions.score(peer, n, score_record, now)
                 return {}
             if op is Op.CHECKED:
                 m.partitions.checked(peer, parse_round(args), parse_wrong(args), now)

@@ -41,6 +41,9 @@ _ADDED_COLUMNS = (
     ("rounds", "verify_deadline", "REAL"),
     ("members", "checked", "TEXT"),
     ("members", "checked_at", "REAL"),
+    # Scores in partitioned rounds (issue 12): each member's score record CID and when it came.
+    ("members", "score_record", "TEXT"),
+    ("members", "scored_at", "REAL"),
 )
 
 _SCHEMA = """
@@ -328,6 +331,15 @@ class Store:
             (n,),
         ).fetchall()
         return {str(r[0]): json.loads(r[1] or "[]") for r in rows}
+
+    def score_records(self, n: int) -> dict[str, str]:
+        """Round ``n``'s recorded score records: member -> record CID."""
+        rows = self.db.execute(
+            "SELECT peer, score_record FROM members WHERE round = ? AND score_record IS NOT NULL"
+            " ORDER BY peer",
+            (n,),
+        ).fetchall()
+        return {str(r[0]): str(r[1]) for r in rows}
 
     def results(self, n: int) -> dict[int, sqlite3.Row]:
         """Round ``n``'s recorded partition results: partition -> row."""

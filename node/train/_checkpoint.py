@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from cnode.aggregation import score_seed
 from cnode.storage import (
     CID,
     AggregationRecord,
@@ -48,6 +49,8 @@ from ._partitioned import (
     state_numel,
 )
 from ._round import UpdateHeader, aggregate_round, load_update, open_update_header
+from ._score_records import SCORE_RECORD_TYPE, ScoreRecord, TargetLosses, open_score_record
+from ._score_spread import SpreadScores, disputed_targets, resolve_scores
 from ._scores import RoundScoring, check_recorded_scores, checkpoint_reputation
 from ._state import layer_chunk_cids, state_cid
 
@@ -178,6 +181,7 @@ def replay_rounds(
     """
     by_round: dict[int, list[tuple[CID, UpdateHeader]]] = defaultdict(list)
     partitions: dict[int, dict[int, tuple[CID, PartitionResult]]] = defaultdict(dict)
+    score_records: dict[int, dict[str, tuple[CID, ScoreRecord]]] = defaultdict(dict)
     for cid in headers:
         try:
             envelope = store.get(cid)
@@ -186,6 +190,8 @@ def replay_rounds(
         record = open_signed_record(envelope, run=run)
         if isinstance(record, PartitionResult):
             partitions[record.round][record.partition] = (cid, record)
+        elif isinstance(record, ScoreRecord):
+            score_records[record.round][record.peer] = (cid, record)
         else:
             by_round[record.round].append((cid, record))
     if not by_round:
@@ -202,7 +208,16 @@ def replay_rounds(
         scoring = RoundScoring(config, TextData.build(config.data, config.model), reputation)
     for number in rounds:
         if partitions.get(number):
+            parent_state = state
             state, entry = _replay_partitioned(store, state, number, partitions[number], config)
+            if scoring is not None:  # the agreed scores, from the listed score records
+                spread = _replay_spread(
+                    store, scoring, parent_state, run, number, by_round[number],
+                    score_records[number],
+                )  # fmt: skip
+                scoring.reputation = dict(spread.reputation)
+                params = {**entry.params, "scores": spread.to_params()}
+                entry = RoundLog(entry.round, entry.state_cid, entry.headers, params)
             logs.append(entry)
             continue
         base = state_cid(state)
@@ -234,6 +249,37 @@ def replay_rounds(
         logs.append(RoundLog(number, result.state_cid, cids, result.aggregation.params | extra))
         log.info("round_replayed", round=number, updates=len(updates), state=str(result.state_cid))
     return state, logs
+
+
+def _replay_spread(
+    store: BlockStore,
+    scoring: RoundScoring,
+    parent: State,
+    run: str,
+    number: int,
+    headers: Sequence[tuple[CID, UpdateHeader]],
+    records: Mapping[str, tuple[CID, ScoreRecord]],
+) -> SpreadScores:
+    """The scores a partitioned round agreed, from its listed headers and score records, with
+    each disputed target recomputed from its update (specs/training.md#scores-in-partitioned-
+    rounds): what every node of the round computed."""
+    by_peer = {h.peer: (cid, h) for cid, h in headers}
+    cids = {p: cid for p, (cid, _) in by_peer.items()}
+    seed = score_seed(str(c) for c in cids.values())
+    common: dict[str, Any] = {
+        "run": run, "round_": number, "members": sorted(cids), "headers": cids,
+        "base": state_cid(parent), "seed": seed, "records": records,
+    }  # fmt: skip
+    recomputed: dict[str, TargetLosses] = {}
+    for target in disputed_targets(**common):
+        update = load_update(
+            store, by_peer[target][1].update, peer=target,
+            codec=scoring.config.update_codec, shapes=parent,
+        )  # fmt: skip
+        recomputed[target] = TargetLosses(
+            cids[target], *scoring.measure(seed, parent, target, update)
+        )
+    return resolve_scores(**common, reputation=scoring.reputation, recompute=recomputed.__getitem__)
 
 
 def _replay_partitioned(
@@ -281,10 +327,16 @@ def _replay_partitioned(
     return new, RoundLog(number, state_cid(new), cids, {"parts": count})
 
 
-def open_signed_record(envelope: bytes, *, run: str) -> UpdateHeader | PartitionResult:
-    """A signed record a checkpoint names: an update header, or a partition result."""
-    if envelope_type(envelope) == PARTITION_RESULT_TYPE:
+def open_signed_record(
+    envelope: bytes, *, run: str
+) -> UpdateHeader | PartitionResult | ScoreRecord:
+    """A signed record a checkpoint names: an update header, a partition result or a score
+    record."""
+    kind = envelope_type(envelope)
+    if kind == PARTITION_RESULT_TYPE:
         return open_partition_result(envelope, run=run)
+    if kind == SCORE_RECORD_TYPE:
+        return open_score_record(envelope, run=run)
     return open_update_header(envelope, run=run)
 
 

@@ -224,13 +224,6 @@ class TrainingConfig:
             raise TrainingConfigError(
                 f"training.verify_partitions must be 0..{limits.MAX_VERIFY_PARTITIONS}"
             )
-        if self.scores and self.partitioned != "never":
-            # A partitioned round assembles partition results: no node holds the whole updates
-            # it would score. Refused rather than silently not scoring.
-            raise TrainingConfigError(
-                'training.scores needs training.partitioned = "never" (scores are not spread '
-                "over the partitions of a partitioned round yet)"
-            )
         if self.partitioned not in PARTITION_MODES:
             raise TrainingConfigError(
                 f"training.partitioned {self.partitioned!r} is not one of "
