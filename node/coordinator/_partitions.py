@@ -21,6 +21,7 @@ from typing import Any
 
 from cnode.aggregation import assign_partitions, backup_aggregators, partition_count
 from cnode.aggregation import limits as aggregation_limits
+from cnode.storage import DAG_CBOR, compute_cid
 
 from . import limits
 from ._bans import BanBook
@@ -177,16 +178,17 @@ class PartitionRules:
             f"after the collect deadline its backups may submit it: {who or 'none'}",
         )
 
-    def score(self, peer: str, n: int, record: str, now: float) -> None:
-        """Record ``peer``'s signed score record (its CID) for round ``n``: one per member, the
-        first stands, none once the round's score records are closed (specs/coordinator.md
-        #scores-in-partitioned-rounds). The coordinator does not open it: every node does, and
-        ignores what a record may not say."""
+    def score(self, peer: str, n: int, data: bytes, now: float) -> str:
+        """Record ``peer``'s signed score record for round ``n`` and return its CID: one per
+        member, the first stands, none once the round's score records are closed
+        (specs/coordinator.md#scores-in-partitioned-rounds). Its signature was checked; its
+        payload is the nodes' to judge (they ignore what a record may not say)."""
+        record = str(compute_cid(data, DAG_CBOR))
         row, members, _parts = self._listed(peer, n)
         scores = self.store.score_records(n)
         if peer in scores:
             if scores[peer] == record:
-                return  # the same record again (a resend): already recorded
+                return record  # the same record again (a resend): already recorded
             raise RequestRefused(
                 409, "score_recorded", f"round {n} already has {peer}'s score record {scores[peer]}"
             )
@@ -194,8 +196,9 @@ class PartitionRules:
             raise RequestRefused(
                 409, "scores_closed", f"round {n}'s score records are closed (deadline passed)"
             )
-        self.store.set_member(n, peer, score_record=record, scored_at=now)
+        self.store.set_member(n, peer, score_record=record, scored_at=now, score_bytes=data)
         self.store.append_log(now, peer, "score", {"round": n, "record": record})
+        return record
 
     def checked(self, peer: str, n: int, wrong: list[int], now: float) -> None:
         """A member recomputed its chosen partitions; ``wrong`` are those it found wrong."""

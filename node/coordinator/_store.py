@@ -44,6 +44,7 @@ _ADDED_COLUMNS = (
     # Scores in partitioned rounds (issue 12): each member's score record CID and when it came.
     ("members", "score_record", "TEXT"),
     ("members", "scored_at", "REAL"),
+    ("members", "score_bytes", "BLOB"),
 )
 
 _SCHEMA = """
@@ -340,6 +341,15 @@ class Store:
             (n,),
         ).fetchall()
         return {str(r[0]): str(r[1]) for r in rows}
+
+    def score_bytes(self, n: int) -> dict[str, bytes]:
+        """Round ``n``'s score records: member -> the signed envelope's bytes."""
+        rows = self.db.execute(
+            "SELECT peer, score_bytes FROM members WHERE round = ? AND score_bytes IS NOT NULL"
+            " ORDER BY peer",
+            (n,),
+        ).fetchall()
+        return {str(r[0]): bytes(r[1]) for r in rows}
 
     def results(self, n: int) -> dict[int, sqlite3.Row]:
         """Round ``n``'s recorded partition results: partition -> row."""

@@ -112,7 +112,7 @@ class PartitionScores:
         cid = score_record_cid(envelope)
         self.node.store.put(cid, envelope)
         try:
-            await self.client.score(info.round, record=str(cid))
+            await self.client.score(info.round, record=envelope)
         except CoordinatorRejected as exc:  # too late (closed), or already sent
             log.warning("score_record_refused", round=info.round, error=str(exc))
             return
@@ -195,12 +195,20 @@ class PartitionScores:
         scoring = self.trainer.scoring
         assert scoring is not None
         closed = await self._wait_closed(info)
+        # The coordinator serves every record's bytes: one whose scorer serves nothing is still
+        # the same for everyone. The signed round record names each one's CID.
+        served = await self.client.score_records(info.round)
         records: dict[str, tuple[CID, ScoreRecord]] = {}
         for scorer, text in sorted(closed.scores.items()):
             if scorer not in closed.members:
                 continue
             cid = CID.parse(text)
-            await self._fetch_block(cid, [scorer, *closed.members], what=f"score record {cid}")
+            data = served.get(scorer, b"")
+            if score_record_cid(data) != cid:
+                raise OutputsUnavailableError(
+                    f"round {info.round}: the coordinator served no record {cid} of {scorer}"
+                )
+            self.node.store.put(cid, data)
             try:
                 records[scorer] = (
                     cid,
@@ -213,7 +221,7 @@ class PartitionScores:
                 log.warning("score_record_unusable", scorer=scorer[-8:], error=exc.reason)
         headers = {m: CID.parse(c) for m, c in round_headers(closed).items()}
         for member in sorted(headers):  # every header is listed in the checkpoint: hold them
-            await self._fetch_block(headers[member], [member, *closed.members], what="header")
+            await self._fetch_header(closed, member)
         seed = score_seed(str(c) for c in headers.values())
         # The members are those with a header: what a replay sees in the checkpoint.
         common = dict(
@@ -264,16 +272,15 @@ class PartitionScores:
             f"round {info.round}: score records not closed after {limits.SCORES_WAIT_S:g} s"
         )
 
-    async def _fetch_block(self, cid: CID, holders: list[str], *, what: str) -> None:
+    async def _fetch_header(self, info: RoundInfo, member: str) -> None:
+        """A member's header block (gossip brought it to most nodes already)."""
         why = ""
         for attempt in range(limits.FETCH_ATTEMPTS):
-            if self.node.store.has(cid):
-                return
+            holders = self.updates.holders_for(info, member, everyone=True)
             try:
-                self.bytes_in += (await self.node.fetch_blocks([cid], holders=holders)).bytes
+                await self.updates.fetch_header(info, member, holders)  # stored, even if invalid
                 return
             except (FetchError, P2PError, StorageError) as exc:
                 why = str(exc)
             await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-        if not self.node.store.has(cid):
-            raise OutputsUnavailableError(f"the {what} could not be fetched: {why}")
+        raise OutputsUnavailableError(f"the update header of {member} could not be had: {why}")
