@@ -180,6 +180,13 @@ def test_scores_go_with_every_partition_mode_and_bad_modes_are_refused() -> None
 
     for mode in ("never", "auto", "always"):  # scores are spread in partitioned rounds
         assert TrainingConfig.from_dict({"scores": True, "partitioned": mode}).scores
+    # A run config's table scores unless it says not to; a recorded one without the key is of a
+    # run from before scores (its checkpoints replay as they were made).
+    assert TrainingConfig.for_run({}).scores
+    assert not TrainingConfig.for_run({"scores": False}).scores
+    assert not TrainingConfig.from_dict({}).scores
+    with pytest.raises(TrainingConfigError, match="must be a table"):
+        TrainingConfig.for_run([])  # type: ignore[arg-type]
     with pytest.raises(TrainingConfigError, match=re.escape("training.partitioned 'sometimes'")):
         TrainingConfig.from_dict({"partitioned": "sometimes"})
     with pytest.raises(TrainingConfigError, match=re.escape("verify_partitions must be 0..64")):
