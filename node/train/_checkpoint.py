@@ -173,11 +173,13 @@ def replay_rounds(
     headers: Sequence[CID],
     config: TrainingConfig,
     reputation: Mapping[str, int] | None = None,
+    recorded: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> tuple[State, list[RoundLog]]:
     """Re-aggregate the rounds the signed headers describe, starting from ``parent``.
 
     Every header block and update block must be in ``store``. A header whose ``base`` is not the
-    replayed state of the round before is a :class:`ReplayMismatchError`.
+    replayed state of the round before is a :class:`ReplayMismatchError`. ``recorded``: the
+    checkpoint's params by round (a scored partitioned round's seed input is there).
     """
     by_round: dict[int, list[tuple[CID, UpdateHeader]]] = defaultdict(list)
     partitions: dict[int, dict[int, tuple[CID, PartitionResult]]] = defaultdict(dict)
@@ -213,7 +215,7 @@ def replay_rounds(
             if scoring is not None:  # the agreed scores, from the listed score records
                 spread = _replay_spread(
                     store, scoring, parent_state, run, number, by_round[number],
-                    score_records[number],
+                    score_records[number], (recorded or {}).get(number, {}),
                 )  # fmt: skip
                 scoring.reputation = dict(spread.reputation)
                 params = {**entry.params, "scores": spread.to_params()}
@@ -259,12 +261,27 @@ def _replay_spread(
     number: int,
     headers: Sequence[tuple[CID, UpdateHeader]],
     records: Mapping[str, tuple[CID, ScoreRecord]],
+    params: Mapping[str, Any],
 ) -> SpreadScores:
-    """The scores a partitioned round agreed, from its listed headers and score records, with
-    each disputed target recomputed from its update (specs/training.md#scores-in-partitioned-
-    rounds): what every node of the round computed."""
+    """The scores a partitioned round agreed, from its score records and the members' header
+    CIDs it recorded (every listed header among them), with each disputed target recomputed from
+    its update (specs/training.md#scores-in-partitioned-rounds): what every node computed."""
     by_peer = {h.peer: (cid, h) for cid, h in headers}
     cids = {p: cid for p, (cid, _) in by_peer.items()}
+    scores = params.get("scores")
+    named = scores.get("headers") if isinstance(scores, Mapping) else None
+    if isinstance(named, Mapping) and len(named) <= limits.MAX_ROUND_MEMBERS:
+        try:
+            recorded = {str(p): CID.parse(c) for p, c in named.items()}
+        except (StorageError, TypeError) as exc:
+            raise ReplayMismatchError(
+                f"round {number}: a recorded header CID is bad: {exc}"
+            ) from exc
+        if any(recorded.get(p) != c for p, c in cids.items()):
+            raise ReplayMismatchError(
+                f"round {number}: a listed header is not among the recorded members' headers"
+            )
+        cids = recorded
     seed = score_seed(str(c) for c in cids.values())
     common: dict[str, Any] = {
         "run": run, "round_": number, "members": sorted(cids), "headers": cids,
@@ -272,6 +289,8 @@ def _replay_spread(
     }  # fmt: skip
     recomputed: dict[str, TargetLosses] = {}
     for target in disputed_targets(**common):
+        if target not in by_peer:
+            raise CatchUpError(f"round {number}: the disputed update of {target} is not listed")
         update = load_update(
             store, by_peer[target][1].update, peer=target,
             codec=scoring.config.update_codec, shapes=parent,
@@ -383,6 +402,13 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
             raise CatchUpError(f"parent checkpoint {info.parent} is not available: {exc}") from exc
         first = _meta(parent_manifest).round + 1
         reputation = checkpoint_reputation(parent_manifest)
+    record = _meta(info.manifest).aggregation
+    rows = record.params.get("rounds") if record is not None else None
+    recorded = {
+        r[0]: r[1]
+        for r in (rows if isinstance(rows, list) else [])
+        if isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) and isinstance(r[1], dict)
+    }
     state, logs = replay_rounds(
         store,
         parent_state,
@@ -391,6 +417,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         headers=info.headers,
         config=config,
         reputation=reputation,
+        recorded=recorded,
     )
     if logs and logs[-1].round != info.round:
         raise ReplayMismatchError(
@@ -398,9 +425,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         )
     compare_layers(info.manifest, state)
     if config.scores:  # the recorded scores, admissions and reputations, recomputed
-        record = _meta(info.manifest).aggregation
-        recorded = record.params.get("rounds") if record is not None else None
-        check_recorded_scores(recorded, {r.round: r.params for r in logs})
+        check_recorded_scores(rows, {r.round: r.params for r in logs})
     return ReplayReport(
         manifest_cid,
         info.parent,

@@ -220,7 +220,7 @@ class PartitionScores:
             except PeerUpdateError as exc:  # the same bytes give the same verdict everywhere
                 log.warning("score_record_unusable", scorer=scorer[-8:], error=exc.reason)
         headers = {m: CID.parse(c) for m, c in round_headers(closed).items()}
-        for member in sorted(headers):  # every header is listed in the checkpoint: hold them
+        for member in sorted(headers):  # the checkpoint lists those that open: hold them
             await self._fetch_header(closed, member)
         seed = score_seed(str(c) for c in headers.values())
         # The members are those with a header: what a replay sees in the checkpoint.
@@ -273,7 +273,9 @@ class PartitionScores:
         )
 
     async def _fetch_header(self, info: RoundInfo, member: str) -> None:
-        """A member's header block (gossip brought it to most nodes already)."""
+        """A member's header block, when it can be had (gossip brought it to most nodes
+        already). One that cannot is only not listed: its update has no score anyway (its
+        scorers could not fetch it either), so it is left out on every node alike."""
         why = ""
         for attempt in range(limits.FETCH_ATTEMPTS):
             holders = self.updates.holders_for(info, member, everyone=True)
@@ -283,4 +285,4 @@ class PartitionScores:
             except (FetchError, P2PError, StorageError) as exc:
                 why = str(exc)
             await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-        raise OutputsUnavailableError(f"the update header of {member} could not be had: {why}")
+        log.warning("score_header_unavailable", member=member[-8:], error=why)

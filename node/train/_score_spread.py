@@ -94,7 +94,8 @@ class SpreadScores:
     wrong: tuple[BanRecommendation, ...]  # scorers of a disputed target that signed other scores
 
     def to_params(self) -> dict[str, Any]:
-        """The round's ``params["scores"]``: as a full round's, plus the records' CIDs."""
+        """The round's ``params["scores"]``: as a full round's, plus the records' and the
+        members' header CIDs."""
 
         def text(x: float) -> float | str:
             return x if x == x and abs(x) != float("inf") else repr(x)
@@ -113,6 +114,9 @@ class SpreadScores:
             "admitted": list(self.admitted),
             "reputation": dict(sorted(self.reputation.items())),
             "records": {p: str(c) for p, c in sorted(self.records.items())},
+            # The seed's input: every member's header CID as the round record listed it (a
+            # header that does not open is not among the checkpoint's signed records).
+            "headers": {p: str(c) for p, c in sorted(self.headers.items())},
         }
 
 

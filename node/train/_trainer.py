@@ -26,7 +26,7 @@ from cnode.aggregation import (
     combine_records,
 )
 from cnode.auth import Identity
-from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
+from cnode.storage import CID, DAG_CBOR, BlockStore, StorageError, load_checkpoint
 
 from ._checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from ._config import TrainingConfig
@@ -55,6 +55,7 @@ from ._round import (
     aggregate_round,
     encode_update,
     load_update,
+    open_update_header,
     seal_update_header,
     store_update,
 )
@@ -409,9 +410,10 @@ class NodeTrainer:
             bans += self._spread_bans(round_, scores)
             dropped.update({m: why for m, why in scores.left_out.items() if m not in combined})
             params["scores"] = scores.to_params()
-            # Every member's header (the seed's input) and every score record are listed, so
-            # a replay recomputes the same scores, reputations and admitted set.
-            inputs.update(scores.headers.values())
+            # Every member's header that opens and every score record are listed, so a replay
+            # recomputes the same scores, reputations and admitted set (the seed's full input
+            # is in params["scores"]["headers"]).
+            inputs.update(c for c in scores.headers.values() if self._opens(c, round_))
             cids += tuple(sorted(scores.records.values(), key=str))
         cids += tuple(sorted(inputs, key=str))
         self.state, self.state_cid, self.round = new, new_cid, round_
@@ -426,6 +428,13 @@ class NodeTrainer:
             bans,
             time.perf_counter() - began,
         )
+
+    def _opens(self, cid: CID, round_: int) -> bool:
+        try:
+            open_update_header(self.store.get(cid), run=self.run, round_=round_)
+        except (StorageError, PeerUpdateError):
+            return False
+        return True
 
     def _spread_bans(self, round_: int, scores: SpreadScores) -> list[BanRecommendation]:
         """Take the round's agreed reputations; reputation and wrong-score ban evidence."""

@@ -12,7 +12,9 @@ from pathlib import Path
 import pytest
 
 from cnode.aggregation import score_seed
+from cnode.auth import Identity
 from cnode.node.train import CatchUpError, TrainingConfig, replay_checkpoint
+from cnode.node.train._checkpoint import check_signed_updates, read_checkpoint_info
 from cnode.node.train._round import load_update
 from cnode.node.train._score_records import (
     ScoreRecord,
@@ -29,7 +31,7 @@ from cnode.node.train._score_spread import (
     targets_of,
 )
 from cnode.node.train._trainer import NodeTrainer
-from cnode.storage import CID, BlockStore
+from cnode.storage import CID, DAG_CBOR, BlockStore, compute_cid
 
 from .test_partitioned import RUN, _copy_all, _node, _share
 
@@ -152,3 +154,64 @@ def test_spread_scores_agree_name_a_lying_scorer_and_replay_bit_for_bit(tmp_path
     verifier.delete(records[honest][0])
     with pytest.raises(CatchUpError, match=f"{records[honest][0]} is not available"):
         replay_checkpoint(verifier, manifest)
+
+
+@pytest.mark.slow
+def test_a_member_whose_header_nobody_has_is_left_out_and_the_checkpoint_still_verifies(
+    tmp_path: Path,
+) -> None:
+    # A member told the coordinator a header CID whose block nobody can serve: its scorers say
+    # why, it is not scored, not listed, and the seed (over the round record's CIDs) is recorded.
+    nodes = [_node(tmp_path, i, CONFIG) for i in range(3)]
+    ghost = Identity.generate().peer_id_str
+    own = [n.train(1) for n in nodes]
+    headers = _share(nodes, own)
+    header_cids = {m: c for m, (c, _) in headers.items()}
+    header_cids[ghost] = compute_cid(b"a header nobody holds", DAG_CBOR)
+    members = sorted(header_cids)
+    seed = score_seed(str(c) for c in header_cids.values())
+    records = {}
+    for node in nodes:
+        assert node.scoring is not None
+        scores, unscored = {}, {}
+        for target in targets_of(RUN, 1, members, node.peer):
+            if target == ghost:
+                unscored[target] = "update not fetched: no holder answered"
+                continue
+            cid, header = headers[target]
+            update = load_update(node.store, header.update, peer=target,
+                                 codec=CONFIG.update_codec, shapes=node.state)  # fmt: skip
+            scores[target] = TargetLosses(
+                cid, *node.scoring.measure(seed, node.state, target, update)
+            )
+        envelope = seal_score_record(
+            node.identity, ScoreRecord(RUN, 1, node.peer, node.state_cid, seed, scores, unscored)
+        )
+        cid = score_record_cid(envelope)
+        for other in nodes:
+            other.store.put(cid, envelope)
+        records[node.peer] = (cid, open_score_record(envelope, run=RUN))
+    spread = resolve_scores(
+        run=RUN, round_=1, members=members, headers=header_cids, base=nodes[0].state_cid,
+        seed=seed, records=records, reputation={}, recompute=lambda t: pytest.fail(t),
+    )  # fmt: skip
+    assert ghost not in spread.inputs and spread.left_out[ghost].startswith("not scored")
+    assert spread.to_params()["headers"][ghost] == str(header_cids[ghost])
+    inputs = {m: h for m, h in headers.items() if m in spread.inputs}
+    envelope, result = nodes[0].aggregate_partition(
+        1, inputs, partition=0, parts=1, missing={ghost: spread.left_out[ghost]},  # type: ignore[arg-type]
+    )  # fmt: skip
+    results = {0: (nodes[0].store.put_new(envelope, DAG_CBOR), result)}
+    for node in nodes[1:]:
+        _copy_all(nodes[0].store, node.store)
+    for node in nodes:
+        node.apply_partitions(1, results, {0: result.output}, parts=1, dropped={}, scores=spread)
+    assert len({n.state_cid for n in nodes}) == 1
+    manifest = nodes[1].store_checkpoint()
+    info = read_checkpoint_info(nodes[1].store, manifest)
+    assert header_cids[ghost] not in info.headers  # only signed records that open are listed
+    signed = check_signed_updates(nodes[1].store, info.manifest)
+    assert signed.faults == () and signed.absent == 0
+    verifier = BlockStore(tmp_path / "verifier")
+    _copy_all(nodes[1].store, verifier)
+    assert replay_checkpoint(verifier, manifest).state_cid == nodes[1].state_cid
