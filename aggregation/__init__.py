@@ -44,6 +44,7 @@ from ._scores import admit as admit
 from ._scores import ban_bound as ban_bound
 from ._scores import draw_indices as draw_indices
 from ._scores import loss_score as loss_score
+from ._scores import score_assignment as score_assignment
 from ._scores import score_seed as score_seed
 from ._scores import score_update as score_update
 from ._scores import scored_config as scored_config
@@ -94,6 +95,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "new_attack",
     "partition_count",
     "partition_segments",
+    "score_assignment",
     "score_seed",
     "score_update",
     "scored_config",

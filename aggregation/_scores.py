@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,7 @@ __all__ = [
     "ban_bound",
     "draw_indices",
     "loss_score",
+    "score_assignment",
     "score_seed",
     "score_update",
     "scored_config",
@@ -139,6 +140,20 @@ def score_update(
     return UpdateScore(
         peer, own_before, own_after, held_before, held_after, own, held, own + min(held, 0)
     )
+
+
+def score_assignment(order: Sequence[str], per_update: int) -> dict[str, list[str]]:
+    """Who scores whom when scoring is spread (partitioned rounds): scorer -> its targets, the
+    next ``min(per_update, n - 1)`` members after it in ``order`` (wrapping). Every member then
+    has that many scorers, never itself, and the order (the round's partition assignment order,
+    fixed by the coordinator's signed member list) is one no member picks."""
+    if len(set(order)) != len(order):
+        raise AggregationInputError("score_assignment: members must be distinct")
+    if per_update < 1:
+        raise AggregationInputError("score_assignment needs per_update >= 1")
+    n = len(order)
+    k = min(per_update, n - 1)
+    return {order[i]: [order[(i + j) % n] for j in range(1, k + 1)] for i in range(n)}
 
 
 def update_reputation(previous: Mapping[str, int], scores: Mapping[str, int]) -> dict[str, int]:

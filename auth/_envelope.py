@@ -50,6 +50,7 @@ PAYLOAD_TYPES: frozenset[str] = frozenset(
         "cnode/announce/v1",  # gossipsub: which CIDs a peer holds
         "cnode/update-header/v1",  # gossipsub: a peer's update for (run, round), by manifest CID
         "cnode/partition-result/v1",  # an aggregator's result for one partition
+        "cnode/score-record/v1",  # a member's losses of the updates it scores (issue 12)
         "cnode/run-state/v1",  # coordinator: the signed run state
         "cnode/request/v1",  # a peer's (or admin's) signed request to the coordinator
     }

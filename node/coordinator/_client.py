@@ -20,17 +20,15 @@ import anyio
 import httpx
 import structlog
 
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
+from cnode.auth import Identity
 
 from . import limits
+from ._client_core import HTTP_TIMEOUT, Core, map_transport, verify_state_envelope
 from ._config import RunConfig
 from ._exceptions import BadRunState, CoordinatorRejected, CoordinatorUnavailable, RateLimited
 from ._protocol import (
-    REQUEST_TYPE,
-    STATE_TYPE,
     BanRecord,
     BanReport,
-    CheckpointHistory,
     CheckpointRecord,
     JoinResult,
     Op,
@@ -41,135 +39,13 @@ from ._protocol import (
     b64encode,
 )
 
-__all__ = ["CoordinatorClient", "verify_state_envelope"]
+__all__ = ["CoordinatorClient", "verify_state_envelope"]  # the latter from _client_core
 
 log = structlog.get_logger(__name__)
 T = TypeVar("T")
 
-# Re-join when the access token has less than this many seconds left.
-_TOKEN_REFRESH_S = 60.0
-# HTTP timeouts: a long poll holds the connection up to MAX_LONG_POLL_S.
-_HTTP_TIMEOUT = httpx.Timeout(10.0, read=limits.MAX_LONG_POLL_S + 10.0)
 # Evidence: the upload and the coordinator's recomputation of one partition.
 _EVIDENCE_TIMEOUT = httpx.Timeout(10.0, read=limits.EVIDENCE_READ_TIMEOUT_S, write=60.0)
-
-
-def verify_state_envelope(data: bytes, *, run: str, coordinator: str) -> dict[str, Any]:
-    """Open a ``cnode/run-state/v1`` envelope signed by ``coordinator`` for ``run``.
-
-    Used for states read over HTTP and for states relayed by peers on gossipsub: the signature,
-    not the sender, makes them authentic. Raises :class:`BadRunState`.
-    """
-    try:
-        opened = open_envelope(data, expected_type=STATE_TYPE, expected_signer=coordinator)
-    except EnvelopeError as exc:
-        raise BadRunState(
-            f"run state not signed by the pinned coordinator {coordinator}: {exc}"
-        ) from exc
-    if opened.payload.get("run") != run:
-        raise BadRunState(f"signed state is for run {opened.payload.get('run')!r}, not {run!r}")
-    return dict(opened.payload)
-
-
-class _Core:
-    """What both clients share: request signing, counters, answer decoding. No I/O."""
-
-    def __init__(self, url: str, run: str, coordinator: str, identity: Identity) -> None:
-        self.url = url.rstrip("/")
-        self.run = run
-        self.coordinator = coordinator
-        self.identity = identity
-        self.joined: JoinResult | None = None
-        self._join_args: dict[str, Any] = {}
-        self._counter = 0
-        self._last_version = 0
-
-    def path(self, tail: str) -> str:
-        return f"{self.url}/v1/runs/{self.run}/{tail}"
-
-    def next_counter(self) -> int:
-        # Microseconds since the epoch, forced strictly increasing: a restarted client needs no
-        # saved counter to stay above the one the coordinator last saw from it.
-        self._counter = max(self._counter + 1, time.time_ns() // 1000)
-        return self._counter
-
-    def request_body(self, op: Op, args: Mapping[str, Any], *, with_token: bool) -> dict[str, str]:
-        payload: dict[str, Any] = {
-            "run": self.run,
-            "op": str(op),
-            "counter": self.next_counter(),
-            "args": dict(args),
-        }
-        if with_token:
-            if self.joined is None:
-                raise CoordinatorRejected(401, "bad_token", "join the run before this request")
-            payload["token"] = self.joined.token
-        return {"envelope": b64encode(seal(self.identity, REQUEST_TYPE, payload))}
-
-    def retry_replayed(self, exc: CoordinatorRejected, attempt: int) -> bool:
-        """Whether to resend once with a fresh counter: another client with this key (the CLI
-        beside a running node) used a higher counter. A refused request changed nothing."""
-        if exc.code != "replayed" or attempt > 0:
-            return False
-        self._counter = max(self._counter, time.time_ns() // 1000) + 1_000_000
-        return True
-
-    def needs_rejoin(self) -> bool:
-        if self.joined is None:
-            return False
-        return self.joined.expires_at_ms / 1000 - time.time() < _TOKEN_REFRESH_S
-
-    @staticmethod
-    def answer(response: httpx.Response) -> dict[str, Any]:
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise CoordinatorUnavailable(
-                f"coordinator answered {response.status_code} without JSON"
-            ) from exc
-        if not isinstance(body, dict):
-            raise CoordinatorUnavailable("coordinator answered JSON that is not an object")
-        if response.status_code >= 500:  # its fault, and maybe passing: callers may retry
-            raise CoordinatorUnavailable(
-                f"coordinator answered {response.status_code}: {body.get('message', '')}"
-            )
-        if response.status_code >= 400:
-            code = str(body.get("error", "error"))
-            message = str(body.get("message", ""))
-            if response.status_code == 429:
-                retry = float(response.headers.get("Retry-After", "1"))
-                raise RateLimited(429, code, message, retry)
-            raise CoordinatorRejected(response.status_code, code, message)
-        return body
-
-    def signed(self, body: dict[str, Any]) -> dict[str, Any]:
-        try:
-            data = b64decode(body.get("envelope"))
-        except ValueError as exc:
-            raise BadRunState(f"coordinator sent no signed state: {exc}") from exc
-        return verify_state_envelope(data, run=self.run, coordinator=self.coordinator)
-
-    def checkpoints(self, body: dict[str, Any], after: int) -> list[CheckpointRecord]:
-        history = CheckpointHistory.from_payload(self.signed(body))
-        if history.after != after:
-            raise BadRunState("signed checkpoint history is for another page")
-        return history.checkpoints
-
-    def run_state(self, body: dict[str, Any]) -> RunState:
-        state = RunState.from_payload(self.signed(body))
-        if state.coordinator != self.coordinator:
-            raise BadRunState("signed state names another coordinator")
-        if state.version < self._last_version:
-            raise BadRunState(
-                f"state version {state.version} is older than one already seen "
-                f"({self._last_version})"
-            )
-        self._last_version = state.version
-        return state
-
-
-def _map_transport(exc: httpx.HTTPError, url: str) -> CoordinatorUnavailable:
-    return CoordinatorUnavailable(f"cannot reach the coordinator at {url}: {exc!r}")
 
 
 class CoordinatorClient:
@@ -193,10 +69,10 @@ class CoordinatorClient:
         http: httpx.AsyncClient | None = None,
         outage_s: float = limits.COORDINATOR_OUTAGE_S,
     ) -> None:
-        self._core = _Core(url, run, coordinator, identity)
+        self._core = Core(url, run, coordinator, identity)
         self._outage_s = outage_s
         self._own_http = http is None
-        self._http = http or httpx.AsyncClient(timeout=_HTTP_TIMEOUT)
+        self._http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT)
         self._lock = anyio.Lock()
 
     @classmethod
@@ -261,7 +137,7 @@ class CoordinatorClient:
             try:
                 response = await self._http.get(self._core.path(tail), params=params)
             except httpx.HTTPError as exc:
-                raise _map_transport(exc, self._core.url) from exc
+                raise map_transport(exc, self._core.url) from exc
             return self._core.answer(response)
 
         return await self._retrying(f"GET {tail}", once)
@@ -278,7 +154,7 @@ class CoordinatorClient:
                 try:
                     response = await self._http.post(self._core.path(str(op)), json=body)
                 except httpx.HTTPError as exc:
-                    raise _map_transport(exc, self._core.url) from exc
+                    raise map_transport(exc, self._core.url) from exc
             try:
                 return self._core.answer(response)
             except CoordinatorRejected as exc:
@@ -354,6 +230,25 @@ class CoordinatorClient:
         args = {"round": round, "partition": partition, "header": str(header)}
         await self._post(Op.RESULT, args, token=True)
 
+    async def score(self, round: int, *, record: bytes) -> str:
+        """Send this node's signed score record; return its CID. Refused (409)
+        ``score_recorded`` (another one stands) or ``scores_closed`` (too late)."""
+        args = {"round": round, "record": b64encode(record)}
+        answer = await self._post(Op.SCORE, args, token=True)
+        return str(answer.get("record"))
+
+    async def score_records(self, round: int) -> dict[str, bytes]:
+        """``round``'s score records (member -> envelope bytes): check them against the signed
+        round record's CIDs."""
+        body = await self._get(f"rounds/{round}/scores")
+        raw = body.get("records")
+        if not isinstance(raw, dict) or len(raw) > limits.MAX_ROUND_MEMBERS:
+            raise BadRunState("score records must be a map of at most MAX_ROUND_MEMBERS")
+        try:
+            return {str(p): b64decode(v) for p, v in raw.items()}
+        except ValueError as exc:
+            raise BadRunState(f"a score record is not base64: {exc}") from exc
+
     async def checked(self, round: int, *, wrong: Sequence[int]) -> None:
         """Report the partitions this node recomputed and found wrong (usually none), after
         every partition of ``round`` has a result; send evidence for each wrong one first."""
@@ -393,7 +288,7 @@ class CoordinatorClient:
                         timeout=_EVIDENCE_TIMEOUT,
                     )
                 except httpx.HTTPError as exc:
-                    raise _map_transport(exc, self._core.url) from exc
+                    raise map_transport(exc, self._core.url) from exc
                 try:
                     return self._core.answer(response)
                 except CoordinatorRejected as exc:

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Callable
 from typing import Any
 
 from cnode.aggregation import assign_partitions, backup_aggregators, partition_count
 from cnode.aggregation import limits as aggregation_limits
+from cnode.storage import DAG_CBOR, compute_cid
 
 from . import limits
 from ._bans import BanBook
@@ -75,12 +77,31 @@ class PartitionRules:
             str(p): PartitionResultEntry(r["peer"], r["header"], r["replaced"], r["by"])
             for p, r in self.store.results(n).items()
         }
+        scores = self.store.score_records(n)
         return {
             "parts": parts,
             "aggregators": self.aggregators(n, members, parts),
             "results": results,
             "verify_deadline_ms": ms(row["verify_deadline"]),
+            "scores": scores,
+            "scores_closed": self._scores_closed(row, members, scores, time.time()),
         }
+
+    @staticmethod
+    def _scores_closed(
+        row: sqlite3.Row, members: list[str], scores: dict[str, str], now: float
+    ) -> bool:
+        """No score record is taken any more: every member sent one, the score deadline
+        passed, or the round is agreed. The score deadline is SCORE_CLOSE_MARGIN_S before the
+        collect deadline, or a quarter of the collect window before it when that is shorter
+        (short windows: the scorers need most of it)."""
+        if row["status"] == RoundStatus.AGREED or set(members) <= set(scores):
+            return True
+        end, start = row["collect_deadline"], row["published_at"]
+        if end is None or start is None:
+            return False
+        margin = min(limits.SCORE_CLOSE_MARGIN_S, (float(end) - float(start)) / 4)
+        return now >= float(end) - margin
 
     # -- ops ------------------------------------------------------------------------------------
 
@@ -156,6 +177,28 @@ class PartitionRules:
             f"partition {partition} of round {n} is aggregated by {aggregator}; "
             f"after the collect deadline its backups may submit it: {who or 'none'}",
         )
+
+    def score(self, peer: str, n: int, data: bytes, now: float) -> str:
+        """Record ``peer``'s signed score record for round ``n`` and return its CID: one per
+        member, the first stands, none once the round's score records are closed
+        (specs/coordinator.md#scores-in-partitioned-rounds). Its signature was checked; its
+        payload is the nodes' to judge (they ignore what a record may not say)."""
+        record = str(compute_cid(data, DAG_CBOR))
+        row, members, _parts = self._listed(peer, n)
+        scores = self.store.score_records(n)
+        if peer in scores:
+            if scores[peer] == record:
+                return record  # the same record again (a resend): already recorded
+            raise RequestRefused(
+                409, "score_recorded", f"round {n} already has {peer}'s score record {scores[peer]}"
+            )
+        if self._scores_closed(row, members, scores, now):
+            raise RequestRefused(
+                409, "scores_closed", f"round {n}'s score records are closed (deadline passed)"
+            )
+        self.store.set_member(n, peer, score_record=record, scored_at=now, score_bytes=data)
+        self.store.append_log(now, peer, "score", {"round": n, "record": record})
+        return record
 
     def checked(self, peer: str, n: int, wrong: list[int], now: float) -> None:
         """A member recomputed its chosen partitions; ``wrong`` are those it found wrong."""

@@ -75,6 +75,7 @@ class Op(StrEnum):
     BAN_EVIDENCE = "ban_evidence"
     COLLECTED = "collected"
     RESULT = "result"  # a partition's aggregator (or backup) records its result header
+    SCORE = "score"  # a member records its signed score record (scores in partitioned rounds)
     CHECKED = "checked"  # a member recomputed its chosen partitions (specs: partitioned rounds)
     WRONG_RESULT = "wrong_result"  # evidence; POSTed to .../partitions/<p>/evidence, not here
     ADMIN = "admin"
@@ -272,10 +273,19 @@ class RoundInfo:
     # partition index (decimal string) -> its recorded result; the first accepted one stands
     results: dict[str, PartitionResultEntry] = field(default_factory=dict)
     verify_deadline_ms: int | None = None  # set once every partition has a result
+    # Scores in partitioned rounds: member -> CID of its signed score record (first stands), and
+    # whether no more are taken (every member sent one, or the score deadline passed).
+    scores: dict[str, str] = field(default_factory=dict)
+    scores_closed: bool = False
 
     def to_payload(self) -> dict[str, Any]:
         partitioned = encode_partitioned(
-            self.parts, self.aggregators, self.results, self.verify_deadline_ms
+            self.parts,
+            self.aggregators,
+            self.results,
+            self.verify_deadline_ms,
+            self.scores,
+            self.scores_closed,
         )
         return {
             "kind": "round",

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from cnode.auth import EnvelopeError, open_envelope
 from cnode.storage import CID, StorageError
 
 from . import limits
@@ -23,7 +24,7 @@ from ._admin import (
     UnbanPeer,
 )
 from ._exceptions import RequestRefused
-from ._protocol import CheckpointRecord
+from ._protocol import CheckpointRecord, b64decode
 
 __all__ = [
     "parse_admin",
@@ -34,10 +35,13 @@ __all__ = [
     "parse_partition",
     "parse_result",
     "parse_round",
+    "parse_score",
     "parse_wrong",
     "parse_wrong_result",
     "require",
 ]
+
+SCORE_RECORD_TYPE = "cnode/score-record/v1"  # node/train/_score_records.py
 
 _ADMIN_ACTIONS = ("allowlist.add", "allowlist.remove", "allowlist.ls", "ban", "unban", "log")
 _ALLOW_KINDS = ("user", "peer", "org")
@@ -106,6 +110,26 @@ def parse_partition(args: Mapping[str, Any]) -> int:
 def parse_result(args: Mapping[str, Any]) -> tuple[int, int, str]:
     """`result` {round, partition, header}: the partition result header CID an aggregator made."""
     return parse_round(args), parse_partition(args), _cid(args, "header")
+
+
+def parse_score(args: Mapping[str, Any], peer: str) -> tuple[int, bytes]:
+    """`score` {round, record}: the signed score record ``peer`` made (base64 of the envelope,
+    at most MAX_SCORE_RECORD_BYTES, a ``cnode/score-record/v1`` signed by ``peer``). Its payload
+    is the nodes' to judge (the coordinator never imports the training package)."""
+    n = parse_round(args)
+    try:
+        data = b64decode(args.get("record"))
+    except ValueError as exc:
+        raise RequestRefused(400, "bad_request", f"field 'record' is not base64: {exc}") from exc
+    if len(data) > limits.MAX_SCORE_RECORD_BYTES:
+        raise RequestRefused(
+            413, "too_large", f"score record over MAX_SCORE_RECORD_BYTES ({len(data)} bytes)"
+        )
+    try:
+        open_envelope(data, expected_type=SCORE_RECORD_TYPE, expected_signer=peer)
+    except EnvelopeError as exc:
+        raise RequestRefused(400, "bad_envelope", f"field 'record': {exc}") from exc
+    return n, data
 
 
 def parse_wrong(args: Mapping[str, Any]) -> list[int]:

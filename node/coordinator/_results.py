@@ -49,16 +49,25 @@ def encode_partitioned(
     aggregators: list[str],
     results: Mapping[str, PartitionResultEntry],
     verify_deadline_ms: int | None,
+    scores: Mapping[str, str] | None = None,
+    scores_closed: bool = False,
 ) -> dict[str, Any]:
-    """The payload keys of a partitioned round; none for a full-replication one."""
+    """The payload keys of a partitioned round; none for a full-replication one. ``scores`` only
+    once a member sent a score record and ``scores_closed`` only once true, so a round record
+    that has neither keeps the bytes it had before scores were spread."""
     if parts == 0:
         return {}
-    return {
+    out = {
         "parts": parts,
         "aggregators": list(aggregators),
         "results": {k: results[k].to_payload() for k in sorted(results, key=int)},
         "verify_deadline_ms": verify_deadline_ms,
     }
+    if scores:
+        out["scores"] = dict(sorted(scores.items()))
+    if scores_closed:
+        out["scores_closed"] = True
+    return out
 
 
 def decode_partitioned(p: Mapping[str, Any]) -> dict[str, Any]:
@@ -90,9 +99,27 @@ def decode_partitioned(p: Mapping[str, Any]) -> dict[str, Any]:
     deadline = p.get("verify_deadline_ms")
     if deadline is not None and (not isinstance(deadline, int) or isinstance(deadline, bool)):
         raise BadRunState("signed round field 'verify_deadline_ms' must be an integer or null")
+    scores = p.get("scores", {})
+    if (
+        not isinstance(scores, Mapping)
+        or len(scores) > limits.MAX_ROUND_MEMBERS
+        or not all(
+            isinstance(k, str)
+            and isinstance(v, str)
+            and len(k) <= limits.MAX_TEXT_CHARS
+            and len(v) <= limits.MAX_TEXT_CHARS
+            for k, v in scores.items()
+        )
+    ):
+        raise BadRunState("signed round field 'scores' must map members to record CIDs")
+    closed = p.get("scores_closed", False)
+    if not isinstance(closed, bool):
+        raise BadRunState("signed round field 'scores_closed' must be a boolean")
     return {
         "parts": parts,
         "aggregators": list(aggregators),
         "results": results,
         "verify_deadline_ms": deadline,
+        "scores": dict(scores),
+        "scores_closed": closed,
     }

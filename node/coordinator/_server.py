@@ -60,6 +60,7 @@ from ._requests import (
     parse_missing,
     parse_result,
     parse_round,
+    parse_score,
     parse_wrong,
 )
 from ._store import Store
@@ -148,6 +149,7 @@ class CoordinatorServer:
                 web.get("/v1/health", self._health),
                 web.get(f"{base}/state", self._state),
                 web.get(f"{base}/rounds/{{round}}", self._round),
+                web.get(f"{base}/rounds/{{round}}/scores", self._scores),
                 web.get(f"{base}/checkpoints", self._checkpoints),
                 *(web.post(f"{base}/{op}", self._post) for op in Op if op is not Op.WRONG_RESULT),
                 web.post(
@@ -254,6 +256,17 @@ class CoordinatorServer:
     async def _state(self, request: web.Request) -> web.Response:
         self._check_run(request)
         return web.json_response({"envelope": b64encode(self._signed_state())})
+
+    async def _scores(self, request: web.Request) -> web.Response:
+        """GET a round's score records (unsigned: each is a signed envelope, and the signed
+        round record names its CID)."""
+        self._check_run(request)
+        try:
+            n = int(request.match_info["round"])
+        except ValueError as exc:
+            raise RequestRefused(400, "bad_request", "round must be a number") from exc
+        records = {p: b64encode(b) for p, b in self.store.score_bytes(n).items()}
+        return web.json_response({"ok": True, "round": n, "records": records})
 
     async def _round(self, request: web.Request) -> web.Response:
         self._check_run(request)
@@ -429,6 +442,9 @@ class CoordinatorServer:
                 n, partition, header = parse_result(args)
                 m.partitions.result(peer, n, partition, header, now)
                 return {}
+            if op is Op.SCORE:
+                n, score_record = parse_score(args, peer)
+                return {"record": m.partitions.score(peer, n, score_record, now)}
             if op is Op.CHECKED:
                 m.partitions.checked(peer, parse_round(args), parse_wrong(args), now)
                 return {}

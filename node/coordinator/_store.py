@@ -41,6 +41,10 @@ _ADDED_COLUMNS = (
     ("rounds", "verify_deadline", "REAL"),
     ("members", "checked", "TEXT"),
     ("members", "checked_at", "REAL"),
+    # Scores in partitioned rounds (issue 12): each member's score record CID and when it came.
+    ("members", "score_record", "TEXT"),
+    ("members", "scored_at", "REAL"),
+    ("members", "score_bytes", "BLOB"),
 )
 
 _SCHEMA = """
@@ -328,6 +332,24 @@ class Store:
             (n,),
         ).fetchall()
         return {str(r[0]): json.loads(r[1] or "[]") for r in rows}
+
+    def score_records(self, n: int) -> dict[str, str]:
+        """Round ``n``'s recorded score records: member -> record CID."""
+        rows = self.db.execute(
+            "SELECT peer, score_record FROM members WHERE round = ? AND score_record IS NOT NULL"
+            " ORDER BY peer",
+            (n,),
+        ).fetchall()
+        return {str(r[0]): str(r[1]) for r in rows}
+
+    def score_bytes(self, n: int) -> dict[str, bytes]:
+        """Round ``n``'s score records: member -> the signed envelope's bytes."""
+        rows = self.db.execute(
+            "SELECT peer, score_bytes FROM members WHERE round = ? AND score_bytes IS NOT NULL"
+            " ORDER BY peer",
+            (n,),
+        ).fetchall()
+        return {str(r[0]): bytes(r[1]) for r in rows}
 
     def results(self, n: int) -> dict[int, sqlite3.Row]:
         """Round ``n``'s recorded partition results: partition -> row."""

@@ -9,7 +9,7 @@ import httpx
 from cnode.auth import Identity
 
 from . import limits
-from ._client import _HTTP_TIMEOUT, _Core, _map_transport
+from ._client_core import HTTP_TIMEOUT, Core, map_transport
 from ._exceptions import CoordinatorRejected
 from ._protocol import CheckpointRecord, JoinResult, Op, RunState
 
@@ -20,8 +20,8 @@ class SyncCoordinatorClient:
     """Blocking client for CLI commands: state reads, joins and admin actions."""
 
     def __init__(self, url: str, *, run: str, coordinator: str, identity: Identity) -> None:
-        self._core = _Core(url, run, coordinator, identity)
-        self._http = httpx.Client(timeout=_HTTP_TIMEOUT)
+        self._core = Core(url, run, coordinator, identity)
+        self._http = httpx.Client(timeout=HTTP_TIMEOUT)
 
     def __enter__(self) -> SyncCoordinatorClient:
         return self
@@ -36,7 +36,7 @@ class SyncCoordinatorClient:
         try:
             response = self._http.request(method, self._core.path(tail), **kw)
         except httpx.HTTPError as exc:
-            raise _map_transport(exc, self._core.url) from exc
+            raise map_transport(exc, self._core.url) from exc
         return self._core.answer(response)
 
     def run_state(self) -> RunState:

@@ -104,6 +104,14 @@ MAX_RUN_GATEWAYS = 16
 # the collect deadline; after this many steps the round is agreed without the partitions still
 # missing (they keep the parent state on every node).
 MAX_PARTITION_BACKUPS = 3
+# Scores in partitioned rounds (op `score`): records are taken until SCORE_CLOSE_MARGIN_S before
+# the collect deadline (when aggregators stop fetching and aggregate), or until every member has
+# reported one; then the round's score records are closed and every node reads the same set.
+SCORE_CLOSE_MARGIN_S = 5.0
+# A signed score record sent with op `score` (its bytes are kept and served to every member, so
+# one that its scorer will not serve over libp2p is still the same for everyone); the node's
+# own bound is equal (node/train/limits.py).
+MAX_SCORE_RECORD_BYTES = 4096
 # Bytes of the CAR file of evidence blocks a member sends against a wrong partition result (the
 # partition's inputs, the header and what it names). Read streaming with this bound, outside the
 # app's client_max_size; beyond it: 413.

@@ -60,6 +60,11 @@ from ._round import aggregate_round as aggregate_round
 from ._round import header_cid as header_cid
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
+from ._score_records import SCORE_RECORD_TYPE as SCORE_RECORD_TYPE
+from ._score_records import ScoreRecord as ScoreRecord
+from ._score_records import open_score_record as open_score_record
+from ._score_records import score_record_cid as score_record_cid
+from ._score_records import seal_score_record as seal_score_record
 from ._scores import RoundScoring as RoundScoring
 from ._state import state_cid as state_cid
 from ._state import state_cid_from_layers as state_cid_from_layers
@@ -89,6 +94,8 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "ReplayReport",
     "RoundScoring",
     "RoundStalledError",
+    "SCORE_RECORD_TYPE",
+    "ScoreRecord",
     "SignedUpdates",
     "StateMismatchError",
     "TextData",
@@ -112,13 +119,16 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "model_numel",
     "model_state",
     "open_partition_result",
+    "open_score_record",
     "open_update_header",
     "partition_result_cid",
     "recompute_partition",
     "replay_checkpoint",
     "run_demo",
     "run_node",
+    "score_record_cid",
     "seal_partition_result",
+    "seal_score_record",
     "seal_update_header",
     "state_cid",
     "state_cid_from_layers",

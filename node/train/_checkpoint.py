@@ -21,6 +21,7 @@ from typing import Any
 
 import structlog
 
+from cnode.aggregation import score_seed
 from cnode.storage import (
     CID,
     AggregationRecord,
@@ -48,6 +49,8 @@ from ._partitioned import (
     state_numel,
 )
 from ._round import UpdateHeader, aggregate_round, load_update, open_update_header
+from ._score_records import SCORE_RECORD_TYPE, ScoreRecord, TargetLosses, open_score_record
+from ._score_spread import SpreadScores, disputed_targets, resolve_scores
 from ._scores import RoundScoring, check_recorded_scores, checkpoint_reputation
 from ._state import layer_chunk_cids, state_cid
 
@@ -170,14 +173,17 @@ def replay_rounds(
     headers: Sequence[CID],
     config: TrainingConfig,
     reputation: Mapping[str, int] | None = None,
+    recorded: Mapping[int, Mapping[str, Any]] | None = None,
 ) -> tuple[State, list[RoundLog]]:
     """Re-aggregate the rounds the signed headers describe, starting from ``parent``.
 
     Every header block and update block must be in ``store``. A header whose ``base`` is not the
-    replayed state of the round before is a :class:`ReplayMismatchError`.
+    replayed state of the round before is a :class:`ReplayMismatchError`. ``recorded``: the
+    checkpoint's params by round (a scored partitioned round's seed input is there).
     """
     by_round: dict[int, list[tuple[CID, UpdateHeader]]] = defaultdict(list)
     partitions: dict[int, dict[int, tuple[CID, PartitionResult]]] = defaultdict(dict)
+    score_records: dict[int, dict[str, tuple[CID, ScoreRecord]]] = defaultdict(dict)
     for cid in headers:
         try:
             envelope = store.get(cid)
@@ -186,6 +192,8 @@ def replay_rounds(
         record = open_signed_record(envelope, run=run)
         if isinstance(record, PartitionResult):
             partitions[record.round][record.partition] = (cid, record)
+        elif isinstance(record, ScoreRecord):
+            score_records[record.round][record.peer] = (cid, record)
         else:
             by_round[record.round].append((cid, record))
     if not by_round:
@@ -202,7 +210,16 @@ def replay_rounds(
         scoring = RoundScoring(config, TextData.build(config.data, config.model), reputation)
     for number in rounds:
         if partitions.get(number):
+            parent_state = state
             state, entry = _replay_partitioned(store, state, number, partitions[number], config)
+            if scoring is not None:  # the agreed scores, from the listed score records
+                spread = _replay_spread(
+                    store, scoring, parent_state, run, number, by_round[number],
+                    score_records[number], (recorded or {}).get(number, {}),
+                )  # fmt: skip
+                scoring.reputation = dict(spread.reputation)
+                params = {**entry.params, "scores": spread.to_params()}
+                entry = RoundLog(entry.round, entry.state_cid, entry.headers, params)
             logs.append(entry)
             continue
         base = state_cid(state)
@@ -234,6 +251,54 @@ def replay_rounds(
         logs.append(RoundLog(number, result.state_cid, cids, result.aggregation.params | extra))
         log.info("round_replayed", round=number, updates=len(updates), state=str(result.state_cid))
     return state, logs
+
+
+def _replay_spread(
+    store: BlockStore,
+    scoring: RoundScoring,
+    parent: State,
+    run: str,
+    number: int,
+    headers: Sequence[tuple[CID, UpdateHeader]],
+    records: Mapping[str, tuple[CID, ScoreRecord]],
+    params: Mapping[str, Any],
+) -> SpreadScores:
+    """The scores a partitioned round agreed, from its score records and the members' header
+    CIDs it recorded (every listed header among them), with each disputed target recomputed from
+    its update (specs/training.md#scores-in-partitioned-rounds): what every node computed."""
+    by_peer = {h.peer: (cid, h) for cid, h in headers}
+    cids = {p: cid for p, (cid, _) in by_peer.items()}
+    scores = params.get("scores")
+    named = scores.get("headers") if isinstance(scores, Mapping) else None
+    if isinstance(named, Mapping) and len(named) <= limits.MAX_ROUND_MEMBERS:
+        try:
+            recorded = {str(p): CID.parse(c) for p, c in named.items()}
+        except (StorageError, TypeError) as exc:
+            raise ReplayMismatchError(
+                f"round {number}: a recorded header CID is bad: {exc}"
+            ) from exc
+        if any(recorded.get(p) != c for p, c in cids.items()):
+            raise ReplayMismatchError(
+                f"round {number}: a listed header is not among the recorded members' headers"
+            )
+        cids = recorded
+    seed = score_seed(str(c) for c in cids.values())
+    common: dict[str, Any] = {
+        "run": run, "round_": number, "members": sorted(cids), "headers": cids,
+        "base": state_cid(parent), "seed": seed, "records": records,
+    }  # fmt: skip
+    recomputed: dict[str, TargetLosses] = {}
+    for target in disputed_targets(**common):
+        if target not in by_peer:
+            raise CatchUpError(f"round {number}: the disputed update of {target} is not listed")
+        update = load_update(
+            store, by_peer[target][1].update, peer=target,
+            codec=scoring.config.update_codec, shapes=parent,
+        )  # fmt: skip
+        recomputed[target] = TargetLosses(
+            cids[target], *scoring.measure(seed, parent, target, update)
+        )
+    return resolve_scores(**common, reputation=scoring.reputation, recompute=recomputed.__getitem__)
 
 
 def _replay_partitioned(
@@ -281,10 +346,16 @@ def _replay_partitioned(
     return new, RoundLog(number, state_cid(new), cids, {"parts": count})
 
 
-def open_signed_record(envelope: bytes, *, run: str) -> UpdateHeader | PartitionResult:
-    """A signed record a checkpoint names: an update header, or a partition result."""
-    if envelope_type(envelope) == PARTITION_RESULT_TYPE:
+def open_signed_record(
+    envelope: bytes, *, run: str
+) -> UpdateHeader | PartitionResult | ScoreRecord:
+    """A signed record a checkpoint names: an update header, a partition result or a score
+    record."""
+    kind = envelope_type(envelope)
+    if kind == PARTITION_RESULT_TYPE:
         return open_partition_result(envelope, run=run)
+    if kind == SCORE_RECORD_TYPE:
+        return open_score_record(envelope, run=run)
     return open_update_header(envelope, run=run)
 
 
@@ -331,6 +402,13 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
             raise CatchUpError(f"parent checkpoint {info.parent} is not available: {exc}") from exc
         first = _meta(parent_manifest).round + 1
         reputation = checkpoint_reputation(parent_manifest)
+    record = _meta(info.manifest).aggregation
+    rows = record.params.get("rounds") if record is not None else None
+    recorded = {
+        r[0]: r[1]
+        for r in (rows if isinstance(rows, list) else [])
+        if isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) and isinstance(r[1], dict)
+    }
     state, logs = replay_rounds(
         store,
         parent_state,
@@ -339,6 +417,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         headers=info.headers,
         config=config,
         reputation=reputation,
+        recorded=recorded,
     )
     if logs and logs[-1].round != info.round:
         raise ReplayMismatchError(
@@ -346,9 +425,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         )
     compare_layers(info.manifest, state)
     if config.scores:  # the recorded scores, admissions and reputations, recomputed
-        record = _meta(info.manifest).aggregation
-        recorded = record.params.get("rounds") if record is not None else None
-        check_recorded_scores(recorded, {r.round: r.params for r in logs})
+        check_recorded_scores(rows, {r.round: r.params for r in logs})
     return ReplayReport(
         manifest_cid,
         info.parent,

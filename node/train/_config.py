@@ -162,8 +162,9 @@ class TrainingConfig:
     # #verification): more catches a lying aggregator sooner and costs about one update of
     # traffic per member each.
     verify_partitions: int = limits.VERIFY_PARTITIONS
-    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). Off by
-    # default: it costs forward passes per update and per round on every node.
+    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). On for
+    # a run whose run config does not say (for_run); a recorded config (a checkpoint's
+    # extra.training) without the key is of a run from before scores: off (from_dict).
     scores: bool = False
 
     @property
@@ -177,8 +178,17 @@ class TrainingConfig:
         return out
 
     @classmethod
+    def for_run(cls, raw: dict[str, Any]) -> TrainingConfig:
+        """Build from a run config's ``[training]`` table, where ``scores`` is on unless the
+        table says ``scores = false`` (the default of new runs since issue 12)."""
+        if not isinstance(raw, dict):
+            raise TrainingConfigError("[training] must be a table")
+        return cls.from_dict({"scores": True, **raw})
+
+    @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainingConfig:
-        """Build from a run config's ``[training]`` table; unknown keys are an error."""
+        """Build from a table as recorded (a checkpoint's ``extra.training``): an absent key
+        takes the dataclass default (``scores`` off); unknown keys are an error."""
         if not isinstance(raw, dict):
             raise TrainingConfigError("[training] must be a table")
         raw = dict(raw)
@@ -223,13 +233,6 @@ class TrainingConfig:
         if not 0 <= self.verify_partitions <= limits.MAX_VERIFY_PARTITIONS:
             raise TrainingConfigError(
                 f"training.verify_partitions must be 0..{limits.MAX_VERIFY_PARTITIONS}"
-            )
-        if self.scores and self.partitioned != "never":
-            # A partitioned round assembles partition results: no node holds the whole updates
-            # it would score. Refused rather than silently not scoring.
-            raise TrainingConfigError(
-                'training.scores needs training.partitioned = "never" (scores are not spread '
-                "over the partitions of a partitioned round yet)"
             )
         if self.partitioned not in PARTITION_MODES:
             raise TrainingConfigError(

@@ -87,7 +87,7 @@ async def run_node(settings: TrainSettings) -> int:
         raise TrainingConfigError(
             f"--run {settings.run!r} but the run config is for run {run_config.run!r}"
         )
-    training = TrainingConfig.from_dict(dict(run_config.training))
+    training = TrainingConfig.for_run(dict(run_config.training))
     login = load_hub_login(settings.home)
     if settings.hf_repo and login is None:
         raise TrainingConfigError(

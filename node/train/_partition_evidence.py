@@ -125,7 +125,7 @@ def check_partition_evidence(
     if len(car) > limits.MAX_EVIDENCE_BYTES:
         raise PartitionEvidenceError(f"evidence of {len(car)} bytes > MAX_EVIDENCE_BYTES")
     try:
-        config = TrainingConfig.from_dict(dict(training))
+        config = TrainingConfig.for_run(dict(training))  # the run config's table
         want = CID.parse(header)
         roots, sections = read_car(car, limits.MAX_EVIDENCE_BLOCKS)
     except Exception as exc:  # a bad config, CID or CAR: the evidence, not the coordinator

@@ -44,6 +44,7 @@ from ._exceptions import (
 )
 from ._exchange import UpdateExchange
 from ._partition_fetch import enough_inputs, fetch_update_segments
+from ._partition_scores import PartitionScores
 from ._partition_verify import PartitionVerifier
 from ._partitioned import (
     PartitionResult,
@@ -95,6 +96,7 @@ class PartitionedExchange:
         self.backup_step_s = backup_step_s
         self.withhold = withhold  # testing aid: never publish a result (a backup takes over)
         self.verifier = PartitionVerifier(trainer, node, client)
+        self.scores = PartitionScores(trainer, node, client, updates)
         self.last_bytes_in = 0
 
     async def play(self, info: RoundInfo) -> RoundOutcome:
@@ -106,10 +108,20 @@ class PartitionedExchange:
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
         fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
-        for partition in mine:
-            await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
+        async with trio.open_nursery() as nursery:
+            if self.scores.enabled:  # score this node's targets while the partitions fetch
+                nursery.start_soon(self.scores.score_targets, info)
+            for partition in mine:
+                await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
         recorded = await self._wait_results(state)
         results = await self._open_results(state, recorded)
+        spread = await self.scores.agreed(info) if self.scores.enabled else None
+        if spread is not None:  # a result that aggregates an update the scores left out
+            for partition in [
+                p for p, (_, r) in results.items() if set(r.inputs) - set(spread.inputs)
+            ]:
+                log.warning("partition_result_ignores_scores", partition=partition)
+                del results[partition]  # applies nothing, on every node (the same records)
         # Fetch the outputs before reporting `checked`: the round is agreed once every member
         # has checked, and an aggregator whose last round it is may leave right after.
         try:
@@ -120,10 +132,11 @@ class PartitionedExchange:
         agreed = await self._wait_agreed(info.round)
         outputs = await self._fetch_outputs(state, agreed, results)
         dropped = dict(agreed.excluded)
-        self.last_bytes_in = state.bytes_in
+        self.last_bytes_in = state.bytes_in + self.scores.bytes_in
+        self.scores.bytes_in = 0
         return await trio.to_thread.run_sync(
             lambda: self.trainer.apply_partitions(
-                info.round, results, outputs, parts=info.parts, dropped=dropped
+                info.round, results, outputs, parts=info.parts, dropped=dropped, scores=spread
             )
         )
 
@@ -151,6 +164,11 @@ class PartitionedExchange:
         for member in info.members:
             if member not in inputs and member not in missing:
                 missing[member] = state.invalid.get(member, "no update header recorded")
+        if self.scores.enabled:  # only what the agreed scores admit (specs: scores, partitioned)
+            spread = await self.scores.agreed(info)
+            for member in sorted(set(inputs) - set(spread.inputs)):
+                missing[member] = spread.left_out.get(member, "left out by scores")
+                del inputs[member]
         if self.withhold:
             log.warning("partition_withheld", round=info.round, partition=partition)
             return

@@ -31,6 +31,7 @@ from cnode.aggregation import (
     decode_update_tensor,
     encode_update_tensor,
     partition_segments,
+    scored_config,
     segment_ranges,
 )
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
@@ -274,7 +275,14 @@ def aggregate_own_partition(
             rejected[member] = exc.reason
             continue
         slices[member] = torch.cat([segs[i] for i in indices])
-    rule = AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
+    # With scores the admitted inputs get scored_config() (no distance rejection), as in a full
+    # round (specs/aggregation.md "Scores and reputation"); every recomputation passes the same
+    # run config, so the aggregator, verifiers, the coordinator and replay agree.
+    rule = (
+        scored_config()
+        if config.scores
+        else AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
+    )
     try:
         result = aggregate_partition(slices, rule) if slices else None
     except NotEnoughUpdatesError:

@@ -127,6 +127,21 @@ class RoundScoring:
         with torch.no_grad():
             return [float(self._model(input_ids=b, labels=b).loss) for b in batches]
 
+    def measure(
+        self, seed: bytes, parent: State, peer: str, update: State
+    ) -> tuple[float, float, float, float]:
+        """The four losses of one update (own before/after, held before/after), exactly as
+        :meth:`score` takes them: what a scorer of a partitioned round signs."""
+        n = limits.SCORE_SEQUENCES
+        held = self.data.eval[torch.tensor(draw_indices(seed, "held", len(self.data.eval), n))]
+        shard = self.data.shard(peer)
+        own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
+        base = {k: t.double() for k, t in parent.items()}
+        moved = {k: base[k] + agg_limits.SCORE_STEP * update[k].double() for k in base}
+        own_before, held_before = self._losses(base, [own, held])
+        own_after, held_after = self._losses(moved, [own, held])
+        return own_before, own_after, held_before, held_after
+
     def score(
         self, round_: int, parent: State, updates: Mapping[str, State], headers: Mapping[str, CID]
     ) -> ScoredRound:

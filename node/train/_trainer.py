@@ -26,7 +26,7 @@ from cnode.aggregation import (
     combine_records,
 )
 from cnode.auth import Identity
-from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
+from cnode.storage import CID, DAG_CBOR, BlockStore, StorageError, load_checkpoint
 
 from ._checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from ._config import TrainingConfig
@@ -55,9 +55,11 @@ from ._round import (
     aggregate_round,
     encode_update,
     load_update,
+    open_update_header,
     seal_update_header,
     store_update,
 )
+from ._score_spread import SpreadScores
 from ._scores import RoundScoring, checkpoint_reputation
 from ._state import state_cid
 
@@ -363,12 +365,14 @@ class NodeTrainer:
         *,
         parts: int,
         dropped: dict[str, str],
+        scores: SpreadScores | None = None,
     ) -> RoundOutcome:
         """Assemble the round's state from the partitions' outputs (blocks in the store).
 
         ``results``: the recorded, checked result of each partition that has one; ``outputs``:
         what each partition applies (the result's output, or the coordinator's recomputation
-        when the result was found wrong). Ban evidence comes from the combined records.
+        when the result was found wrong). Ban evidence comes from the combined records, and
+        with ``scores`` (the round's agreed scores) from reputations and wrong score records.
         """
         began = time.perf_counter()
         if round_ != self.round + 1:
@@ -397,8 +401,21 @@ class NodeTrainer:
         members = tuple(sorted(m for m, r in combined.items() if r.rejected is None))
         dropped.update({m: r.rejected or "" for m, r in combined.items() if r.rejected})
         cids = tuple(sorted((cid for cid, _ in results.values()), key=str))
+        params: dict[str, Any] = {
+            "parts": parts,
+            "partitions": len(results),
+            "members": len(members),
+        }
+        if scores is not None and self.scoring is not None:
+            bans += self._spread_bans(round_, scores)
+            dropped.update({m: why for m, why in scores.left_out.items() if m not in combined})
+            params["scores"] = scores.to_params()
+            # Every member's header that opens and every score record are listed, so a replay
+            # recomputes the same scores, reputations and admitted set (the seed's full input
+            # is in params["scores"]["headers"]).
+            inputs.update(c for c in scores.headers.values() if self._opens(c, round_))
+            cids += tuple(sorted(scores.records.values(), key=str))
         cids += tuple(sorted(inputs, key=str))
-        params = {"parts": parts, "partitions": len(results), "members": len(members)}
         self.state, self.state_cid, self.round = new, new_cid, round_
         self.since_checkpoint.append(RoundLog(round_, new_cid, cids, params))
         log.info("round_assembled", round=round_, state=str(new_cid), parts=parts)
@@ -411,6 +428,25 @@ class NodeTrainer:
             bans,
             time.perf_counter() - began,
         )
+
+    def _opens(self, cid: CID, round_: int) -> bool:
+        try:
+            open_update_header(self.store.get(cid), run=self.run, round_=round_)
+        except (StorageError, PeerUpdateError):
+            return False
+        return True
+
+    def _spread_bans(self, round_: int, scores: SpreadScores) -> list[BanRecommendation]:
+        """Take the round's agreed reputations; reputation and wrong-score ban evidence."""
+        assert self.scoring is not None
+        self.scoring.reputation = dict(scores.reputation)
+        out = list(scores.wrong)
+        if scores.scores:
+            cids = {t: str(x.header) for t, x in scores.losses.items()}
+            out += self.scoring.policy.observe(
+                round_, scores.seed, scores.scores, scores.reputation, cids
+            )
+        return out
 
     def evaluate(self) -> float:
         """Held-out loss of the current state (the same figure on every node that holds it)."""

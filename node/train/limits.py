@@ -90,3 +90,17 @@ RESULTS_WAIT_S = 300.0
 # segments of every input plus manifests; the coordinator refuses more (its own limit is equal).
 MAX_EVIDENCE_BYTES = 256 * 1024 * 1024
 MAX_EVIDENCE_BLOCKS = 1_000_000
+
+# Scores in partitioned rounds (_score_records.py, _score_spread.py; specs/training.md).
+# Scorers of each update: each member scores the updates of the next SCORERS_PER_UPDATE members
+# in the round's assignment order (fewer when the round has fewer other members). Two, so one
+# lying scorer is always contradicted by the other (a dispute), unless both lie.
+SCORERS_PER_UPDATE = 2
+# Targets one score record may name (scored and unscored together): the scorer's assignment.
+MAX_SCORE_TARGETS = SCORERS_PER_UPDATE
+# A signed score record: two targets of ~130 bytes, two reasons of MAX_REASON_CHARS at most.
+MAX_SCORE_RECORD_BYTES = 4096
+# Seconds an aggregator waits, past its inputs' fetch, for the coordinator to close the round's
+# score records (every member reported, or the score deadline passed) before it gives its
+# partition up (a backup takes it over).
+SCORES_WAIT_S = 60.0

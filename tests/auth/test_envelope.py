@@ -55,12 +55,13 @@ def test_contract_payload_types_known() -> None:
         "cnode/announce/v1",
         "cnode/update-header/v1",
         "cnode/partition-result/v1",
+        "cnode/score-record/v1",
         "cnode/run-state/v1",
         "cnode/request/v1",
     ):
         assert name in PAYLOAD_TYPES
     # Types nothing sends are not accepted either (issue 15): one line per type that is real.
-    assert len(PAYLOAD_TYPES) == 7
+    assert len(PAYLOAD_TYPES) == 8
 
 
 def test_signature_covers_domain_type_signer_payload(alice: Identity) -> None:

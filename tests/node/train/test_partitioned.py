@@ -175,13 +175,18 @@ def test_a_partitioned_checkpoint_replays(tmp_path: Path) -> None:
     assert report.rounds == (1,) and report.state_cid == nodes[0].state_cid
 
 
-def test_scores_are_refused_in_partitioned_runs() -> None:
+def test_scores_go_with_every_partition_mode_and_bad_modes_are_refused() -> None:
     from cnode.node.train import TrainingConfigError
 
-    needs = re.escape('needs training.partitioned = "never"')
-    with pytest.raises(TrainingConfigError, match=needs):
-        TrainingConfig.from_dict({"scores": True})
-    assert TrainingConfig.from_dict({"scores": True, "partitioned": "never"}).scores
+    for mode in ("never", "auto", "always"):  # scores are spread in partitioned rounds
+        assert TrainingConfig.from_dict({"scores": True, "partitioned": mode}).scores
+    # A run config's table scores unless it says not to; a recorded one without the key is of a
+    # run from before scores (its checkpoints replay as they were made).
+    assert TrainingConfig.for_run({}).scores
+    assert not TrainingConfig.for_run({"scores": False}).scores
+    assert not TrainingConfig.from_dict({}).scores
+    with pytest.raises(TrainingConfigError, match="must be a table"):
+        TrainingConfig.for_run([])  # type: ignore[arg-type]
     with pytest.raises(TrainingConfigError, match=re.escape("training.partitioned 'sometimes'")):
         TrainingConfig.from_dict({"partitioned": "sometimes"})
     with pytest.raises(TrainingConfigError, match=re.escape("verify_partitions must be 0..64")):

@@ -1,0 +1,137 @@
+"""Op `score` against a real coordinator over HTTP (specs/coordinator.md, "Scores in
+partitioned rounds"): one signed record per member, the first stands, closed when all sent one
+or at the score deadline; the round record names each one's CID and the coordinator serves the
+bytes; bad records are refused naming what is wrong."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import trio
+
+from cnode.auth import Identity, seal
+from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo, limits
+from cnode.storage import DAG_CBOR, compute_cid
+
+from .conftest import body, post, refused, run_config
+from .test_partitions import _publish
+
+SCORE_TYPE = "cnode/score-record/v1"
+
+
+def _record(peer: Identity, note: str = "") -> bytes:
+    # The coordinator checks the envelope (type, signer); the payload is the nodes' to judge.
+    return seal(peer, SCORE_TYPE, {"round": 1, "peer": peer.peer_id_str, "note": note})
+
+
+async def _rejected(call: Any, code: str) -> CoordinatorRejected:
+    with pytest.raises(CoordinatorRejected) as caught:
+        await call
+    assert caught.value.code == code, caught.value
+    return caught.value
+
+
+def test_score_records_are_listed_served_and_closed_once_every_member_sent_one(
+    serve: Any, peers: Any
+) -> None:
+    running = serve(run_config(peers, partitioned="auto", min_participants=4))
+    by_id = {p.peer_id_str: p for p in peers}
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers)
+        assert info.scores == {} and info.scores_closed is False
+        payload = info.to_payload()
+        assert "scores" not in payload and "scores_closed" not in payload  # old bytes kept
+        members = sorted(clients)
+        records = {p: _record(by_id[p]) for p in members}
+        cids = {p: str(compute_cid(r, DAG_CBOR)) for p, r in records.items()}
+        for peer in members[:3]:
+            assert await clients[peer].score(1, record=records[peer]) == cids[peer]
+        first = clients[members[0]]
+        assert await first.score(1, record=records[members[0]]) == cids[members[0]]  # a resend
+        await _rejected(
+            first.score(1, record=_record(by_id[members[0]], "another")), "score_recorded"
+        )
+        info = await first.round_info(1)
+        assert info.scores == {p: cids[p] for p in members[:3]}
+        assert info.scores_closed is False
+        assert RoundInfo.from_payload(info.to_payload()) == info
+        await clients[members[3]].score(1, record=records[members[3]])
+        info = await first.round_info(1)
+        assert info.scores_closed is True and info.scores == cids
+        assert await first.score_records(1) == records  # the bytes, for every member
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_score_records_close_at_the_score_deadline(serve: Any, peers: Any) -> None:
+    # A 2 s collect window: the score deadline is 0.5 s before its end (a quarter of it, shorter
+    # than SCORE_CLOSE_MARGIN_S).
+    running = serve(
+        run_config(peers, partitioned="auto", min_participants=4, collect_timeout_s=2.0)
+    )
+    by_id = {p.peer_id_str: p for p in peers}
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers)
+        members = sorted(clients)
+        await clients[members[0]].score(1, record=_record(by_id[members[0]]))
+        assert info.collect_deadline_ms is not None
+        await trio.sleep(max(0.0, info.collect_deadline_ms / 1000 - time.time() - 0.4))
+        info = await clients[members[0]].round_info(1)
+        assert info.scores_closed is True and list(info.scores) == [members[0]]
+        await _rejected(
+            clients[members[1]].score(1, record=_record(by_id[members[1]])), "scores_closed"
+        )
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_bad_score_requests_are_refused_naming_what_is_wrong(serve: Any, peers: Any) -> None:
+    running = serve(run_config(peers[:3], partitioned="never", min_participants=3))
+    me, other = peers[0], peers[1]
+
+    async def main() -> None:
+        clients, _info = await _publish(running, peers[:3])
+        c: CoordinatorClient = clients[me.peer_id_str]
+        wrong_signer = await _rejected(c.score(1, record=_record(other)), "bad_envelope")
+        assert "'record'" in wrong_signer.message
+        other_type = seal(me, "cnode/partition-result/v1", {"round": 1})
+        await _rejected(c.score(1, record=other_type), "bad_envelope")
+        await _rejected(c.score(1, record=b"\xa0garbage"), "bad_envelope")
+        big = seal(me, SCORE_TYPE, {"pad": "x" * limits.MAX_SCORE_RECORD_BYTES})
+        await _rejected(c.score(1, record=big), "too_large")
+        await _rejected(c.score(1, record=_record(me)), "not_partitioned")
+        await _rejected(c.score(7, record=_record(me)), "round_not_published")
+        token = c.token
+        assert token is not None
+        raw = body(me, "score", {"round": 1, "record": "***"}, token=token)
+        refused(await trio.to_thread.run_sync(post, running, "score", raw), 400, "bad_request",
+                "'record' is not base64")  # fmt: skip
+        for client in clients.values():
+            await client.aclose()
+
+    trio.run(main)
+
+
+def test_a_non_member_may_not_send_a_score_record(serve: Any, peers: Any) -> None:
+    running = serve(run_config(peers, partitioned="auto", min_participants=3))
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:3])
+        late = next(p for p in peers if p.peer_id_str not in info.members)
+        async with CoordinatorClient(
+            running.url, run="test-run", coordinator=running.peer_id, identity=late
+        ) as c:
+            await c.join()
+            await _rejected(c.score(1, record=_record(late)), "not_member")
+        for client in clients.values():
+            await client.aclose()
+
+    trio.run(main)
