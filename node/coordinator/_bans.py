@@ -1,5 +1,6 @@
-"""Bans: by an admin, or by a strict majority of a round's other members reporting the same
-evidence (specs/coordinator.md#bans). Runs inside the caller's transaction like RunMachine."""
+"""Bans: by an admin, on a reputation report the score records confirm, or by a strict
+majority of a round's other members reporting the same evidence (specs/coordinator.md#bans).
+Runs inside the caller's transaction like RunMachine."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import structlog
 from . import limits
 from ._exceptions import RequestRefused
 from ._protocol import BanReport
+from ._reputation import REPUTATION_REASON, ReputationChecker, replay_input
 from ._store import Store
 
 __all__ = ["BanBook"]
@@ -26,9 +28,13 @@ _OUTLIER = "outlier in "
 class BanBook:
     """Bans of one run; ``advance`` is the run machine's (a ban may finish or reopen a round)."""
 
-    def __init__(self, store: Store, advance: Callable[[float], None]) -> None:
+    def __init__(self, store: Store, advance: Callable[[float], None], run: str) -> None:
         self.store = store
+        self.run = run
         self.advance = advance
+        # Replays the score records to check a reputation ban itself (ServeSettings); None =
+        # every report is counted towards a majority.
+        self.reputation_checker: ReputationChecker | None = None
 
     def ban(
         self,
@@ -79,6 +85,7 @@ class BanBook:
         needed = (len(published) - 1) // 2 + 1
         if s.ban_row(accused) is not None:
             return BanReport(accused, n, 0, needed, True)
+        checked = self._check_reputation(evidence)
         s.db.execute(
             "INSERT OR REPLACE INTO ban_reports VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -112,6 +119,20 @@ class BanBook:
                 (n, accused, evidence["reason"], evidence["update_cid"]),
             ).fetchall()
         reporters = [str(r[0]) for r in rows]
+        if checked:
+            self.ban(
+                accused,
+                evidence["reason"],
+                f"checked:{reporter}",
+                now,
+                round_=n,
+                evidence={
+                    "update_cid": evidence["update_cid"],
+                    "reporters": [reporter],
+                    "figures": evidence["figures"],
+                },
+            )
+            return BanReport(accused, n, len(reporters), needed, True)
         banned = len(reporters) >= needed
         if banned:
             self.ban(
@@ -127,3 +148,29 @@ class BanBook:
                 },
             )
         return BanReport(accused, n, len(reporters), needed, banned)
+
+    def _check_reputation(self, evidence: dict[str, Any]) -> bool:
+        """True: the score records give exactly the figures of this reputation report (ban on
+        it alone). Refused (409 evidence_refuted, nothing stored) when they give others. False:
+        not a reputation report, no checker, or the records cannot decide (the majority rule)."""
+        checker = self.reputation_checker
+        if checker is None or not evidence["reason"].startswith(REPUTATION_REASON):
+            return False
+        n, accused = int(evidence["round"]), str(evidence["peer"])
+        rounds = replay_input(self.store, n)
+        if isinstance(rounds, str):
+            log.info("reputation_unchecked", peer=accused, round=n, why=rounds)
+            return False
+        verdict = checker(
+            rounds, run=self.run, accused=accused, round_=n, figures=evidence["figures"]
+        )
+        if not verdict.decided:
+            log.info("reputation_unchecked", peer=accused, round=n, why=verdict.reason)
+            return False
+        if not verdict.correct:
+            raise RequestRefused(
+                409,
+                "evidence_refuted",
+                f"the score records of rounds 1..{n} do not give this evidence: {verdict.reason}",
+            )
+        return True

@@ -52,6 +52,7 @@ from ._protocol import (
 )
 from ._ratelimit import RateLimiter
 from ._reports import parse_report
+from ._reputation import ReputationChecker
 from ._requests import (
     parse_admin,
     parse_checkpoint,
@@ -94,6 +95,9 @@ class ServeSettings:
     # Recomputes a partition from evidence (`cnode coordinator serve` gives the training
     # package's); None = evidence is refused 409 no_evidence_checker.
     evidence_checker: EvidenceChecker | None = None
+    # Replays the score records to check a reputation-ban report itself (the training
+    # package's); None = reputation reports are counted towards a majority like any other.
+    reputation_checker: ReputationChecker | None = None
 
 
 class CoordinatorServer:
@@ -135,6 +139,7 @@ class CoordinatorServer:
         self._results: dict[int, asyncio.Event] = {}  # every partition has a result, or agreed
         self.evidence_slots = asyncio.Semaphore(limits.MAX_EVIDENCE_CHECKS)
         self.evidence_checker = settings.evidence_checker
+        self.machine.bans.reputation_checker = settings.reputation_checker
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
         self._round_cache: dict[int, str] = {}  # JSON answers of published rounds (immutable)
         self._runner: web.AppRunner | None = None

@@ -129,3 +129,7 @@ MAX_HEADER_FIELD_BYTES = 4 * ((MAX_ENVELOPE_BYTES + 2) // 3) + 1024
 # Bans: outlier reports about one peer add up over this many rounds (each node's BanPolicy
 # reaches "k of the last m rounds" at the round its own history allows: BAN_M = 5).
 BAN_REPORT_WINDOW = 5
+# Rounds the coordinator replays from the score records it holds to check a reputation-ban report
+# itself (round 1 to the report's round; each opens at most a round's score records). A report
+# of a later round is left to the majority rule: the check runs on the event loop, bounded so.
+MAX_REPUTATION_REPLAY_ROUNDS = 256
