@@ -13,7 +13,7 @@ import structlog
 from . import limits
 from ._exceptions import RequestRefused
 from ._protocol import BanReport
-from ._reputation import REPUTATION_REASON, ReputationChecker, replay_input
+from ._reputation import ReputationVerdict
 from ._store import Store
 
 __all__ = ["BanBook"]
@@ -28,13 +28,9 @@ _OUTLIER = "outlier in "
 class BanBook:
     """Bans of one run; ``advance`` is the run machine's (a ban may finish or reopen a round)."""
 
-    def __init__(self, store: Store, advance: Callable[[float], None], run: str) -> None:
+    def __init__(self, store: Store, advance: Callable[[float], None]) -> None:
         self.store = store
-        self.run = run
         self.advance = advance
-        # Replays the score records to check a reputation ban itself (ServeSettings); None =
-        # every report is counted towards a majority.
-        self.reputation_checker: ReputationChecker | None = None
 
     def ban(
         self,
@@ -65,15 +61,12 @@ class BanBook:
             raise RequestRefused(404, "not_banned", f"peer {peer} is not banned")
         self.store.append_log(now, by, "unban", {"peer": peer})
 
-    def report(self, reporter: str, evidence: dict[str, Any], now: float) -> BanReport:
-        """Count same-evidence reports of the round's members; ban on a strict majority.
-
-        Same evidence: the same rejected update of the same round, or outlier reports about the
-        same peer within BAN_REPORT_WINDOW rounds (specs/coordinator.md#bans)."""
-        s = self.store
+    def parties(self, reporter: str, evidence: dict[str, Any]) -> list[str]:
+        """The round's published members, once reporter and accused are two of them (403
+        not_member, 409 bad_accused)."""
         n, accused = evidence["round"], evidence["peer"]
-        row = s.round_row(n)
-        published = json.loads(row["members"] or "[]") if row is not None else []
+        row = self.store.round_row(n)
+        published: list[str] = json.loads(row["members"] or "[]") if row is not None else []
         if reporter not in published:
             raise RequestRefused(
                 403, "not_member", f"peer {reporter} was not a member of round {n}"
@@ -82,10 +75,28 @@ class BanBook:
             raise RequestRefused(
                 409, "bad_accused", f"peer {accused} is not another member of round {n}"
             )
+        return published
+
+    def report(
+        self,
+        reporter: str,
+        evidence: dict[str, Any],
+        now: float,
+        verdict: ReputationVerdict | None = None,
+    ) -> BanReport:
+        """Count same-evidence reports of the round's members; ban on a strict majority, or at
+        once on a reputation report the score records confirm (``verdict``, computed by the
+        caller outside the transaction: specs/coordinator.md#bans step 5).
+
+        Same evidence: the same rejected update of the same round, or outlier reports about the
+        same peer within BAN_REPORT_WINDOW rounds (specs/coordinator.md#bans)."""
+        s = self.store
+        n, accused = evidence["round"], evidence["peer"]
+        published = self.parties(reporter, evidence)
         needed = (len(published) - 1) // 2 + 1
         if s.ban_row(accused) is not None:
             return BanReport(accused, n, 0, needed, True)
-        checked = self._check_reputation(evidence)
+        checked = _confirmed(verdict, n)
         s.db.execute(
             "INSERT OR REPLACE INTO ban_reports VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -149,28 +160,16 @@ class BanBook:
             )
         return BanReport(accused, n, len(reporters), needed, banned)
 
-    def _check_reputation(self, evidence: dict[str, Any]) -> bool:
-        """True: the score records give exactly the figures of this reputation report (ban on
-        it alone). Refused (409 evidence_refuted, nothing stored) when they give others. False:
-        not a reputation report, no checker, or the records cannot decide (the majority rule)."""
-        checker = self.reputation_checker
-        if checker is None or not evidence["reason"].startswith(REPUTATION_REASON):
-            return False
-        n, accused = int(evidence["round"]), str(evidence["peer"])
-        rounds = replay_input(self.store, n)
-        if isinstance(rounds, str):
-            log.info("reputation_unchecked", peer=accused, round=n, why=rounds)
-            return False
-        verdict = checker(
-            rounds, run=self.run, accused=accused, round_=n, figures=evidence["figures"]
+
+def _confirmed(verdict: ReputationVerdict | None, n: int) -> bool:
+    """True: ban on this report alone. Refused (409 evidence_refuted, nothing stored) when the
+    records give other figures. False: no verdict, or undecided (the majority rule)."""
+    if verdict is None or not verdict.decided:
+        return False
+    if not verdict.correct:
+        raise RequestRefused(
+            409,
+            "evidence_refuted",
+            f"the score records of rounds 1..{n} do not give this evidence: {verdict.reason}",
         )
-        if not verdict.decided:
-            log.info("reputation_unchecked", peer=accused, round=n, why=verdict.reason)
-            return False
-        if not verdict.correct:
-            raise RequestRefused(
-                409,
-                "evidence_refuted",
-                f"the score records of rounds 1..{n} do not give this evidence: {verdict.reason}",
-            )
-        return True
+    return True

@@ -53,7 +53,7 @@ class RunMachine:
         self.store = store
         self.config = config
         self.coordinator = coordinator
-        self.bans = BanBook(store, self.advance, config.run)
+        self.bans = BanBook(store, self.advance)
         self.partitions = PartitionRules(store, config, self.bans, self.advance, self._log)
 
     # -- replay -------------------------------------------------------------------------------
