@@ -203,3 +203,38 @@ def test_a_disputed_round_leaves_the_report_to_the_majority(
             await c.aclose()
 
     trio.run(main)
+
+
+def test_a_round_without_score_records_leaves_the_report_to_the_majority(
+    serve: Any, peers: list[Identity]
+) -> None:
+    # A full-replication round: its scores are computed by each node and never reach the
+    # coordinator, so the records cannot decide (whatever the figures say).
+    running = serve(run_config(peers, min_participants=4), reputation_checker=check_reputation)
+    accused = peers[3].peer_id_str
+    report = {
+        "peer": accused,
+        "round": 1,
+        "reason": f"reputation below the ban bound in {ROUNDS} rounds in a row",
+        "update_cid": str(_header(accused, 1)),
+        "figures": {"rounds": [1], "reputations": [-1875]},
+    }
+
+    async def main() -> None:
+        clients = _clients(running, peers)
+        for c in clients.values():
+            await c.join()
+            assert await c.join_round() == 1
+        for c in clients.values():
+            await c.ready(1)
+        first, second = (clients[p.peer_id_str] for p in peers[:2])
+        with trio.fail_after(10):
+            await first.wait_members(1)
+        answer = await first.report_ban_evidence(report)
+        assert (answer.reports, answer.needed, answer.banned) == (1, 2, False)
+        answer = await second.report_ban_evidence(report)
+        assert answer.banned and [b.by for b in await first.bans()] == ["majority:2 of 3"]
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
