@@ -10,7 +10,7 @@ import asyncio
 import json
 import os
 import signal
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from cnode.node.coordinator.server import (
     BadEvidence,
     CoordinatorServer,
     PartitionVerdict,
+    ReputationVerdict,
     ServeSettings,
     StateGossip,
 )
@@ -156,6 +157,24 @@ def check_evidence(
     return verdict
 
 
+def check_reputation(
+    rounds: Sequence[tuple[int, Mapping[str, str], Mapping[str, bytes]]],
+    *,
+    run: str,
+    accused: str,
+    round_: int,
+    figures: str,
+) -> ReputationVerdict:
+    """The coordinator's reputation checker: the training package's replay of the score
+    records (imported on first use: the training package pulls torch)."""
+    from cnode.node.train import check_reputation_evidence
+
+    verdict: ReputationVerdict = check_reputation_evidence(
+        rounds, run=run, accused=accused, round_=round_, figures=figures
+    )
+    return verdict
+
+
 def _serve(args: argparse.Namespace) -> int:
     config = load_run_config(args.run_config)
     host, port = _listen(args.listen)
@@ -169,6 +188,7 @@ def _serve(args: argparse.Namespace) -> int:
         port=port,
         hf_endpoint=args.hf_endpoint,
         evidence_checker=check_evidence,
+        reputation_checker=check_reputation,
     )
     p2p = None
     if args.p2p_listen:

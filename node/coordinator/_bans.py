@@ -1,5 +1,6 @@
-"""Bans: by an admin, or by a strict majority of a round's other members reporting the same
-evidence (specs/coordinator.md#bans). Runs inside the caller's transaction like RunMachine."""
+"""Bans: by an admin, on a reputation report the score records confirm, or by a strict
+majority of a round's other members reporting the same evidence (specs/coordinator.md#bans).
+Runs inside the caller's transaction like RunMachine."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import structlog
 from . import limits
 from ._exceptions import RequestRefused
 from ._protocol import BanReport
+from ._reputation import ReputationVerdict
 from ._store import Store
 
 __all__ = ["BanBook"]
@@ -59,15 +61,12 @@ class BanBook:
             raise RequestRefused(404, "not_banned", f"peer {peer} is not banned")
         self.store.append_log(now, by, "unban", {"peer": peer})
 
-    def report(self, reporter: str, evidence: dict[str, Any], now: float) -> BanReport:
-        """Count same-evidence reports of the round's members; ban on a strict majority.
-
-        Same evidence: the same rejected update of the same round, or outlier reports about the
-        same peer within BAN_REPORT_WINDOW rounds (specs/coordinator.md#bans)."""
-        s = self.store
+    def parties(self, reporter: str, evidence: dict[str, Any]) -> list[str]:
+        """The round's published members, once reporter and accused are two of them (403
+        not_member, 409 bad_accused)."""
         n, accused = evidence["round"], evidence["peer"]
-        row = s.round_row(n)
-        published = json.loads(row["members"] or "[]") if row is not None else []
+        row = self.store.round_row(n)
+        published: list[str] = json.loads(row["members"] or "[]") if row is not None else []
         if reporter not in published:
             raise RequestRefused(
                 403, "not_member", f"peer {reporter} was not a member of round {n}"
@@ -76,9 +75,28 @@ class BanBook:
             raise RequestRefused(
                 409, "bad_accused", f"peer {accused} is not another member of round {n}"
             )
+        return published
+
+    def report(
+        self,
+        reporter: str,
+        evidence: dict[str, Any],
+        now: float,
+        verdict: ReputationVerdict | None = None,
+    ) -> BanReport:
+        """Count same-evidence reports of the round's members; ban on a strict majority, or at
+        once on a reputation report the score records confirm (``verdict``, computed by the
+        caller outside the transaction: specs/coordinator.md#bans step 5).
+
+        Same evidence: the same rejected update of the same round, or outlier reports about the
+        same peer within BAN_REPORT_WINDOW rounds (specs/coordinator.md#bans)."""
+        s = self.store
+        n, accused = evidence["round"], evidence["peer"]
+        published = self.parties(reporter, evidence)
         needed = (len(published) - 1) // 2 + 1
         if s.ban_row(accused) is not None:
             return BanReport(accused, n, 0, needed, True)
+        checked = _confirmed(verdict, n)
         s.db.execute(
             "INSERT OR REPLACE INTO ban_reports VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
@@ -112,6 +130,20 @@ class BanBook:
                 (n, accused, evidence["reason"], evidence["update_cid"]),
             ).fetchall()
         reporters = [str(r[0]) for r in rows]
+        if checked:
+            self.ban(
+                accused,
+                evidence["reason"],
+                f"checked:{reporter}",
+                now,
+                round_=n,
+                evidence={
+                    "update_cid": evidence["update_cid"],
+                    "reporters": [reporter],
+                    "figures": evidence["figures"],
+                },
+            )
+            return BanReport(accused, n, len(reporters), needed, True)
         banned = len(reporters) >= needed
         if banned:
             self.ban(
@@ -127,3 +159,17 @@ class BanBook:
                 },
             )
         return BanReport(accused, n, len(reporters), needed, banned)
+
+
+def _confirmed(verdict: ReputationVerdict | None, n: int) -> bool:
+    """True: ban on this report alone. Refused (409 evidence_refuted, nothing stored) when the
+    records give other figures. False: no verdict, or undecided (the majority rule)."""
+    if verdict is None or not verdict.decided:
+        return False
+    if not verdict.correct:
+        raise RequestRefused(
+            409,
+            "evidence_refuted",
+            f"the score records of rounds 1..{n} do not give this evidence: {verdict.reason}",
+        )
+    return True

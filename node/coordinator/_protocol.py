@@ -219,7 +219,7 @@ class BanRecord:
     username: str  # its HF username ("" if it joined by peer id)
     reason: str  # human-readable reason
     round: int | None  # the round of the evidence, if any
-    by: str  # "admin:<peer id>" or "majority:<n> reporters"
+    by: str  # "admin:<peer id>", "majority:<n> of <m>" or "checked:<reporter>" (records replayed)
     at_ms: int  # when the ban took effect
 
     def to_payload(self) -> dict[str, Any]:

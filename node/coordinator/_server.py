@@ -52,6 +52,7 @@ from ._protocol import (
 )
 from ._ratelimit import RateLimiter
 from ._reports import parse_report
+from ._reputation import ReputationChecker, ReputationVerdict, reputation_verdict
 from ._requests import (
     parse_admin,
     parse_checkpoint,
@@ -94,6 +95,9 @@ class ServeSettings:
     # Recomputes a partition from evidence (`cnode coordinator serve` gives the training
     # package's); None = evidence is refused 409 no_evidence_checker.
     evidence_checker: EvidenceChecker | None = None
+    # Replays the score records to check a reputation-ban report itself (the training
+    # package's); None = reputation reports are counted towards a majority like any other.
+    reputation_checker: ReputationChecker | None = None
 
 
 class CoordinatorServer:
@@ -135,6 +139,7 @@ class CoordinatorServer:
         self._results: dict[int, asyncio.Event] = {}  # every partition has a result, or agreed
         self.evidence_slots = asyncio.Semaphore(limits.MAX_EVIDENCE_CHECKS)
         self.evidence_checker = settings.evidence_checker
+        self.reputation_checker = settings.reputation_checker
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
         self._round_cache: dict[int, str] = {}  # JSON answers of published rounds (immutable)
         self._runner: web.AppRunner | None = None
@@ -336,6 +341,10 @@ class CoordinatorServer:
             result = await self._join(signer, counter, args)
         elif op is Op.ADMIN:
             result = self._admin(signer, counter, args)
+        elif op is Op.BAN_EVIDENCE:
+            evidence = parse_evidence(args)
+            verdict = await reputation_verdict(self, signer, req.token, evidence)
+            result = self._peer_op(op, signer, counter, args, req.token, verdict)
         else:
             result = self._peer_op(op, signer, counter, args, req.token)
         if self.store.version() != before:
@@ -419,7 +428,13 @@ class CoordinatorServer:
         return "" if access.username == PEER_ONLY_USERNAME else access.username
 
     def _peer_op(
-        self, op: Op, peer: str, counter: int, args: dict[str, Any], token: Any
+        self,
+        op: Op,
+        peer: str,
+        counter: int,
+        args: dict[str, Any],
+        token: Any,
+        verdict: ReputationVerdict | None = None,
     ) -> dict[str, Any]:
         now = time.time()
         username = self.access(peer, token, now)
@@ -453,7 +468,7 @@ class CoordinatorServer:
             if op is Op.CHECKPOINT:
                 record = parse_checkpoint(args, peer)
                 return {"checkpoint": m.submit_checkpoint(peer, record, now).to_payload()}
-            return m.bans.report(peer, parse_evidence(args), now).to_json()
+            return m.bans.report(peer, parse_evidence(args), now, verdict).to_json()
 
     def _admin(self, signer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
         if signer not in self.admins:

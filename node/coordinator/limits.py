@@ -116,8 +116,9 @@ MAX_SCORE_RECORD_BYTES = 4096
 # partition's inputs, the header and what it names). Read streaming with this bound, outside the
 # app's client_max_size; beyond it: 413.
 MAX_EVIDENCE_BYTES = 256 * 1024 * 1024
-# Evidence checks (body read + recomputation in a worker thread) in progress at once; more wait
-# as 429 with Retry-After. Bounds memory at this many MAX_EVIDENCE_BYTES bodies.
+# Evidence checks (body read + recomputation in a worker thread, or a reputation replay) in
+# progress at once; more wait as 429 with Retry-After. Bounds memory at this many
+# MAX_EVIDENCE_BYTES bodies.
 MAX_EVIDENCE_CHECKS = 2
 # Seconds a client waits for the answer to its evidence (upload and the coordinator's
 # recomputation of one partition).
@@ -129,3 +130,8 @@ MAX_HEADER_FIELD_BYTES = 4 * ((MAX_ENVELOPE_BYTES + 2) // 3) + 1024
 # Bans: outlier reports about one peer add up over this many rounds (each node's BanPolicy
 # reaches "k of the last m rounds" at the round its own history allows: BAN_M = 5).
 BAN_REPORT_WINDOW = 5
+# Rounds, and signed score records in them, the coordinator replays to check a reputation-ban
+# report itself (round 1 to the report's round, in a worker thread; ~0.4 ms per record on one
+# core: 16,384 records take some 7 s). A report beyond either is left to the majority rule.
+MAX_REPUTATION_REPLAY_ROUNDS = 256
+MAX_REPUTATION_REPLAY_RECORDS = 16_384

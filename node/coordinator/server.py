@@ -9,6 +9,8 @@ coordinator, never imports the HTTP server, the run state machine or SQLite.
 - :class:`ServeSettings`: what one server serves.
 - :class:`EvidenceChecker`, :class:`PartitionVerdict`, :class:`BadEvidence`: how it recomputes a
   partition result from evidence (the training package provides the function).
+- :class:`ReputationChecker`, :class:`ReputationVerdict`: how it checks a reputation-ban report
+  on the score records it holds (the training package provides the function).
 """
 
 from ._evidence import EvidenceChecker as EvidenceChecker
@@ -16,6 +18,8 @@ from ._evidence import PartitionVerdict as PartitionVerdict
 from ._exceptions import BadEvidence as BadEvidence
 from ._gossip import StateGossip as StateGossip
 from ._process import CoordinatorProcess as CoordinatorProcess
+from ._reputation import ReputationChecker as ReputationChecker
+from ._reputation import ReputationVerdict as ReputationVerdict
 from ._server import CoordinatorServer as CoordinatorServer
 from ._server import ServeSettings as ServeSettings
 
@@ -25,6 +29,8 @@ __all__ = [
     "CoordinatorServer",
     "EvidenceChecker",
     "PartitionVerdict",
+    "ReputationChecker",
+    "ReputationVerdict",
     "ServeSettings",
     "StateGossip",
 ]

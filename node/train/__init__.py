@@ -54,6 +54,8 @@ from ._partitioned import seal_partition_result as seal_partition_result
 from ._partitioned import state_numel as state_numel
 from ._replay_fetch import ReplayInputs as ReplayInputs
 from ._replay_fetch import fetch_replay_inputs as fetch_replay_inputs
+from ._reputation_evidence import ReputationVerdict as ReputationVerdict
+from ._reputation_evidence import check_reputation_evidence as check_reputation_evidence
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
@@ -92,6 +94,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "ReplayInputs",
     "ReplayMismatchError",
     "ReplayReport",
+    "ReputationVerdict",
     "RoundScoring",
     "RoundStalledError",
     "SCORE_RECORD_TYPE",
@@ -109,6 +112,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "build_model",
     "build_partition_evidence",
     "check_partition_evidence",
+    "check_reputation_evidence",
     "check_signed_updates",
     "evaluate",
     "fetch_replay_inputs",

@@ -52,11 +52,12 @@ def test_a_data_attacker_is_left_out_and_banned_within_3_rounds_on_recomputable_
     for node in honest:
         assert swarm.wait_exit(node, timeout=300) == 0, swarm.describe()
 
-    # Banned by the coordinator on a majority of members' reputation evidence, within 3 rounds.
+    # Banned within 3 rounds on the first reputation report: the coordinator replayed the score
+    # records it holds and found the report's figures (no majority waited for).
     (ban,) = swarm.run_state().bans
     assert ban.peer == bad.peer and ban.round <= ROUNDS, ban
     assert ban.reason.startswith("reputation below the ban bound"), ban
-    assert ban.by.startswith("majority"), ban
+    assert ban.by in {f"checked:{n.peer}" for n in honest}, ban
     assert {e["accused"] for n in honest for e in n.events("ban_reported")} == {bad.peer}
 
     # The honest nodes agree on every round's state; the attacker's update entered none.
