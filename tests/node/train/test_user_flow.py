@@ -112,8 +112,12 @@ def test_three_nodes_from_the_readme_train_together_without_bootstrap(
         events = read_report(tmp_path / f"home-{name}" / "report.jsonl")
         rounds = [e for e in events if e["event"] == "round"]
         assert [e["round"] for e in rounds] == list(range(1, ROUNDS + 1)), name
-        # Every round aggregated all three members: nobody aggregated alone.
-        assert all(len(e["members"]) == 3 and not e["dropped"] for e in rounds), rounds
+        # Every round had all three members: nobody aggregated alone. Scores are on by default,
+        # so an honest update that does not measurably help its own data may sit a round out
+        # (specs/aggregation.md, "Scores and reputation"); nothing else may drop one.
+        for e in rounds:
+            assert len(e["members"]) + len(e["dropped"]) == 3 and len(e["members"]) >= 2, e
+            assert all(why.startswith("left out by scores") for why in e["dropped"].values()), e
         finals[name] = rounds[-1]["state_cid"]
         # Each node advertised its --listen address through its join.
         (listening,) = [e for e in events if e["event"] == "listening"]
