@@ -172,22 +172,43 @@ def final_report(
 
 
 def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
-    """The ban evidence in words; the numbers are the aggregation's own records."""
+    """The ban evidence in words; the numbers are the aggregation's own records.
+
+    Two kinds (specs/aggregation.md "Ban policy"): an outlier's distances and clip weights, or a
+    low reputation's scores and losses (scores are on by default)."""
     lines = [f"  reason: {reason}"]
     rounds = figures.get("rounds") or []
     for i, round_ in enumerate(rounds):
-        score = figures.get("scores", [None] * len(rounds))[i]
-        distance = figures.get("distances", [None] * len(rounds))[i]
-        weight = figures.get("clip_weights", [None] * len(rounds))[i]
-        cid = (figures.get("update_cids") or [None] * len(rounds))[i]
-        lines.append(
-            f"  round {round_}: distance to the aggregate {distance:.1f}, "
-            f"{score:.1f}x the median distance (outlier above {figures.get('outlier_score')}), "
-            f"CenteredClip weight {weight:.3f}, update {cid}"
-        )
+        parts = []
+        distance = _nth(figures, "distances", i)
+        if distance is not None:
+            parts.append(f"distance to the aggregate {distance:.1f}")
+        score = _nth(figures, "scores", i)
+        if isinstance(score, dict):  # a reputation ban: the losses anyone can recompute
+            parts.append(
+                f"loss on its own data {score['own_before']:.3f} -> {score['own_after']:.3f}, "
+                f"held-out {score['held_before']:.3f} -> {score['held_after']:.3f}, "
+                f"score {score['score']}"
+            )
+        elif score is not None:
+            outlier = figures.get("outlier_score")
+            parts.append(f"{score:.1f}x the median distance (outlier above {outlier})")
+        reputation = _nth(figures, "reputations", i)
+        if reputation is not None:
+            parts.append(f"reputation {reputation} (ban bound {_nth(figures, 'bounds', i)})")
+        weight = _nth(figures, "clip_weights", i)
+        if weight is not None:
+            parts.append(f"CenteredClip weight {weight:.3f}")
+        parts.append(f"update {_nth(figures, 'update_cids', i)}")
+        lines.append(f"  round {round_}: " + ", ".join(parts))
     if "rejected" in figures:
         lines.append(f"  rejected: {figures['rejected']}")
     return "\n".join(lines)
+
+
+def _nth(figures: dict[str, Any], key: str, i: int) -> Any:
+    values = figures.get(key) or []
+    return values[i] if i < len(values) else None
 
 
 def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
