@@ -86,7 +86,8 @@ def test_the_dashboard_shows_a_live_run_with_its_ban(swarm: Swarm, tmp_path: Pat
         reporters = page.evaluate(
             "[...document.querySelectorAll('#bans-table .reporter .cid')].map(e => e.title)"
         )
-        assert len(reporters) >= 2 and evil.peer not in reporters
+        # The coordinator may ban on one report it checked itself.
+        assert reporters and evil.peer not in reporters
         # The figures per round: one row per round of the evidence.
         assert page.evaluate("document.querySelectorAll('#bans-table table.figures tr').length")
 
