@@ -25,7 +25,6 @@ Sizes: ``--size-mb`` (default 400) and ``--capped-mb`` (100);
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import resource
 import shutil
@@ -247,16 +246,52 @@ def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned") -> float:
         _stop([server])
 
 
-def _hivemind_note() -> None:
-    """hivemind's load_state_from_peers is compared only where it is installed (its own venv)."""
+def _hivemind_note(size_mb: int, fetch_mbps: float) -> float | None:
+    """hivemind 1.1.12's load_state_from_peers, same size and run, where a venv has it.
+
+    hivemind is never a dependency of cnode: its python comes from ``CNODE_BENCH_HIVEMIND_PYTHON``
+    or ``/opt/hivemind-venv/bin/python`` and runs ``bench/_hivemind_fetch.py`` (two processes on
+    loopback, one holder, one joiner). Returns its MB/s, or None where it is absent or failed.
+    """
     python = os.environ.get("CNODE_BENCH_HIVEMIND_PYTHON")
-    if python is None and importlib.util.find_spec("hivemind") is None:
+    if python is None:
+        default = Path("/opt/hivemind-venv/bin/python")
+        try:
+            probe = subprocess.run(
+                [str(default), "-c", "import hivemind"], capture_output=True, timeout=120
+            )
+            if probe.returncode == 0:
+                python = str(default)
+        except (OSError, subprocess.TimeoutExpired):
+            pass  # absent or broken: reported as not installed
+    if python is None:
         print(
             "hivemind: not installed here (set CNODE_BENCH_HIVEMIND_PYTHON to a venv's python "
             "that has it); issue 11 measured its unverified load_state_from_peers at 169 MB/s"
         )
-        return
-    print(f"hivemind: installed ({python or sys.executable}); no runner for it in this bench yet")
+        return None
+    script = ROOT / "bench" / "_hivemind_fetch.py"
+    cmd = [python, str(script), "--size-mb", str(size_mb), "--timeout", "540"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        print(f"hivemind ({python}): not measured: {type(e).__name__}: {e}")
+        return None
+    line = next((x for x in done.stdout.splitlines() if x.startswith("hivemind_fetch ")), None)
+    if done.returncode != 0 or line is None:
+        errs = done.stderr.splitlines()
+        why = next((x for x in errs if x.startswith("hivemind_fetch failed")), None)
+        why = why or (errs[-1] if errs else "no output")
+        print(f"hivemind ({python}): not measured (rc {done.returncode}): {why}")
+        return None
+    nbytes, seconds, mbps = int(line.split()[1]), float(line.split()[2]), float(line.split()[3])
+    print(
+        f"hivemind 1.1.12 load_state_from_peers (unverified), same run: {mbps:.1f} MB/s "
+        f"({nbytes / 1e6:.0f} MB in {seconds:.2f} s); "
+        f"ratio cnode fetch / hivemind: {fetch_mbps / mbps:.2f}",
+        flush=True,
+    )
+    return mbps
 
 
 def _gateway_section(base: Path, size_mb: int) -> None:
@@ -356,7 +391,7 @@ def main() -> None:
             f"CPU-bound capacity: fetch {fetch_cap:.0f} MB/s, raw stream {raw_cap:.0f} MB/s, "
             f"ratio {fetch_cap / raw_cap:.2f}"
         )
-        _hivemind_note()
+        _hivemind_note(args.size_mb, mbps)
         print(
             f"joiner peak RSS: {rss / 1e6:.0f} MB "
             f"(goal <= 256 MB above model size; model {size / 1e6:.0f} MB is streamed to disk)"
