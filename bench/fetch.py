@@ -3,8 +3,10 @@
 1. Uncapped loopback: a 400 MB checkpoint from 1 holder process to a joiner process
    (``cnode checkpoint fetch``), MB/s against a raw libp2p stream (Noise + yamux, same host
    settings: yamux frames that fit one Noise message, buffered TCP reads, batched window
-   updates: defects 12-14) between two processes in the same run, and against one with
-   py-libp2p's own settings. Peak RSS of the joiner.
+   updates: defects 12-14) between two processes in the same run, against one with
+   py-libp2p's own settings, and against the tuned stream whose receiver also hashes every
+   1 MiB block and writes it to a BlockStore (one fsync at the end): the work a verified,
+   stored fetch cannot avoid, without cnode's protocol. Peak RSS of the joiner.
 2. Capped: k = 1, 2, 4 holder processes, each capped at R bytes/s by its own token bucket
    (``--rate``); fetch time against the ideal size / (k * R). R defaults to 5 MB/s so that
    4R stays below what one (shared, loaded) core here verifies and stores.
