@@ -20,7 +20,22 @@ Messages name the peer (short id) and CID involved; they never contain secrets.
 
 from __future__ import annotations
 
+import trio
+
 from cnode.node._exceptions import NodeError
+
+
+def lone_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """What ended a nursery of two tasks where one task's error cancelled the other: that error
+    (unwrapped), or ``group`` itself when it holds only cancellations (for the enclosing cancel
+    scope) or several real errors."""
+    _cancelled, errors = group.split(trio.Cancelled)
+    if errors is None:
+        return group
+    error: BaseException = errors
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return error
 
 
 class P2PError(NodeError):

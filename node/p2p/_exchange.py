@@ -23,7 +23,7 @@ from cnode.storage import (
 )
 
 from . import limits
-from ._exceptions import BadBlockError, PeerProtocolError, RemoteRefusedError
+from ._exceptions import BadBlockError, PeerProtocolError, RemoteRefusedError, lone_error
 from ._wire import Block, ByteStream, End, Error, FrameReader, Lacking, Request
 
 OnBlock = Callable[[VerifiedBlock], Awaitable[None]]
@@ -48,6 +48,7 @@ async def request_blocks(
     on_block: OnBlock,
     on_frame: Callable[[], None] = lambda: None,
     on_block_start: Callable[[CID], None] = lambda _cid: None,
+    on_block_arrived: Callable[[CID], None] = lambda _cid: None,
 ) -> set[CID]:
     """Ask for ``cids`` on ``stream``; call ``on_block`` for each verified block; return lacks.
 
@@ -59,6 +60,8 @@ async def request_blocks(
         on_block_start: called with a BLOCK's CID as soon as its header has arrived, before
             its bytes. Blocks come in request order, so every CID requested before it and not
             answered is one the holder lacks. What it raises ends the request.
+        on_block_arrived: called with a BLOCK's CID once its bytes have arrived whole, before
+            they are hashed (the next block may then arrive while this one is kept).
 
     Returns: the CIDs the holder said it lacks.
 
@@ -69,6 +72,58 @@ async def request_blocks(
     if not 0 < len(cids) <= limits.MAX_REQUEST_CIDS:
         raise ValueError(f"a request names 1 to {limits.MAX_REQUEST_CIDS} CIDs")
     await stream.write(Request(tuple(cids)).encode())
+    # Receiving and keeping run side by side: the next block's bytes arrive while the last one
+    # is hashed and stored, so the holder never waits on our disk (at most RECEIVED_AHEAD
+    # blocks wait in memory per request). A bad block ends the request at once; any other
+    # fault ends it once the blocks that arrived whole before it are checked and kept.
+    lacking: set[CID] = set()
+    fault: Exception | None = None
+    try:
+        async with trio.open_nursery() as nursery:
+            keeper = _Keeper(nursery, on_block)
+            try:
+                lacking = await _read_answer(
+                    stream, cids, keeper.keep, on_frame, on_block_start, on_block_arrived
+                )
+            except Exception as exc:
+                fault = exc
+    except BaseExceptionGroup as group:
+        raise lone_error(group) from None
+    if fault is not None:
+        raise fault
+    return lacking
+
+
+class _Keeper:
+    """Checks and hands on the blocks of one request, up to RECEIVED_AHEAD at once, each in
+    its own task (the hash and the store's write run in worker threads, side by side)."""
+
+    def __init__(self, nursery: trio.Nursery, on_block: OnBlock) -> None:
+        self._nursery = nursery
+        self._on_block = on_block
+        self._slots = trio.Semaphore(limits.RECEIVED_AHEAD)
+
+    async def keep(self, frame: Block) -> None:
+        """Start keeping ``frame`` (waits while RECEIVED_AHEAD blocks are being kept)."""
+        await self._slots.acquire()
+        self._nursery.start_soon(self._keep, frame)
+
+    async def _keep(self, frame: Block) -> None:
+        try:
+            block = await trio.to_thread.run_sync(_checked, frame.cid, frame.data)
+            await self._on_block(block)
+        finally:
+            self._slots.release()
+
+
+async def _read_answer(
+    stream: ByteStream,
+    cids: Sequence[CID],
+    keep: Callable[[Block], Awaitable[None]],
+    on_frame: Callable[[], None],
+    on_block_start: Callable[[CID], None],
+    on_block_arrived: Callable[[CID], None],
+) -> set[CID]:
     unanswered = set(cids)
     order = {cid: i for i, cid in enumerate(cids)}
     last = -1  # request index of the latest BLOCK
@@ -92,9 +147,9 @@ async def request_blocks(
         if isinstance(frame, Block):
             if frame.cid not in unanswered:
                 raise PeerProtocolError(f"unrequested or repeated block {frame.cid}")
-            block = await trio.to_thread.run_sync(_checked, frame.cid, frame.data)
             unanswered.discard(frame.cid)
-            await on_block(block)
+            on_block_arrived(frame.cid)
+            await keep(frame)
         elif isinstance(frame, Lacking):
             if not set(frame.cids) <= unanswered:
                 raise PeerProtocolError("LACKING names CIDs not requested or already answered")

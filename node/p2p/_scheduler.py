@@ -123,6 +123,12 @@ class _Holder:
     refused: bool = False  # it refused this node outright (FORBIDDEN, or not admitted)
     first_request: float | None = None  # trio time its first request started
 
+    def observed_s(self) -> float:
+        """Seconds since its first request (0 before any)."""
+        if self.first_request is None:
+            return 0.0
+        return trio.current_time() - self.first_request
+
     def rate(self) -> float:
         """Bytes per second delivered since its first request (0 before any)."""
         if self.first_request is None:
@@ -145,15 +151,16 @@ class _Request:
     stolen: set[CID] = field(default_factory=set)  # moved to another holder
     skipped: set[CID] = field(default_factory=set)  # passed over by the holder: it lacks them
     position: int = -1
-    storing: bool = False  # the block on the wire arrived whole and is being stored
+    arrived: set[CID] = field(default_factory=set)  # received whole: being checked or stored
     scope: trio.CancelScope | None = None
     abandoned: bool = False
 
     def on_wire(self) -> CID | None:
         """The CID whose BLOCK is arriving (header seen, not yet delivered), if any."""
-        if self.position < 0 or self.cids[self.position] in self.delivered:
+        if self.position < 0:
             return None
-        return self.cids[self.position]
+        cid = self.cids[self.position]
+        return None if cid in self.delivered or cid in self.arrived else cid
 
     def unsent(self) -> list[CID]:
         """CIDs after the one on the wire that are still this request's, in request order."""
@@ -255,13 +262,16 @@ class Transfer:
             victim = request.holder
             if victim is thief or victim.dropped is not None or victim.rate() > thief_rate:
                 continue
-            much_slower = victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
+            much_slower = (
+                victim.observed_s() >= limits.STEAL_MIN_OBSERVED_S
+                and victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
+            )
             left = request.unsent()
             if not much_slower:
                 left = left[1:]
             else:
                 current = request.on_wire()
-                if current is not None and not request.storing and current not in request.stolen:
+                if current is not None and current not in request.stolen:
                     left = [current, *left]
             left = [c for c in left if c not in thief.lacks]
             tail = left if much_slower else left[len(left) // 2 :]
@@ -429,12 +439,9 @@ class Transfer:
             cid, data = block.cid, block.data
             if cid in request.stolen:  # moved while its last bytes were being checked
                 raise _Abandoned
-            request.storing = True
-            try:
-                # Hashed once on receipt (request_blocks): the store does not hash it again.
-                nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
-            finally:
-                request.storing = False
+            request.arrived.add(cid)
+            # Hashed once on receipt (request_blocks): the store does not hash it again.
+            nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
             self._enqueue(nodes, leaves)  # before cid leaves _in_flight: no worker stops early
             request.delivered.add(cid)
             self._stored.add(cid)
@@ -459,7 +466,7 @@ class Transfer:
             stream = await self.open_stream(holder.peer)
             try:
                 lacked = await request_blocks(
-                    stream, request.cids, on_block, on_frame, on_block_start
+                    stream, request.cids, on_block, on_frame, on_block_start, request.arrived.add
                 )
             except BaseException:
                 # Also on cancellation: tell the holder to stop sending (bounded, shielded).

@@ -23,6 +23,11 @@ MAX_ERROR_TEXT = 512
 # Requests one fetcher keeps in flight per holder (each on its own stream). 2 hides the gap
 # between requests; more streams only contend in yamux (measured: 1: 55, 2: 60, 3: 45 MB/s).
 MAX_IN_FLIGHT_PER_HOLDER = 2
+# Blocks of one request received whole and waiting to be hashed and stored while the next one
+# arrives (specs/blocks.md#fetching, 12): memory per request is about this many MAX_BLOCK_SIZE.
+RECEIVED_AHEAD = 2
+# Blocks a holder reads (and verifies) from its store ahead of the one it is sending.
+SERVE_READ_AHEAD = 1
 # Requests one holder serves at once for one peer; more are refused with BUSY.
 MAX_SERVED_STREAMS_PER_PEER = 8
 # Blocks asked for in one request by the scheduler (small: bounds the tail on a slow holder).
@@ -30,6 +35,9 @@ BATCH_BLOCKS = 8
 # End game: a holder this many times slower than an idle one loses all its undelivered blocks
 # to it, the one on the wire included (see _scheduler._steal).
 STEAL_SLOWER_FACTOR = 4.0
+# ... but only once it has had this long since its first request: a holder whose first block is
+# still arriving has delivered nothing yet, which says nothing of its speed.
+STEAL_MIN_OBSERVED_S = 1.0
 # A request that yields no frame for this long is abandoned and its blocks go to other holders.
 NO_PROGRESS_TIMEOUT_S = 10.0
 # A requester that sends no complete REQUEST frame within this time has its stream reset.

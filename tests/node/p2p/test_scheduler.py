@@ -25,7 +25,14 @@ import torch
 import trio
 import trio.testing
 
-from cnode.node.p2p import FetchError, FetchReport, PeerProtocolError, StreamBroken, limits
+from cnode.node.p2p import (
+    BadBlockError,
+    FetchError,
+    FetchReport,
+    PeerProtocolError,
+    StreamBroken,
+    limits,
+)
 from cnode.node.p2p._exchange import request_blocks
 from cnode.node.p2p._scheduler import RequestStream, Transfer
 from cnode.node.p2p._wire import Block, End, Lacking, Request
@@ -434,6 +441,115 @@ def test_block_start_seen_before_its_bytes() -> None:
     lacked = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert lacked == {cids[0]}
     assert seen == [("start", cids[1]), ("block", cids[1]), ("start", cids[2]), ("block", cids[2])]
+
+
+# -- receiving while keeping ----------------------------------------------------------------
+
+
+def test_next_block_arrives_while_the_last_is_kept() -> None:
+    """The holder is not held up by our disk: while one block is hashed and stored, the next
+    one's bytes are read, and RECEIVED_AHEAD blocks are kept side by side."""
+    blocks = _blocks(6, size=4000)
+    cids = list(blocks)
+    seen: list[tuple[str, CID]] = []
+    keep_s = 5.0  # virtual seconds to store one block: far slower than the holder sends
+
+    async def main() -> float:
+        stream = FakeStream(FakeHolder("x", blocks, block_s=0.1))
+
+        async def keep(block: VerifiedBlock) -> None:
+            await trio.sleep(keep_s)
+            seen.append(("kept", block.cid))
+
+        start = trio.current_time()
+        assert (
+            await request_blocks(
+                stream, cids, keep, on_block_start=lambda cid: seen.append(("start", cid))
+            )
+            == set()
+        )
+        return trio.current_time() - start
+
+    seconds = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert [c for kind, c in seen if kind == "kept"] == cids  # every block handed on, once
+    assert seen.index(("start", cids[1])) < seen.index(("kept", cids[0]))
+    assert seconds == pytest.approx(len(cids) * keep_s / limits.RECEIVED_AHEAD, abs=1.0)
+
+
+def _answer_then_break(blocks: dict[CID, bytes], frames: list[bytes]) -> FakeStream:
+    class Breaks(FakeStream):
+        async def write(self, data: bytes) -> None:
+            await super().write(data)
+            self.steps = collections.deque((0.0, f, None) for f in frames)
+
+        async def read(self, max_bytes: int) -> bytes:
+            if not self.steps and not self.buffer:
+                raise StreamBroken("the holder went away")
+            return await super().read(max_bytes)
+
+    return Breaks(FakeHolder("x", blocks))
+
+
+def test_blocks_that_arrived_before_a_fault_are_still_kept() -> None:
+    blocks = _blocks(3)
+    a, b, c = list(blocks)
+    kept: list[CID] = []
+    stream = _answer_then_break(
+        blocks, [Block(a, blocks[a]).encode(), Block(b, blocks[b]).encode()]
+    )
+
+    async def main() -> None:
+        async def keep(block: VerifiedBlock) -> None:
+            await trio.sleep(1.0)
+            kept.append(block.cid)
+
+        with pytest.raises(StreamBroken, match="went away"):
+            await request_blocks(stream, [a, b, c], keep)
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert kept == [a, b]  # received whole before the stream broke: not thrown away
+
+
+def test_a_bad_block_behind_good_ones_ends_the_request_with_the_evidence() -> None:
+    blocks = _blocks(3)
+    a, b, c = list(blocks)
+    forged = bytes([blocks[b][0] ^ 0xFF]) + blocks[b][1:]
+    frames = [Block(a, blocks[a]).encode(), Block(b, forged).encode(), Block(c, blocks[c]).encode()]
+    stream = _answer_then_break(blocks, [*frames, End().encode()])
+    kept: list[CID] = []
+
+    async def main() -> None:
+        async def keep(block: VerifiedBlock) -> None:
+            await trio.sleep(1.0)
+            kept.append(block.cid)
+
+        with pytest.raises(BadBlockError) as info:
+            await request_blocks(stream, [a, b, c], keep)
+        assert info.value.claimed == str(b)
+        assert info.value.computed == str(compute_cid(forged))
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert b not in kept
+
+
+def test_a_holder_is_not_robbed_of_its_first_block_for_having_delivered_nothing_yet(
+    tmp_path: Path,
+) -> None:
+    """Before its first block arrives a holder's rate is 0, which says nothing of its speed:
+    its block on the wire is not moved away (and received twice) during its first
+    STEAL_MIN_OBSERVED_S, however fast another holder is."""
+    blocks = _blocks(12)
+    cids = list(blocks)
+    starter = FakeHolder("starter", blocks, block_s=0.6)  # its first block ends at t=0.6
+    fast = FakeHolder("fast", blocks, block_s=0.01)
+    holders = [starter, fast]
+    out = _run(tmp_path, holders, cids)
+    _assert_fetched_once(out, holders, cids)
+    # The fast holder did move work (the back half of the starter's unsent CIDs), but each of
+    # the starter's first requests kept its first block and delivered it.
+    assert sum(fast.sent.values()) > len(cids) // 2
+    firsts = [request[0] for request in starter.requests[: limits.MAX_IN_FLIGHT_PER_HOLDER]]
+    assert all(cid in starter.sent for cid in firsts)
 
 
 # -- a manifest in one pass --------------------------------------------------------------------
