@@ -1,10 +1,10 @@
 """Serving side of ``/cnode/blocks/1.0.0`` (specs/blocks.md#interaction): parse, check, answer.
 
 One request per stream. The handler decodes the REQUEST, checks the requester against the allow
-hook and the per-peer stream cap, then streams BLOCK frames for held blocks (read from disk one
-block at a time, verified by the store, sent in SEND_PIECE pieces through the upload token
-bucket, or in one write when the node's upload is uncapped), one LACKING frame for the rest,
-and END.
+hook and the per-peer stream cap, then streams BLOCK frames for held blocks (each read from disk
+and verified by the store while the one before it is sent, sent in SEND_PIECE pieces through the
+upload token bucket, or in one write when the node's upload is uncapped), one LACKING frame for
+the rest, and END.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import structlog
 import trio
 from libp2p.abc import INetStream
 
-from cnode.storage import BlockNotFoundError, BlockStore, CorruptBlockError
+from cnode.storage import CID, BlockNotFoundError, BlockStore, CorruptBlockError
 
 from . import limits
 from ._bucket import TokenBucket
-from ._exceptions import FrameTooLargeError, PeerProtocolError, StreamBroken
+from ._exceptions import FrameTooLargeError, PeerProtocolError, StreamBroken, lone_error
 from ._stream import Libp2pStream
 from ._wire import Block, End, Error, FrameReader, Lacking, Request, Status
 
@@ -104,15 +104,25 @@ class BlockServer:
             await self._refuse(stream, peer, Status.BAD_REQUEST, f"expected REQUEST, got {what}")
             return
         lacking = []
-        for cid in frame.cids:
-            try:
-                data = await trio.to_thread.run_sync(self.store.get, cid)
-            except (BlockNotFoundError, CorruptBlockError):
-                lacking.append(cid)
-                continue
-            if self.corrupt_for_tests and data:
-                data = bytes([data[0] ^ 0xFF]) + data[1:]
-            await self._send_block(stream, Block.header(cid, len(data)), data)
+        # The next block is read (and verified) from disk while this one is sent, so the
+        # stream never waits on our disk between blocks. The reader holds the one block it has
+        # read until the sender takes it: SERVE_READ_AHEAD blocks ahead, beyond the channel.
+        read, ready = trio.open_memory_channel[tuple[CID, bytes | None]](
+            limits.SERVE_READ_AHEAD - 1
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_blocks, frame.cids, read)
+                async with ready:
+                    async for cid, data in ready:
+                        if data is None:
+                            lacking.append(cid)
+                            continue
+                        if self.corrupt_for_tests and data:
+                            data = bytes([data[0] ^ 0xFF]) + data[1:]
+                        await self._send_block(stream, Block.header(cid, len(data)), data)
+        except BaseExceptionGroup as group:
+            raise lone_error(group) from None
         if lacking:
             await stream.write(Lacking(tuple(lacking)).encode())
         await stream.write(End().encode())
@@ -123,6 +133,19 @@ class BlockServer:
             sent=len(frame.cids) - len(lacking),
             lacking=len(lacking),
         )
+
+    async def _read_blocks(
+        self, cids: tuple[CID, ...], read: trio.MemorySendChannel[tuple[CID, bytes | None]]
+    ) -> None:
+        """Read the requested blocks in order; None for one this store lacks (or holds corrupt,
+        which the store quarantines)."""
+        async with read:
+            for cid in cids:
+                try:
+                    data: bytes | None = await trio.to_thread.run_sync(self.store.get, cid)
+                except (BlockNotFoundError, CorruptBlockError):
+                    data = None
+                await read.send((cid, data))
 
     async def _send_block(self, stream: Libp2pStream, header: bytes, data: bytes) -> None:
         if not self.bucket.rate:  # uncapped: one write, yamux cuts it into frames itself
