@@ -16,6 +16,12 @@
    over the gateway (raw blocks) and over the gateway (one-block CARs), in the same run.
    ``--only gateway`` runs just this part (``--gateway-mb``, default 200).
 
+4. A link with a round-trip time (``--rtt-ms``, default 20; ``--rtt-mb``, default 100): the
+   joiner reaches the holder through bench/_delay_proxy.py, which holds every byte for half the
+   round trip each way (this kernel has no netem). Fetch MB/s against a raw stream over the same
+   relay. Over such a link the yamux receive window, not the CPU, bounds a stream: what a
+   request's fresh stream is granted decides how fast it goes. ``--only rtt`` runs just this.
+
 Fetch time is what the joiner reports for the transfer itself (after connecting). Figures go to
 stdout; nothing is asserted. Part 1 also reports CPU seconds of each side (the joiner's minus a
 second, empty fetch: start-up and connect) and the throughput each would reach on a core of its
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -248,11 +255,36 @@ trio.run(main)
 _last_raw_cpu = (0.0, 0.0)  # (receiver, sender) CPU seconds of the latest raw stream
 
 
-def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned", store: Path | None = None) -> float:
+def _delay_proxy(port: int, rtt_ms: float) -> tuple[subprocess.Popen[str], int]:
+    """A relay to 127.0.0.1:``port`` that holds each byte rtt_ms / 2 each way; (process, port)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "_delay_proxy.py"), str(port), str(rtt_ms / 2)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    if len(line) != 2 or line[0] != "port":
+        _stop([proc])
+        raise SystemExit(f"delay proxy did not start: {line!r}")
+    return proc, int(line[1])
+
+
+def _through(addr: str, port: int) -> str:
+    """``addr`` (/ip4/127.0.0.1/tcp/P/p2p/ID) dialled at ``port`` instead: the relay's."""
+    return re.sub(r"/tcp/\d+/", f"/tcp/{port}/", addr, count=1)
+
+
+def _raw_stream_mb_per_s(
+    nbytes: int, settings: str = "tuned", store: Path | None = None, rtt_ms: float = 0
+) -> float:
     """A raw stream's MB/s; ``settings`` "tuned": the node's host settings (defect 12's frames,
     defect 13's read-ahead, defect 14's window updates), "library": py-libp2p's own. With
-    ``store``, the receiver also hashes every 1 MiB block and writes it to a BlockStore there."""
+    ``store``, the receiver also hashes every 1 MiB block and writes it to a BlockStore there.
+    With ``rtt_ms``, the receiver reaches the sender through a delay relay."""
     global _last_raw_cpu
+    relays: list[subprocess.Popen[str]] = []
     server = subprocess.Popen(
         [sys.executable, "-c", RAW_SERVER, str(nbytes), settings],
         stdout=subprocess.PIPE,
@@ -262,6 +294,10 @@ def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned", store: Path | Non
     try:
         assert server.stdout is not None
         addr = server.stdout.readline().strip()
+        if rtt_ms:
+            relay, port = _delay_proxy(int(addr.split("/tcp/")[1].split("/")[0]), rtt_ms)
+            relays.append(relay)
+            addr = _through(addr, port)
         server_cpu = _cpu_s(server.pid)
         out = subprocess.run(
             [sys.executable, "-c", RAW_CLIENT, addr, settings, *([str(store)] if store else [])],
@@ -273,7 +309,7 @@ def _raw_stream_mb_per_s(nbytes: int, settings: str = "tuned", store: Path | Non
         _last_raw_cpu = (float(out[2]), _cpu_s(server.pid) - server_cpu)
         return int(out[0]) / 1e6 / float(out[1])
     finally:
-        _stop([server])
+        _stop([server, *relays])
 
 
 def _hivemind_note(size_mb: int, fetch_mbps: float) -> float | None:
@@ -361,19 +397,46 @@ def _gateway_section(base: Path, size_mb: int) -> None:
         shutil.rmtree(store, ignore_errors=True)
 
 
+def _delayed_section(base: Path, size_mb: int, rtt_ms: float) -> None:
+    print(f"\n== one holder over a link of {rtt_ms:g} ms round trip, {size_mb} MB ==", flush=True)
+    store = base / "rtt-store"
+    root = _make_checkpoint(store, size_mb)
+    size = sum(p.stat().st_size for p in (store / "blocks").rglob("*") if p.is_file())
+    holders = _start_holders([_home(base, "rtt-holder", store)], 0)
+    relays: list[subprocess.Popen[str]] = []
+    try:
+        addr = holders[0][1]
+        relay, port = _delay_proxy(int(addr.split("/tcp/")[1].split("/")[0]), rtt_ms)
+        relays.append(relay)
+        seconds, mbps, _rss = _fetch(base / "rtt-joiner", root, [_through(addr, port)])
+    finally:
+        _stop([*relays, *(p for p, _ in holders)])
+        shutil.rmtree(base / "rtt-joiner", ignore_errors=True)
+        shutil.rmtree(store, ignore_errors=True)
+    raw = _raw_stream_mb_per_s(size, rtt_ms=rtt_ms)
+    print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
+    print(f"raw libp2p stream over the same relay: {raw:.1f} MB/s")
+    print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--size-mb", type=int, default=400)
     parser.add_argument("--capped-mb", type=int, default=100)
     parser.add_argument("--gateway-mb", type=int, default=200)
     parser.add_argument("--rate", type=int, default=5_000_000, help="R, bytes/s per holder")
-    parser.add_argument("--only", choices=("gateway",), help="run only this part")
+    parser.add_argument("--rtt-ms", type=float, default=20.0, help="round trip of part 4")
+    parser.add_argument("--rtt-mb", type=int, default=100)
+    parser.add_argument("--only", choices=("gateway", "rtt"), help="run only this part")
     parser.add_argument("--uncapped-only", action="store_true", help="skip part 2 (capped)")
     args = parser.parse_args()
     base = Path(tempfile.mkdtemp(prefix="cnode-bench-fetch-"))
-    if args.only == "gateway":
+    if args.only is not None:
         try:
-            _gateway_section(base, args.gateway_mb)
+            if args.only == "gateway":
+                _gateway_section(base, args.gateway_mb)
+            else:
+                _delayed_section(base, args.rtt_mb, args.rtt_ms)
         finally:
             shutil.rmtree(base, ignore_errors=True)
         return
@@ -464,6 +527,7 @@ def main() -> None:
             shutil.rmtree(base / f"joiner-k{k}", ignore_errors=True)
         shutil.rmtree(small, ignore_errors=True)
         _gateway_section(base, args.gateway_mb)
+        _delayed_section(base, args.rtt_mb, args.rtt_ms)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
