@@ -397,12 +397,15 @@ def _gateway_section(base: Path, size_mb: int) -> None:
         shutil.rmtree(store, ignore_errors=True)
 
 
-def _delayed_section(base: Path, size_mb: int, rtt_ms: float) -> None:
-    print(f"\n== one holder over a link of {rtt_ms:g} ms round trip, {size_mb} MB ==", flush=True)
+def _delayed_section(base: Path, size_mb: int, rtt_ms: float, rate: int = 0) -> None:
+    cap = f", holder capped at {rate / 1e6:g} MB/s" if rate else ""
+    print(
+        f"\n== one holder over a link of {rtt_ms:g} ms round trip{cap}, {size_mb} MB ==", flush=True
+    )
     store = base / "rtt-store"
     root = _make_checkpoint(store, size_mb)
     size = sum(p.stat().st_size for p in (store / "blocks").rglob("*") if p.is_file())
-    holders = _start_holders([_home(base, "rtt-holder", store)], 0)
+    holders = _start_holders([_home(base, "rtt-holder", store)], rate)
     relays: list[subprocess.Popen[str]] = []
     try:
         addr = holders[0][1]
@@ -413,8 +416,11 @@ def _delayed_section(base: Path, size_mb: int, rtt_ms: float) -> None:
         _stop([*relays, *(p for p, _ in holders)])
         shutil.rmtree(base / "rtt-joiner", ignore_errors=True)
         shutil.rmtree(store, ignore_errors=True)
-    raw = _raw_stream_mb_per_s(size, rtt_ms=rtt_ms)
     print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
+    if rate:
+        print(f"ratio fetch / the holder's cap: {mbps / (rate / 1e6):.2f}")
+        return
+    raw = _raw_stream_mb_per_s(size, rtt_ms=rtt_ms)
     print(f"raw libp2p stream over the same relay: {raw:.1f} MB/s")
     print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
 
@@ -427,6 +433,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=5_000_000, help="R, bytes/s per holder")
     parser.add_argument("--rtt-ms", type=float, default=20.0, help="round trip of part 4")
     parser.add_argument("--rtt-mb", type=int, default=100)
+    parser.add_argument(
+        "--rtt-rate", type=int, default=20_000_000, help="part 4's capped run: bytes/s (0: skip)"
+    )
     parser.add_argument("--only", choices=("gateway", "rtt"), help="run only this part")
     parser.add_argument("--uncapped-only", action="store_true", help="skip part 2 (capped)")
     args = parser.parse_args()
@@ -437,6 +446,8 @@ def main() -> None:
                 _gateway_section(base, args.gateway_mb)
             else:
                 _delayed_section(base, args.rtt_mb, args.rtt_ms)
+                if args.rtt_rate:
+                    _delayed_section(base, args.rtt_mb // 2, args.rtt_ms, args.rtt_rate)
         finally:
             shutil.rmtree(base, ignore_errors=True)
         return
@@ -528,6 +539,8 @@ def main() -> None:
         shutil.rmtree(small, ignore_errors=True)
         _gateway_section(base, args.gateway_mb)
         _delayed_section(base, args.rtt_mb, args.rtt_ms)
+        if args.rtt_rate:
+            _delayed_section(base, args.rtt_mb // 2, args.rtt_ms, args.rtt_rate)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

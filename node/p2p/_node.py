@@ -415,6 +415,7 @@ async def open_p2p_node(
     _defects.fit_yamux_frames()
     _defects.buffer_tcp_reads()
     _defects.batch_window_updates()
+    _defects.pipeline_protocol_select()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,

@@ -33,6 +33,7 @@ import structlog
 import trio
 
 from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
+from cnode.storage import limits as storage_limits
 
 from . import limits
 from ._exceptions import (
@@ -128,6 +129,14 @@ class _Holder:
         if self.first_request is None:
             return 0.0
         return trio.current_time() - self.first_request
+
+    def batch_blocks(self) -> int:
+        """CIDs to ask this holder for at once: BATCH_BLOCKS, or what it delivers in
+        REQUEST_TARGET_S at the rate it has shown (up to MAX_REQUEST_CIDS), so that the round
+        trips a request costs (its stream, then its first byte) stay small beside its transfer.
+        """
+        measured = int(self.rate() * limits.REQUEST_TARGET_S / storage_limits.MAX_BLOCK_SIZE)
+        return min(limits.MAX_REQUEST_CIDS, max(limits.BATCH_BLOCKS, measured))
 
     def rate(self) -> float:
         """Bytes per second delivered since its first request (0 before any)."""
@@ -230,11 +239,12 @@ class Transfer:
 
     def _take_batch(self, holder: _Holder) -> list[CID]:
         # Share what is left evenly over every worker of every live holder, so no holder is
-        # idle while another has a queue of its own; BATCH_BLOCKS bounds it for big fetches.
+        # idle while another has a queue of its own; the holder's batch size bounds it.
         workers = limits.MAX_IN_FLIGHT_PER_HOLDER * sum(
             1 for h in self.holders.values() if h.dropped is None
         )
-        size = max(1, min(limits.BATCH_BLOCKS, -(-len(self._pending) // max(workers, 1))))
+        share = -(-len(self._pending) // max(workers, 1))
+        size = max(1, min(holder.batch_blocks(), share))
         batch: list[CID] = []
         skipped: list[CID] = []
         while self._pending and len(batch) < size:

@@ -32,6 +32,9 @@ SERVE_READ_AHEAD = 1
 MAX_SERVED_STREAMS_PER_PEER = 8
 # Blocks asked for in one request by the scheduler (small: bounds the tail on a slow holder).
 BATCH_BLOCKS = 8
+# ... or, from a holder that has shown a rate, what it delivers in this many seconds (up to
+# MAX_REQUEST_CIDS): a fast holder's requests then outlast the round trips each one costs.
+REQUEST_TARGET_S = 0.25
 # End game: a holder this many times slower than an idle one loses all its undelivered blocks
 # to it, the one on the wire included (see _scheduler._steal).
 STEAL_SLOWER_FACTOR = 4.0

@@ -766,3 +766,72 @@ def test_window_updates_follow_the_hysteresis(monkeypatch: pytest.MonkeyPatch) -
     assert not yamux._yamux_release_on_read()
     frames = WINDOW_BULK // (yamux.MAX_MESSAGE_SIZE - 12)
     assert trio.run(_window_updates_for_bulk, monkeypatch) <= frames // 2
+
+
+# -- 15. two round trips to select a protocol -------------------------------------------------
+
+
+class _Communicator:
+    """A multistream-select communicator that records the order of writes and reads."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.ops: list[str] = []
+        self.answers = answers
+
+    async def write(self, msg_str: str) -> None:
+        self.ops.append("write")
+
+    async def read(self) -> str:
+        self.ops.append("read")
+        return self.answers.pop(0)
+
+
+def _select(select_one_of: Any, answers: list[str]) -> tuple[Any, list[str]]:
+    from libp2p.protocol_muxer.multiselect_client import MultiselectClient
+
+    communicator = _Communicator(answers)
+    client = MultiselectClient()
+    got = trio.run(select_one_of, client, [ECHO], communicator)
+    return got, communicator.ops
+
+
+def test_protocol_select_takes_two_round_trips_canary() -> None:
+    from libp2p.protocol_muxer.multiselect_client import MultiselectClient
+
+    original = getattr(MultiselectClient.select_one_of, "__wrapped__", None)
+    original = original or MultiselectClient.select_one_of
+    got, ops = _select(original, ["/multistream/1.0.0", str(ECHO)])
+    assert got == ECHO
+    assert ops == ["write", "read", "write", "read"]  # a wait between header and proposal
+
+
+def test_protocol_select_is_pipelined(monkeypatch: pytest.MonkeyPatch) -> None:
+    from libp2p.protocol_muxer.multiselect_client import MultiselectClient
+
+    monkeypatch.setattr(MultiselectClient, "select_one_of", MultiselectClient.select_one_of)
+    defects.pipeline_protocol_select()
+    defects.pipeline_protocol_select()  # idempotent: one wrapper, not two
+    pipelined = MultiselectClient.select_one_of
+    got, ops = _select(pipelined, ["/multistream/1.0.0", str(ECHO)])
+    assert got == ECHO
+    assert ops == ["write", "write", "read", "read"]  # one round trip
+    with pytest.raises(BaseLibp2pError, match="not supported"):
+        _select(pipelined, ["/multistream/1.0.0", "na"])
+
+
+def test_pipelined_select_opens_streams_to_a_real_listener_and_hears_na() -> None:
+    defects.pipeline_protocol_select()
+
+    async def main() -> None:
+        server, client = _host(), _host()
+        server.set_stream_handler(ECHO, _echo)
+        async with server.run(LOOPBACK), client.run(LOOPBACK):
+            with trio.fail_after(30):
+                for _ in range(3):
+                    await _cycle(client, server.get_addrs()[0])
+                info = info_from_p2p_addr(server.get_addrs()[0])
+                await client.connect(info)
+                with pytest.raises(BaseLibp2pError):
+                    await client.new_stream(info.peer_id, [TProtocol("/cnode-test/none/1")])
+
+    trio.run(main)

@@ -269,6 +269,26 @@ def test_every_block_requested_once_and_holders_kept_busy(tmp_path: Path) -> Non
 # -- a holder that never answers -------------------------------------------------------------
 
 
+def test_a_fast_holder_gets_longer_requests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a holder has shown its rate, a request asks for what it delivers in
+    REQUEST_TARGET_S (here scaled up to suit 1 kB test blocks), up to MAX_REQUEST_CIDS: the
+    round trips each request costs stay small beside its transfer."""
+    # These holders deliver 1000 bytes per 0.05 s per stream, 40 kB/s in all: 1 MiB blocks'
+    # worth of rate only over a long target.
+    monkeypatch.setattr(limits, "REQUEST_TARGET_S", 2000.0)
+    blocks = _blocks(400)
+    cids = list(blocks)
+    holder = FakeHolder("fast", blocks, block_s=0.05)
+    out = _run(tmp_path, [holder], cids)
+    _assert_fetched_once(out, [holder], cids)
+    sizes = [len(r) for r in holder.requests]
+    assert sizes[: limits.MAX_IN_FLIGHT_PER_HOLDER] == [limits.BATCH_BLOCKS] * 2  # no rate yet
+    assert max(sizes) > limits.BATCH_BLOCKS
+    assert max(sizes) <= limits.MAX_REQUEST_CIDS
+
+
 def test_silent_holder_dropped_after_no_progress_timeout(tmp_path: Path) -> None:
     blocks = _blocks(24)
     cids = list(blocks)
