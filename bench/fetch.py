@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import resource
 import shutil
 import subprocess
@@ -44,6 +43,7 @@ import time
 from pathlib import Path
 
 import torch
+from _raw_stream import cpu_s, delay_proxy, raw_stream, stop, through
 
 from cnode.storage import BlockStore, CheckpointMeta, save_checkpoint
 
@@ -94,23 +94,6 @@ def _start_holders(homes: list[Path], rate: int) -> list[tuple[subprocess.Popen[
     return out
 
 
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for proc in procs:
-        proc.terminate()
-    for proc in procs:
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system, all threads) a live process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _children_cpu_s() -> float:
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
@@ -153,163 +136,6 @@ def _fetch(
     seconds = float(line.split(" in ")[1].split(" s ")[0])
     mb_per_s = float(line.split("(")[1].split(" MB/s")[0])
     return seconds, mb_per_s, peak
-
-
-RAW_SERVER = """
-import random, sys, trio, multiaddr
-from libp2p import new_host
-from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.custom_types import TProtocol
-from cnode.node.p2p import _defects
-N = int(sys.argv[1])
-if sys.argv[2] == "tuned":
-    _defects.fit_yamux_frames()
-    _defects.buffer_tcp_reads()
-    _defects.batch_window_updates()
-async def main():
-    kp = create_new_key_pair()
-    host = new_host(
-        key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
-    )
-    # Writes of 16 whole yamux frames (the library's or ours): the stream's best case.
-    from libp2p.stream_muxer.yamux import yamux
-    # Not zeros: a receiver that stores (--store) cuts it into 1 MiB blocks, which must differ.
-    piece = random.Random(0).randbytes(16 * (yamux.MAX_MESSAGE_SIZE - 12))
-    async def send(stream):
-        sent = 0
-        while sent < N:
-            await stream.write(piece[: N - sent])
-            sent += min(len(piece), N - sent)
-        await stream.close()
-    host.set_stream_handler(TProtocol("/bench/raw/1"), _defects.guard_handler("raw", send))
-    async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
-        print(host.get_addrs()[0], flush=True)
-        await trio.sleep_forever()
-trio.run(main)
-"""
-
-RAW_CLIENT = """
-import sys, time, trio, multiaddr
-from pathlib import Path
-from cnode.storage import BlockStore
-from libp2p import new_host
-from libp2p.crypto.ed25519 import create_new_key_pair
-from libp2p.custom_types import TProtocol
-from libp2p.network.stream.exceptions import StreamEOF
-from libp2p.peer.peerinfo import info_from_p2p_addr
-from cnode.node.p2p import _defects
-async def main():
-    _defects.remove_dial_delay()
-    if sys.argv[2] == "tuned":
-        _defects.fit_yamux_frames()
-        _defects.buffer_tcp_reads()
-        _defects.batch_window_updates()
-    kp = create_new_key_pair()
-    host = new_host(
-        key_pair=kp, sec_opt=_defects.secure_transports(kp), muxer_opt=_defects.muxers()
-    )
-    async with host.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
-        info = info_from_p2p_addr(multiaddr.Multiaddr(sys.argv[1]))
-        await host.connect(info)
-        start = time.monotonic()
-        cpu = time.process_time()
-        stream = await host.new_stream(info.peer_id, [TProtocol("/bench/raw/1")])
-        total = 0
-        pending = bytearray()
-        async with trio.open_nursery() as nursery:
-            ready, blocks = trio.open_memory_channel(1)
-            if store is not None:
-                nursery.start_soon(keep, blocks)
-            async with ready:
-                try:
-                    while True:
-                        data = await stream.read(1 << 20)
-                        if not data:
-                            break
-                        total += len(data)
-                        if store is not None:
-                            pending += data
-                            while len(pending) >= BLOCK:
-                                await ready.send(bytes(pending[:BLOCK]))
-                                del pending[:BLOCK]
-                except StreamEOF:
-                    pass
-                if store is not None and pending:
-                    await ready.send(bytes(pending))
-        if store is not None:
-            await trio.to_thread.run_sync(batch.commit)
-        print(total, time.monotonic() - start, time.process_time() - cpu, flush=True)
-# --store DIR: the least a verified, stored fetch must do besides the stream: each 1 MiB block
-# hashed (its CID) and written to a BlockStore (one fsync at the end), in a worker thread while
-# the next one arrives, as cnode's fetch does.
-BLOCK = 1 << 20
-store = BlockStore(Path(sys.argv[3])) if len(sys.argv) > 3 else None
-batch = store.unsynced_save() if store is not None else None
-async def keep(blocks):
-    async for block in blocks:
-        await trio.to_thread.run_sync(lambda: store.put_new(block, batch=batch))
-trio.run(main)
-"""
-
-
-_last_raw_cpu = (0.0, 0.0)  # (receiver, sender) CPU seconds of the latest raw stream
-
-
-def _delay_proxy(port: int, rtt_ms: float) -> tuple[subprocess.Popen[str], int]:
-    """A relay to 127.0.0.1:``port`` that holds each byte rtt_ms / 2 each way; (process, port)."""
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "_delay_proxy.py"), str(port), str(rtt_ms / 2)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline().split()
-    if len(line) != 2 or line[0] != "port":
-        _stop([proc])
-        raise SystemExit(f"delay proxy did not start: {line!r}")
-    return proc, int(line[1])
-
-
-def _through(addr: str, port: int) -> str:
-    """``addr`` (/ip4/127.0.0.1/tcp/P/p2p/ID) dialled at ``port`` instead: the relay's."""
-    return re.sub(r"/tcp/\d+/", f"/tcp/{port}/", addr, count=1)
-
-
-def _raw_stream_mb_per_s(
-    nbytes: int, settings: str = "tuned", store: Path | None = None, rtt_ms: float = 0
-) -> float:
-    """A raw stream's MB/s; ``settings`` "tuned": the node's host settings (defect 12's frames,
-    defect 13's read-ahead, defect 14's window updates), "library": py-libp2p's own. With
-    ``store``, the receiver also hashes every 1 MiB block and writes it to a BlockStore there.
-    With ``rtt_ms``, the receiver reaches the sender through a delay relay."""
-    global _last_raw_cpu
-    relays: list[subprocess.Popen[str]] = []
-    server = subprocess.Popen(
-        [sys.executable, "-c", RAW_SERVER, str(nbytes), settings],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        addr = server.stdout.readline().strip()
-        if rtt_ms:
-            relay, port = _delay_proxy(int(addr.split("/tcp/")[1].split("/")[0]), rtt_ms)
-            relays.append(relay)
-            addr = _through(addr, port)
-        server_cpu = _cpu_s(server.pid)
-        out = subprocess.run(
-            [sys.executable, "-c", RAW_CLIENT, addr, settings, *([str(store)] if store else [])],
-            capture_output=True,
-            text=True,
-            timeout=600,
-            check=True,
-        ).stdout.split()
-        _last_raw_cpu = (float(out[2]), _cpu_s(server.pid) - server_cpu)
-        return int(out[0]) / 1e6 / float(out[1])
-    finally:
-        _stop([server, *relays])
 
 
 def _hivemind_note(size_mb: int, fetch_mbps: float) -> float | None:
@@ -393,7 +219,7 @@ def _gateway_section(base: Path, size_mb: int) -> None:
         for name in ("gateway raw", "gateway car"):
             print(f"ratio {name} / libp2p: {figures[name] / figures['libp2p']:.2f}")
     finally:
-        _stop([proc])
+        stop([proc])
         shutil.rmtree(store, ignore_errors=True)
 
 
@@ -409,18 +235,18 @@ def _delayed_section(base: Path, size_mb: int, rtt_ms: float, rate: int = 0) -> 
     relays: list[subprocess.Popen[str]] = []
     try:
         addr = holders[0][1]
-        relay, port = _delay_proxy(int(addr.split("/tcp/")[1].split("/")[0]), rtt_ms)
+        relay, port = delay_proxy(int(addr.split("/tcp/")[1].split("/")[0]), rtt_ms)
         relays.append(relay)
-        seconds, mbps, _rss = _fetch(base / "rtt-joiner", root, [_through(addr, port)])
+        seconds, mbps, _rss = _fetch(base / "rtt-joiner", root, [through(addr, port)])
     finally:
-        _stop([*relays, *(p for p, _ in holders)])
+        stop([*relays, *(p for p, _ in holders)])
         shutil.rmtree(base / "rtt-joiner", ignore_errors=True)
         shutil.rmtree(store, ignore_errors=True)
     print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
     if rate:
         print(f"ratio fetch / the holder's cap: {mbps / (rate / 1e6):.2f}")
         return
-    raw = _raw_stream_mb_per_s(size, rtt_ms=rtt_ms)
+    raw, _cpu = raw_stream(size, rtt_ms=rtt_ms)
     print(f"raw libp2p stream over the same relay: {raw:.1f} MB/s")
     print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
 
@@ -460,23 +286,21 @@ def main() -> None:
         print(f"checkpoint {root}: {size / 1e6:.0f} MB, made in {time.monotonic() - t:.0f} s")
         # Raw streams measured just before and just after the fetch (their mean is the baseline),
         # so a machine whose load changes during the run biases the ratio less.
-        raw_before = _raw_stream_mb_per_s(size)
-        raw_cpu = _last_raw_cpu
+        raw_before, raw_cpu = raw_stream(size)
         holders = _start_holders([_home(base, "h0", big)], 0)
         try:
-            holder_cpu = _cpu_s(holders[0][0].pid)
+            holder_cpu = cpu_s(holders[0][0].pid)
             seconds, mbps, rss = _fetch(base / "joiner0", root, [holders[0][1]])
-            holder_cpu = _cpu_s(holders[0][0].pid) - holder_cpu
+            holder_cpu = cpu_s(holders[0][0].pid) - holder_cpu
             joiner_cpu = _last_fetch_cpu
             _fetch(base / "joiner0", root, [holders[0][1]])  # nothing left: start-up, connect
             joiner_cpu -= _last_fetch_cpu
         finally:
-            _stop([p for p, _ in holders])
-        raw_after = _raw_stream_mb_per_s(size)
+            stop([p for p, _ in holders])
+        raw_after, _cpu = raw_stream(size)
         raw = (raw_before + raw_after) / 2
-        raw_library = _raw_stream_mb_per_s(size, "library")
-        raw_stored = _raw_stream_mb_per_s(size, store=base / "raw-store")
-        stored_cpu = _last_raw_cpu
+        raw_library, _cpu = raw_stream(size, "library")
+        raw_stored, stored_cpu = raw_stream(size, store=base / "raw-store")
         shutil.rmtree(base / "raw-store", ignore_errors=True)
         print(f"fetch: {size / 1e6:.0f} MB in {seconds:.2f} s = {mbps:.1f} MB/s (verified, stored)")
         print(
@@ -528,7 +352,7 @@ def main() -> None:
             try:
                 seconds, mbps, _rss = _fetch(base / f"joiner-k{k}", root, [a for _, a in holders])
             finally:
-                _stop([p for p, _ in holders])
+                stop([p for p, _ in holders])
             ideal = size / (k * args.rate)
             print(
                 f"k={k}: {seconds:.2f} s ({mbps:.1f} MB/s); ideal {ideal:.2f} s; "
