@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import torch
+import trio
 
 from cnode.storage import CID, BlockStore, CheckpointMeta, save_checkpoint
 from tests.support.procs import Procs, procs
@@ -47,3 +49,17 @@ def holder_home(base: Path, name: str, ckpt: Checkpoint) -> Path:
 def running(tmp_path: Path) -> Iterator[Procs]:
     with procs(tmp_path) as p:
         yield p
+
+
+T = TypeVar("T")
+
+
+async def _inline(fn: Callable[..., T], *args: Any, **_kwargs: Any) -> T:
+    await trio.lowlevel.checkpoint()
+    return fn(*args)
+
+
+@pytest.fixture
+def threads_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run ``trio.to_thread.run_sync`` work inline, so a MockClock cannot jump while it works."""
+    monkeypatch.setattr(trio.to_thread, "run_sync", _inline)

@@ -1,8 +1,5 @@
-"""The multi-holder scheduler (node/p2p/_scheduler.py) against in-memory fake holders.
-
-Each fake holder answers ``/cnode/blocks/1.0.0`` requests with real frames from ``_wire.py``,
-block by block in request order as specs/blocks.md says, and can be silent, lack blocks, be slow
-(each block sent in PIECES pieces, a sleep before each) or flip bytes. Everything runs under
+"""The multi-holder scheduler (node/p2p/_scheduler.py) against in-memory fake holders
+(tests/node/p2p/fake_holders.py). Everything runs under
 ``trio.testing.MockClock(autojump_threshold=0)``, so a 10 s no-progress timeout takes no real
 time; the scheduler's worker threads (CID check, store write) run inline so the mock clock
 cannot jump while one of them works.
@@ -14,11 +11,10 @@ first copy was bad.
 from __future__ import annotations
 
 import collections
-import struct
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import torch
@@ -26,176 +22,23 @@ import trio
 import trio.testing
 
 from cnode.node.p2p import (
-    BadBlockError,
     FetchError,
     FetchReport,
-    PeerProtocolError,
-    StreamBroken,
     limits,
 )
-from cnode.node.p2p._exchange import request_blocks
-from cnode.node.p2p._scheduler import RequestStream, Transfer
-from cnode.node.p2p._wire import Block, End, Lacking, Request
+from cnode.node.p2p._scheduler import Transfer
 from cnode.storage import (
     CID,
     BlockStore,
     ClosureWalk,
     ManifestLayout,
-    UnsyncedBatch,
-    VerifiedBlock,
-    compute_cid,
     manifest_closure,
     save_checkpoint,
 )
+from tests.node.p2p.fake_holders import CountingStore, FakeHolder, blocks_of, opener
 from tests.storage.conftest import meta
 
-PIECES = 4
-T = TypeVar("T")
-
-
-async def _inline(fn: Callable[..., T], *args: Any, **_kwargs: Any) -> T:
-    await trio.lowlevel.checkpoint()
-    return fn(*args)
-
-
-@pytest.fixture(autouse=True)
-def _threads_inline(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trio.to_thread, "run_sync", _inline)
-
-
-def _blocks(n: int, size: int = 1000) -> dict[CID, bytes]:
-    out = {}
-    for i in range(n):
-        data = struct.pack(">I", i) * (size // 4)
-        out[compute_cid(data)] = data
-    return out
-
-
-class CountingStore(BlockStore):
-    """A BlockStore that counts every put per CID (the exchange puts verified blocks)."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.puts: collections.Counter[CID] = collections.Counter()
-        self.hashing_puts = 0  # puts that hash again (put); the exchange makes none
-
-    def put(self, cid: CID, data: bytes | bytearray | memoryview) -> None:
-        self.puts[cid] += 1
-        self.hashing_puts += 1
-        super().put(cid, data)
-
-    def put_verified(self, block: VerifiedBlock, *, batch: UnsyncedBatch | None = None) -> None:
-        self.puts[block.cid] += 1
-        super().put_verified(block, batch=batch)
-
-    def get(self, cid: CID) -> bytes:
-        self.gets += 1
-        return super().get(cid)
-
-    gets = 0  # blocks read back out of the store
-
-
-@dataclass
-class FakeHolder:
-    """An in-memory holder. ``sent`` counts BLOCK frames whose last byte was read."""
-
-    peer: str
-    blocks: dict[CID, bytes]
-    block_s: float = 0.0  # virtual seconds to send one block
-    silent: bool = False  # reads the request, never answers
-    corrupt: bool = False  # flips the first byte of every block
-    lacks: set[CID] = field(default_factory=set)
-    lack_in_first: tuple[int, ...] = ()  # also lacks these positions of its first request
-    requests: list[tuple[CID, ...]] = field(default_factory=list)
-    sent: collections.Counter[CID] = field(default_factory=collections.Counter)
-    bad_sent: collections.Counter[CID] = field(default_factory=collections.Counter)
-    open_now: int = 0
-    max_open: int = 0
-
-    def answer(self, cids: tuple[CID, ...]) -> list[tuple[float, bytes, CID | None]]:
-        """The steps of one answer: (sleep before, bytes, CID whose last byte this is)."""
-        if len(self.requests) == 1:
-            self.lacks |= {cids[i] for i in self.lack_in_first}
-        steps: list[tuple[float, bytes, CID | None]] = []
-        lacking = []
-        for cid in cids:
-            if cid in self.lacks or cid not in self.blocks:
-                lacking.append(cid)
-                continue
-            data = self.blocks[cid]
-            if self.corrupt:
-                data = bytes([data[0] ^ 0xFF]) + data[1:]
-            frame = Block(cid, data).encode()
-            step = -(-len(frame) // PIECES)
-            for start in range(0, len(frame), step):
-                last = start + step >= len(frame)
-                steps.append(
-                    (self.block_s / PIECES, frame[start : start + step], cid if last else None)
-                )
-        if lacking:
-            steps.append((0.0, Lacking(tuple(lacking)).encode(), None))
-        steps.append((0.0, End().encode(), None))
-        return steps
-
-
-class FakeStream:
-    """One request stream to a FakeHolder (read, write, close, reset)."""
-
-    def __init__(self, holder: FakeHolder) -> None:
-        self.holder = holder
-        self.steps: collections.deque[tuple[float, bytes, CID | None]] = collections.deque()
-        self.buffer = b""
-        self.finished = False
-        self.was_reset = False
-
-    async def write(self, data: bytes) -> None:
-        await trio.lowlevel.checkpoint()
-        request = Request.decode(data[5:])
-        self.holder.requests.append(request.cids)
-        self.holder.open_now += 1
-        self.holder.max_open = max(self.holder.max_open, self.holder.open_now)
-        self.steps.extend(self.holder.answer(request.cids))
-
-    async def read(self, max_bytes: int) -> bytes:
-        if self.was_reset:
-            raise StreamBroken("reset")
-        if self.holder.silent:
-            await trio.sleep_forever()
-        if not self.buffer:
-            if not self.steps:
-                await trio.lowlevel.checkpoint()
-                return b""
-            delay, data, done = self.steps[0]
-            await trio.sleep(delay)
-            self.steps.popleft()
-            self.buffer = data
-            if done is not None:
-                (self.holder.bad_sent if self.holder.corrupt else self.holder.sent)[done] += 1
-        out, self.buffer = self.buffer[:max_bytes], self.buffer[max_bytes:]
-        return out
-
-    def _end(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.holder.open_now -= 1
-
-    async def close(self) -> None:
-        await trio.lowlevel.checkpoint()
-        self._end()
-
-    async def reset(self) -> None:
-        self.was_reset = True
-        self._end()
-
-
-def _opener(holders: list[FakeHolder]) -> Callable[[str], Awaitable[RequestStream]]:
-    by_peer = {h.peer: h for h in holders}
-
-    async def open_stream(peer: str) -> RequestStream:
-        await trio.lowlevel.checkpoint()
-        return FakeStream(by_peer[peer])
-
-    return open_stream
+pytestmark = pytest.mark.usefixtures("threads_inline")
 
 
 @dataclass
@@ -210,7 +53,7 @@ def _run(tmp_path: Path, holders: list[FakeHolder], cids: list[CID]) -> Outcome:
     store = CountingStore(tmp_path / "store")
 
     async def main() -> Outcome:
-        transfer = Transfer(store, _opener(holders), [h.peer for h in holders])
+        transfer = Transfer(store, opener(holders), [h.peer for h in holders])
         start = trio.current_time()
         error = None
         with trio.fail_after(3600):  # virtual seconds: bounded even if the scheduler hangs
@@ -252,7 +95,7 @@ def _holders(blocks: dict[CID, bytes], n: int, **kwargs: Any) -> Iterator[FakeHo
 
 
 def test_every_block_requested_once_and_holders_kept_busy(tmp_path: Path) -> None:
-    blocks = _blocks(96)
+    blocks = blocks_of(96)
     cids = list(blocks)
     holders = list(_holders(blocks, 3, block_s=0.1))
     out = _run(tmp_path, holders, cids)
@@ -278,7 +121,7 @@ def test_a_fast_holder_gets_longer_requests(
     # These holders deliver 1000 bytes per 0.05 s per stream, 40 kB/s in all: 1 MiB blocks'
     # worth of rate only over a long target.
     monkeypatch.setattr(limits, "REQUEST_TARGET_S", 2000.0)
-    blocks = _blocks(400)
+    blocks = blocks_of(400)
     cids = list(blocks)
     holder = FakeHolder("fast", blocks, block_s=0.05)
     out = _run(tmp_path, [holder], cids)
@@ -290,7 +133,7 @@ def test_a_fast_holder_gets_longer_requests(
 
 
 def test_silent_holder_dropped_after_no_progress_timeout(tmp_path: Path) -> None:
-    blocks = _blocks(24)
+    blocks = blocks_of(24)
     cids = list(blocks)
     silent = FakeHolder("silent", blocks, silent=True)
     good = list(_holders(blocks, 2, block_s=3.0))  # busy past the timeout: no end game first
@@ -309,7 +152,7 @@ def test_silent_holder_dropped_after_no_progress_timeout(tmp_path: Path) -> None
 
 
 def test_only_silent_holders_fail_after_timeout_and_keep_nothing(tmp_path: Path) -> None:
-    blocks = _blocks(4)
+    blocks = blocks_of(4)
     cids = list(blocks)
     holders = [FakeHolder("s", blocks, silent=True)]
     out = _run(tmp_path, holders, cids)
@@ -322,7 +165,7 @@ def test_only_silent_holders_fail_after_timeout_and_keep_nothing(tmp_path: Path)
 
 
 def test_lacked_blocks_come_from_another_holder(tmp_path: Path) -> None:
-    blocks = _blocks(40)
+    blocks = blocks_of(40)
     cids = list(blocks)
     partial = FakeHolder("partial", blocks, block_s=0.1, lacks=set(cids[::2]))
     full = FakeHolder("full", blocks, block_s=0.1)
@@ -341,7 +184,7 @@ def test_lacked_blocks_come_from_another_holder(tmp_path: Path) -> None:
 
 
 def test_blocks_nobody_holds_fail_with_the_rest_kept(tmp_path: Path) -> None:
-    blocks = _blocks(10)
+    blocks = blocks_of(10)
     cids = list(blocks)
     holders = list(_holders(blocks, 2, block_s=0.1, lacks=set(cids[:3])))
     out = _run(tmp_path, holders, cids)
@@ -355,7 +198,7 @@ def test_blocks_nobody_holds_fail_with_the_rest_kept(tmp_path: Path) -> None:
 
 
 def test_slow_holder_loses_its_work_in_the_end_game(tmp_path: Path) -> None:
-    blocks = _blocks(48)
+    blocks = blocks_of(48)
     cids = list(blocks)
     slow = FakeHolder("slow", blocks, block_s=4.0)  # 40x slower, under the no-progress limit
     fast = list(_holders(blocks, 2, block_s=0.1))
@@ -374,7 +217,7 @@ def test_holder_that_lacks_earlier_cids_never_sends_a_moved_one_whole(
     """The audit's edge case: the victim lacks CIDs 6 and 7 of its request, so the block it
     sends after the 5th is the 8th, which the scheduler thought unsent and moved away."""
     monkeypatch.setattr(limits, "MAX_IN_FLIGHT_PER_HOLDER", 1)
-    blocks = _blocks(24)
+    blocks = blocks_of(24)
     cids = list(blocks)
     # Each holder takes 8 CIDs (in either start order). The victim delivers its 5th at t=5.0.
     # The thief works through the rest of the queue until t=5.12, then, the victim being
@@ -397,7 +240,7 @@ def test_holder_that_lacks_earlier_cids_never_sends_a_moved_one_whole(
 
 
 def test_bad_holder_dropped_and_nothing_bad_stored(tmp_path: Path) -> None:
-    blocks = _blocks(32)
+    blocks = blocks_of(32)
     cids = list(blocks)
     bad = FakeHolder("bad", blocks, block_s=0.1, corrupt=True)
     good = list(_holders(blocks, 2, block_s=0.1))
@@ -416,140 +259,7 @@ def test_bad_holder_dropped_and_nothing_bad_stored(tmp_path: Path) -> None:
     )
 
 
-# -- request_blocks: order and early CID -------------------------------------------------------
-
-
-def test_request_blocks_refuses_out_of_order_blocks() -> None:
-    blocks = _blocks(2)
-    a, b = list(blocks)
-
-    class Reversed(FakeStream):
-        async def write(self, data: bytes) -> None:
-            await super().write(data)
-            frames = [Block(b, blocks[b]).encode(), Block(a, blocks[a]).encode(), End().encode()]
-            self.steps = collections.deque((0.0, f, None) for f in frames)
-
-    async def main() -> None:
-        stream = Reversed(FakeHolder("x", blocks))
-
-        async def keep(_block: VerifiedBlock) -> None:
-            await trio.lowlevel.checkpoint()
-
-        with pytest.raises(PeerProtocolError, match="out of request order"):
-            await request_blocks(stream, [a, b], keep)
-
-    trio.run(main)
-
-
-def test_block_start_seen_before_its_bytes() -> None:
-    blocks = _blocks(3, size=4000)
-    cids = list(blocks)
-    seen: list[tuple[str, CID]] = []
-
-    async def main() -> set[CID]:
-        holder = FakeHolder("x", blocks, block_s=1.0, lacks={cids[0]})
-        stream = FakeStream(holder)
-
-        async def keep(block: VerifiedBlock) -> None:
-            await trio.lowlevel.checkpoint()
-            seen.append(("block", block.cid))
-
-        return await request_blocks(
-            stream, cids, keep, on_block_start=lambda cid: seen.append(("start", cid))
-        )
-
-    lacked = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert lacked == {cids[0]}
-    assert seen == [("start", cids[1]), ("block", cids[1]), ("start", cids[2]), ("block", cids[2])]
-
-
-# -- receiving while keeping ----------------------------------------------------------------
-
-
-def test_next_block_arrives_while_the_last_is_kept() -> None:
-    """The holder is not held up by our disk: while one block is hashed and stored, the next
-    one's bytes are read, and RECEIVED_AHEAD blocks are kept side by side."""
-    blocks = _blocks(6, size=4000)
-    cids = list(blocks)
-    seen: list[tuple[str, CID]] = []
-    keep_s = 5.0  # virtual seconds to store one block: far slower than the holder sends
-
-    async def main() -> float:
-        stream = FakeStream(FakeHolder("x", blocks, block_s=0.1))
-
-        async def keep(block: VerifiedBlock) -> None:
-            await trio.sleep(keep_s)
-            seen.append(("kept", block.cid))
-
-        start = trio.current_time()
-        assert (
-            await request_blocks(
-                stream, cids, keep, on_block_start=lambda cid: seen.append(("start", cid))
-            )
-            == set()
-        )
-        return trio.current_time() - start
-
-    seconds = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert [c for kind, c in seen if kind == "kept"] == cids  # every block handed on, once
-    assert seen.index(("start", cids[1])) < seen.index(("kept", cids[0]))
-    assert seconds == pytest.approx(len(cids) * keep_s / limits.RECEIVED_AHEAD, abs=1.0)
-
-
-def _answer_then_break(blocks: dict[CID, bytes], frames: list[bytes]) -> FakeStream:
-    class Breaks(FakeStream):
-        async def write(self, data: bytes) -> None:
-            await super().write(data)
-            self.steps = collections.deque((0.0, f, None) for f in frames)
-
-        async def read(self, max_bytes: int) -> bytes:
-            if not self.steps and not self.buffer:
-                raise StreamBroken("the holder went away")
-            return await super().read(max_bytes)
-
-    return Breaks(FakeHolder("x", blocks))
-
-
-def test_blocks_that_arrived_before_a_fault_are_still_kept() -> None:
-    blocks = _blocks(3)
-    a, b, c = list(blocks)
-    kept: list[CID] = []
-    stream = _answer_then_break(
-        blocks, [Block(a, blocks[a]).encode(), Block(b, blocks[b]).encode()]
-    )
-
-    async def main() -> None:
-        async def keep(block: VerifiedBlock) -> None:
-            await trio.sleep(1.0)
-            kept.append(block.cid)
-
-        with pytest.raises(StreamBroken, match="went away"):
-            await request_blocks(stream, [a, b, c], keep)
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert kept == [a, b]  # received whole before the stream broke: not thrown away
-
-
-def test_a_bad_block_behind_good_ones_ends_the_request_with_the_evidence() -> None:
-    blocks = _blocks(3)
-    a, b, c = list(blocks)
-    forged = bytes([blocks[b][0] ^ 0xFF]) + blocks[b][1:]
-    frames = [Block(a, blocks[a]).encode(), Block(b, forged).encode(), Block(c, blocks[c]).encode()]
-    stream = _answer_then_break(blocks, [*frames, End().encode()])
-    kept: list[CID] = []
-
-    async def main() -> None:
-        async def keep(block: VerifiedBlock) -> None:
-            await trio.sleep(1.0)
-            kept.append(block.cid)
-
-        with pytest.raises(BadBlockError) as info:
-            await request_blocks(stream, [a, b, c], keep)
-        assert info.value.claimed == str(b)
-        assert info.value.computed == str(compute_cid(forged))
-
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
-    assert b not in kept
+# -- the end game: a holder's first second ----------------------------------------------------
 
 
 def test_a_holder_is_not_robbed_of_its_first_block_for_having_delivered_nothing_yet(
@@ -558,7 +268,7 @@ def test_a_holder_is_not_robbed_of_its_first_block_for_having_delivered_nothing_
     """Before its first block arrives a holder's rate is 0, which says nothing of its speed:
     its block on the wire is not moved away (and received twice) during its first
     STEAL_MIN_OBSERVED_S, however fast another holder is."""
-    blocks = _blocks(12)
+    blocks = blocks_of(12)
     cids = list(blocks)
     starter = FakeHolder("starter", blocks, block_s=0.6)  # its first block ends at t=0.6
     fast = FakeHolder("fast", blocks, block_s=0.01)
@@ -591,7 +301,7 @@ def test_a_paged_manifest_is_fetched_in_one_pass(tmp_path: Path) -> None:
     async def main() -> None:
         transfer = Transfer(
             store,
-            _opener(holders),
+            opener(holders),
             [h.peer for h in holders],
             reveal=lambda block: walk.arrived(block.cid, block.data),
         )
