@@ -146,6 +146,11 @@ def delay_proxy(port: int, rtt_ms: float) -> tuple[subprocess.Popen[str], int]:
     return proc, int(line[1])
 
 
+def port_of(addr: str) -> int:
+    """The TCP port of ``addr`` (/ip4/127.0.0.1/tcp/P/p2p/ID)."""
+    return int(addr.split("/tcp/")[1].split("/")[0])
+
+
 def through(addr: str, port: int) -> str:
     """``addr`` (/ip4/127.0.0.1/tcp/P/p2p/ID) dialled at ``port`` instead: the relay's."""
     return re.sub(r"/tcp/\d+/", f"/tcp/{port}/", addr, count=1)
@@ -170,7 +175,7 @@ def raw_stream(
         assert server.stdout is not None
         addr = server.stdout.readline().strip()
         if rtt_ms:
-            relay, port = delay_proxy(int(addr.split("/tcp/")[1].split("/")[0]), rtt_ms)
+            relay, port = delay_proxy(port_of(addr), rtt_ms)
             relays.append(relay)
             addr = through(addr, port)
         server_cpu = cpu_s(server.pid)

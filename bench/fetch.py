@@ -19,8 +19,9 @@
 4. A link with a round-trip time (``--rtt-ms``, default 20; ``--rtt-mb``, default 100): the
    joiner reaches the holder through bench/_delay_proxy.py, which holds every byte for half the
    round trip each way (this kernel has no netem). Fetch MB/s against a raw stream over the same
-   relay. Over such a link the yamux receive window, not the CPU, bounds a stream: what a
-   request's fresh stream is granted decides how fast it goes. ``--only rtt`` runs just this.
+   relay, then against the cap of a holder capped at ``--rtt-rate``. Over such a link each
+   request pays round trips (its stream's protocol select, then its first block) that one long
+   stream pays once. ``--only rtt`` runs just this.
 
 Fetch time is what the joiner reports for the transfer itself (after connecting). Figures go to
 stdout; nothing is asserted. Part 1 also reports CPU seconds of each side (the joiner's minus a
@@ -43,7 +44,7 @@ import time
 from pathlib import Path
 
 import torch
-from _raw_stream import cpu_s, delay_proxy, raw_stream, stop, through
+from _raw_stream import cpu_s, delay_proxy, port_of, raw_stream, stop, through
 
 from cnode.storage import BlockStore, CheckpointMeta, save_checkpoint
 
@@ -235,7 +236,7 @@ def _delayed_section(base: Path, size_mb: int, rtt_ms: float, rate: int = 0) -> 
     relays: list[subprocess.Popen[str]] = []
     try:
         addr = holders[0][1]
-        relay, port = delay_proxy(int(addr.split("/tcp/")[1].split("/")[0]), rtt_ms)
+        relay, port = delay_proxy(port_of(addr), rtt_ms)
         relays.append(relay)
         seconds, mbps, _rss = _fetch(base / "rtt-joiner", root, [through(addr, port)])
     finally:
@@ -249,6 +250,12 @@ def _delayed_section(base: Path, size_mb: int, rtt_ms: float, rate: int = 0) -> 
     raw, _cpu = raw_stream(size, rtt_ms=rtt_ms)
     print(f"raw libp2p stream over the same relay: {raw:.1f} MB/s")
     print(f"ratio fetch / raw stream: {mbps / raw:.2f}")
+
+
+def _delayed_sections(base: Path, args: argparse.Namespace) -> None:
+    _delayed_section(base, args.rtt_mb, args.rtt_ms)
+    if args.rtt_rate:
+        _delayed_section(base, args.rtt_mb // 2, args.rtt_ms, args.rtt_rate)
 
 
 def main() -> None:
@@ -271,9 +278,7 @@ def main() -> None:
             if args.only == "gateway":
                 _gateway_section(base, args.gateway_mb)
             else:
-                _delayed_section(base, args.rtt_mb, args.rtt_ms)
-                if args.rtt_rate:
-                    _delayed_section(base, args.rtt_mb // 2, args.rtt_ms, args.rtt_rate)
+                _delayed_sections(base, args)
         finally:
             shutil.rmtree(base, ignore_errors=True)
         return
@@ -362,9 +367,7 @@ def main() -> None:
             shutil.rmtree(base / f"joiner-k{k}", ignore_errors=True)
         shutil.rmtree(small, ignore_errors=True)
         _gateway_section(base, args.gateway_mb)
-        _delayed_section(base, args.rtt_mb, args.rtt_ms)
-        if args.rtt_rate:
-            _delayed_section(base, args.rtt_mb // 2, args.rtt_ms, args.rtt_rate)
+        _delayed_sections(base, args)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

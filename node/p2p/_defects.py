@@ -424,7 +424,10 @@ def pipeline_protocol_select() -> None:
     header = _multiselect_client.MULTISELECT_PROTOCOL_ID
 
     async def select_one_of(
-        self: Any, protocols: Any, communicator: Any, negotiate_timeout: int = 30
+        self: Any,
+        protocols: Any,
+        communicator: Any,
+        negotiate_timeout: int = _multiselect_client.DEFAULT_NEGOTIATE_TIMEOUT,
     ) -> Any:
         if len(protocols) != 1:
             return await original(self, protocols, communicator, negotiate_timeout)

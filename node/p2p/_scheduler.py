@@ -1,17 +1,18 @@
 """Which holder gets which blocks: the multi-holder fetch policy (specs/blocks.md#fetching).
 
 A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
-runs MAX_IN_FLIGHT_PER_HOLDER workers; each worker takes the next BATCH_BLOCKS CIDs its holder
-has not said it lacks from one shared queue, so fast holders take more work and nobody idles
-while work is left. A request that makes no progress for NO_PROGRESS_TIMEOUT_S is abandoned;
-a holder whose request fails (timeout, broken stream, protocol error, refusal) is dropped for
-this transfer and its unfinished CIDs go back to the queue for the others. A holder that sends
-bytes not matching their CID is dropped and reported with the evidence. A CID is requested from
-a second holder only if the first did not deliver it, so nothing is fetched twice unless its
-first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
-slower holder's request to its own holder (the slower request stops once only moved CIDs are
-left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower (cancelling
-its request, partial block included), so one slow holder cannot hold up the end of a fetch.
+runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
+has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
+fast holders take more work and nobody idles while work is left. A request that makes no
+progress for NO_PROGRESS_TIMEOUT_S is abandoned; a holder whose request fails (timeout, broken
+stream, protocol error, refusal) is dropped for this transfer and its unfinished CIDs go back to
+the queue. A holder that sends bytes not matching their CID is dropped and reported with the
+evidence. A CID is requested from a second holder only if the first did not deliver it, so
+nothing is fetched twice unless its first copy was bad. End game: a worker with nothing left to
+take moves the unsent tail of a slower holder's request to its own holder (the slower request
+stops once only moved CIDs are left), and takes over everything from a holder
+STEAL_SLOWER_FACTOR times slower once that one has had STEAL_MIN_OBSERVED_S to show its rate
+(cancelling its request, partial block included): one slow holder cannot hold up the end.
 
 Holders answer in request order (specs/blocks.md#interaction), and each BLOCK's CID is seen
 before its bytes: so the scheduler knows which block is on the wire, and that every CID passed
@@ -140,9 +141,7 @@ class _Holder:
 
     def rate(self) -> float:
         """Bytes per second delivered since its first request (0 before any)."""
-        if self.first_request is None:
-            return 0.0
-        return self.bytes / max(trio.current_time() - self.first_request, 1e-3)
+        return self.bytes / max(self.observed_s(), 1e-3)
 
 
 @dataclass(eq=False)
@@ -449,7 +448,7 @@ class Transfer:
             cid, data = block.cid, block.data
             if cid in request.stolen:  # moved while its last bytes were being checked
                 raise _Abandoned
-            request.arrived.add(cid)
+            request.arrived.add(cid)  # (a gateway has no arrival hook: marked here too)
             # Hashed once on receipt (request_blocks): the store does not hash it again.
             nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
             self._enqueue(nodes, leaves)  # before cid leaves _in_flight: no worker stops early
