@@ -25,17 +25,24 @@ import trio
 from cnode.node._exceptions import NodeError
 
 
-def lone_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
-    """What ended a nursery of two tasks where one task's error cancelled the other: that error
-    (unwrapped), or ``group`` itself when it holds only cancellations (for the enclosing cancel
-    scope) or several real errors."""
+def first_error(
+    group: BaseExceptionGroup[BaseException], prefer: type[BaseException] = BaseException
+) -> BaseException:
+    """What to raise for a nursery whose tasks failed: its first error of type ``prefer``, else
+    its first error (tasks working on one request fail for one cause: a holder that corrupts
+    every block fails every block being checked at once), or ``group`` itself when it holds only
+    cancellations, which the enclosing cancel scope takes."""
     _cancelled, errors = group.split(trio.Cancelled)
     if errors is None:
         return group
-    error: BaseException = errors
-    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
-        error = error.exceptions[0]
-    return error
+    leaves = _leaves(errors)
+    return next((e for e in leaves if isinstance(e, prefer)), leaves[0])
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for inner in error.exceptions for leaf in _leaves(inner)]
+    return [error]
 
 
 class P2PError(NodeError):

@@ -23,7 +23,7 @@ from cnode.storage import (
 )
 
 from . import limits
-from ._exceptions import BadBlockError, PeerProtocolError, RemoteRefusedError, lone_error
+from ._exceptions import BadBlockError, PeerProtocolError, RemoteRefusedError, first_error
 from ._wire import Block, ByteStream, End, Error, FrameReader, Lacking, Request
 
 OnBlock = Callable[[VerifiedBlock], Awaitable[None]]
@@ -88,7 +88,7 @@ async def request_blocks(
             except Exception as exc:
                 fault = exc
     except BaseExceptionGroup as group:
-        raise lone_error(group) from None
+        raise first_error(group, BadBlockError) from None  # the evidence goes first
     if fault is not None:
         raise fault
     return lacking

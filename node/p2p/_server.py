@@ -20,7 +20,7 @@ from cnode.storage import CID, BlockNotFoundError, BlockStore, CorruptBlockError
 
 from . import limits
 from ._bucket import TokenBucket
-from ._exceptions import FrameTooLargeError, PeerProtocolError, StreamBroken, lone_error
+from ._exceptions import FrameTooLargeError, PeerProtocolError, StreamBroken, first_error
 from ._stream import Libp2pStream
 from ._wire import Block, End, Error, FrameReader, Lacking, Request, Status
 
@@ -122,7 +122,7 @@ class BlockServer:
                             data = bytes([data[0] ^ 0xFF]) + data[1:]
                         await self._send_block(stream, Block.header(cid, len(data)), data)
         except BaseExceptionGroup as group:
-            raise lone_error(group) from None
+            raise first_error(group) from None
         if lacking:
             await stream.write(Lacking(tuple(lacking)).encode())
         await stream.write(End().encode())

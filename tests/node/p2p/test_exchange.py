@@ -7,12 +7,15 @@ next block received while the last ones are hashed and kept.
 from __future__ import annotations
 
 import collections
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import pytest
 import trio
 import trio.testing
 
 from cnode.node.p2p import BadBlockError, PeerProtocolError, StreamBroken, limits
+from cnode.node.p2p._exceptions import first_error
 from cnode.node.p2p._exchange import request_blocks
 from cnode.node.p2p._wire import Block, End
 from cnode.storage import CID, VerifiedBlock, compute_cid
@@ -157,3 +160,49 @@ def test_a_bad_block_behind_good_ones_ends_the_request_with_the_evidence() -> No
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert b not in kept
+
+
+def test_a_holder_that_corrupts_every_block_fails_the_request_with_one_bad_block_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Blocks are checked side by side, so a holder that corrupts them all fails several checks
+    at once; the request still ends with one BadBlockError (the scheduler drops the holder on
+    it), never an ExceptionGroup that nobody expects."""
+    T = TypeVar("T")
+
+    async def slow_hash(fn: Callable[..., T], *args: Any, **_kwargs: Any) -> T:
+        # Every check takes as long, and like a worker thread it cannot be cancelled midway:
+        # the checks started together all finish, and all fail.
+        with trio.CancelScope(shield=True):
+            await trio.sleep(1.0)
+        return fn(*args)
+
+    monkeypatch.setattr(trio.to_thread, "run_sync", slow_hash)
+    blocks = blocks_of(4)
+    cids = list(blocks)
+    stream = FakeStream(FakeHolder("bad", blocks, corrupt=True))
+
+    async def main() -> None:
+        with pytest.raises(BadBlockError) as info:
+            await request_blocks(stream, cids, _never_kept)
+        assert info.value.claimed in {str(c) for c in cids[: limits.RECEIVED_AHEAD]}
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+async def _never_kept(block: VerifiedBlock) -> None:
+    raise AssertionError(f"a bad block was handed on: {block}")
+
+
+def test_first_error_picks_the_evidence_and_unwraps() -> None:
+    bad = [
+        BadBlockError("x", claimed="a", computed="b"),
+        BadBlockError("y", claimed="c", computed="d"),
+    ]
+    broken = StreamBroken("gone")
+    assert first_error(ExceptionGroup("g", bad)) is bad[0]
+    assert (
+        first_error(ExceptionGroup("g", [broken, ExceptionGroup("h", [bad[1]])]), BadBlockError)
+        is bad[1]
+    )
+    assert first_error(ExceptionGroup("g", [broken])) is broken
