@@ -41,7 +41,7 @@ __all__ = [
     "require",
 ]
 
-SCORE_RECORD_TYPE = "cnode/score-record/v1"  # node/train/_score_records.py
+SCORE_RECORD_TYPE = "cnode/score-record/v1"  # node/train/scores/_records.py
 
 _ADMIN_ACTIONS = ("allowlist.add", "allowlist.remove", "allowlist.ls", "ban", "unban", "log")
 _ALLOW_KINDS = ("user", "peer", "org")

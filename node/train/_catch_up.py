@@ -31,11 +31,11 @@ from cnode.node.p2p import FetchError, GatewayHolder, P2PNode, gateway_client
 from cnode.storage import CID, HFFolderError
 
 from . import limits
-from ._bans import KnownBans
 from ._exceptions import CatchUpError
 from ._membership import leave_round
 from ._report import Reporter
 from ._trainer import NodeTrainer
+from .swarm import KnownBans
 
 __all__ = ["CatchUp"]
 

@@ -26,20 +26,22 @@ from cnode.node.p2p import P2PSettings, PeerAdmission, open_p2p_node, unwrap_nod
 from cnode.storage import BlockStore
 
 from . import limits
-from ._bans import KnownBans
 from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
-from ._exchange import UpdateExchange
-from ._gateway import maybe_gateway
-from ._headers import HeaderCollector
 from ._membership import leave_round
-from ._partition_exchange import PartitionedExchange
-from ._peers import PeerFinder, advertised_addrs
 from ._report import Reporter
-from ._rounds import RoundLoop
-from ._topics import RunTopics
+from ._round_loop import RoundLoop
 from ._trainer import NodeTrainer
+from .exchange import PartitionedExchange, UpdateExchange
+from .swarm import (
+    HeaderCollector,
+    KnownBans,
+    PeerFinder,
+    RunTopics,
+    advertised_addrs,
+    maybe_gateway,
+)
 
 __all__ = ["NODE_ATTACKS", "TrainSettings", "run_node"]
 

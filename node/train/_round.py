@@ -43,8 +43,7 @@ from cnode.storage import (
 from . import limits
 from ._config import TrainingConfig
 from ._exceptions import MalformedUpdateError, PeerUpdateError
-from ._model import State
-from ._state import state_cid
+from .model import State, state_cid
 
 __all__ = [
     "UPDATE_HEADER_TYPE",

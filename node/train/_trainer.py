@@ -28,27 +28,13 @@ from cnode.aggregation import (
 from cnode.auth import Identity
 from cnode.storage import CID, DAG_CBOR, BlockStore, StorageError, load_checkpoint
 
-from ._checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from ._config import TrainingConfig
-from ._corrupt import DATA_ATTACKS, corrupt_data
-from ._data import TextData
 from ._exceptions import (
     CatchUpError,
     MalformedUpdateError,
     PeerUpdateError,
     StateMismatchError,
 )
-from ._local import LocalResult, evaluate, train_local
-from ._model import State, build_model
-from ._partitioned import (
-    PartitionResult,
-    aggregate_own_partition,
-    apply_partitions,
-    seal_partition_result,
-    state_numel,
-    store_wrong_output,
-)
-from ._residual import Residual, drop_residual, load_residual, save_residual
 from ._round import (
     RoundResult,
     UpdateHeader,
@@ -59,9 +45,31 @@ from ._round import (
     seal_update_header,
     store_update,
 )
-from ._score_spread import SpreadScores
-from ._scores import RoundScoring, checkpoint_reputation
-from ._state import state_cid
+from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
+from .model import (
+    DATA_ATTACKS,
+    LocalResult,
+    Residual,
+    State,
+    TextData,
+    build_model,
+    corrupt_data,
+    drop_residual,
+    evaluate,
+    load_residual,
+    save_residual,
+    state_cid,
+    train_local,
+)
+from .partition import (
+    PartitionResult,
+    aggregate_own_partition,
+    apply_partitions,
+    seal_partition_result,
+    state_numel,
+    store_wrong_output,
+)
+from .scores import RoundScoring, SpreadScores, checkpoint_reputation
 
 __all__ = ["NodeTrainer", "OwnUpdate", "RoundOutcome"]
 

@@ -18,8 +18,8 @@ from cnode.auth import Identity
 from cnode.node.cli._coordinator import check_reputation
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, limits
 from cnode.node.train import ScoreRecord, open_score_record, seal_score_record
-from cnode.node.train._score_records import TargetLosses
-from cnode.node.train._score_spread import resolve_scores, targets_of
+from cnode.node.train.scores._records import TargetLosses
+from cnode.node.train.scores._spread import resolve_scores, targets_of
 from cnode.storage import CID, compute_cid
 
 from .conftest import Running, run_config

@@ -15,7 +15,7 @@ from cnode.auth import Identity, save_identity
 from cnode.node.coordinator import CoordinatorClient, load_run_config
 from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train import StateMismatchError
-from cnode.node.train._agreement import agree_on_checkpoint
+from cnode.node.train.checkpoint._agreement import agree_on_checkpoint
 from cnode.storage import CID, compute_cid
 
 from .swarm import TINY_TRAINING

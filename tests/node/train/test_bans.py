@@ -6,7 +6,7 @@ import pytest
 
 from cnode.node.coordinator import BanRecord
 from cnode.node.train import BannedError
-from cnode.node.train._bans import KnownBans
+from cnode.node.train.swarm._bans import KnownBans
 
 
 def _ban(peer: str, reason: str = "outlier in 3 of the last 3 rounds") -> BanRecord:

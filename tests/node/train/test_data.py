@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from cnode.node.train import DataConfig, ModelConfig, TrainingConfig, TrainingConfigError
-from cnode.node.train._data import (
+from cnode.node.train.model._data import (
     TOKENIZER_FILE,
     TextData,
     load_corpus_text,

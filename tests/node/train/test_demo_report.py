@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cnode.node.train._demo_report import _evidence_lines
+from cnode.node.train.demo._report import _evidence_lines
 
 
 def test_a_reputation_ban_shows_the_losses_scores_and_reputations() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from cnode.auth import Identity
 from cnode.node.train import TrainingConfig, UpdateHeader, open_update_header, seal_update_header
-from cnode.node.train._checkpoint import genesis_state
 from cnode.node.train._round import header_cid
-from cnode.node.train._state import state_cid
+from cnode.node.train.checkpoint._checkpoint import genesis_state
+from cnode.node.train.model._state import state_cid
 from cnode.storage import CID
 
 FIXTURES = Path(__file__).resolve().parents[3] / "specs" / "fixtures" / "training"

@@ -24,7 +24,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 from cnode.node.train import TextData, TrainingConfig, TrainingConfigError, model_state
 from cnode.node.train import limits as train_limits
-from cnode.node.train._data import load_corpus_text, train_tokenizer
+from cnode.node.train.model._data import load_corpus_text, train_tokenizer
 from tests.support.fixtures import dead_endpoint, hf_hub  # noqa: F401 (fixtures)
 from tests.support.hf_hub import FakeHub
 

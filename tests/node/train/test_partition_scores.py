@@ -14,23 +14,24 @@ import pytest
 from cnode.aggregation import score_seed
 from cnode.auth import Identity
 from cnode.node.train import CatchUpError, TrainingConfig, replay_checkpoint
-from cnode.node.train._checkpoint import check_signed_updates, read_checkpoint_info
 from cnode.node.train._round import load_update
-from cnode.node.train._score_records import (
+from cnode.node.train._trainer import NodeTrainer
+from cnode.node.train.checkpoint._checkpoint import read_checkpoint_info
+from cnode.node.train.checkpoint._signed import check_signed_updates
+from cnode.node.train.scores._records import (
     ScoreRecord,
     TargetLosses,
     open_score_record,
     score_record_cid,
     seal_score_record,
 )
-from cnode.node.train._score_spread import (
+from cnode.node.train.scores._spread import (
     SpreadScores,
     disputed_targets,
     resolve_scores,
     scorers_of,
     targets_of,
 )
-from cnode.node.train._trainer import NodeTrainer
 from cnode.storage import CID, DAG_CBOR, BlockStore, compute_cid
 
 from .test_partitioned import RUN, _copy_all, _node, _share

@@ -16,18 +16,18 @@ import pytest
 
 from cnode.auth import Identity
 from cnode.node.train import PartitionEvidenceError, PeerUpdateError, TrainingConfig
-from cnode.node.train._partition_evidence import (
+from cnode.node.train._round import open_update_header
+from cnode.node.train._trainer import NodeTrainer, OwnUpdate
+from cnode.node.train.partition._evidence import (
     build_partition_evidence,
     check_partition_evidence,
     model_numel,
 )
-from cnode.node.train._partitioned import (
+from cnode.node.train.partition._result import (
     open_partition_result,
     partition_result_cid,
     seal_partition_result,
 )
-from cnode.node.train._round import open_update_header
-from cnode.node.train._trainer import NodeTrainer, OwnUpdate
 from cnode.storage import BlockStore, manifest_closure
 
 MEAN = TrainingConfig.from_dict({"local_steps": 1, "batch_size": 2, "aggregator": "mean"})

@@ -6,7 +6,7 @@ import pytest
 
 from cnode.auth import Identity
 from cnode.node.train import TrainingConfigError
-from cnode.node.train._peers import advertised_addrs
+from cnode.node.train.swarm._peers import advertised_addrs
 
 PEER = Identity.generate().peer_id_str
 

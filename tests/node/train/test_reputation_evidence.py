@@ -8,8 +8,8 @@ from __future__ import annotations
 from cnode.aggregation import score_seed
 from cnode.auth import Identity
 from cnode.node.train import ScoreRecord, check_reputation_evidence, seal_score_record
-from cnode.node.train._score_records import TargetLosses
-from cnode.node.train._score_spread import targets_of
+from cnode.node.train.scores._records import TargetLosses
+from cnode.node.train.scores._spread import targets_of
 from cnode.storage import CID, compute_cid
 
 RUN = "test-run"

@@ -1,4 +1,4 @@
-"""Signed score records (node/train/_score_records.py): the fixture, and every bad input refused
+"""Signed score records (node/train/scores/_records.py): the fixture, and every bad input refused
 with an error naming what is wrong (specs/training.md#scores-in-partitioned-rounds)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from cnode.auth import Identity, seal
 from cnode.node.train import PeerUpdateError, limits
-from cnode.node.train._score_records import (
+from cnode.node.train.scores._records import (
     ScoreRecord,
     open_score_record,
     score_record_cid,

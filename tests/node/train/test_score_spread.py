@@ -1,4 +1,4 @@
-"""Scores spread over a partitioned round's members (node/train/_score_spread.py): who scores
+"""Scores spread over a partitioned round's members (node/train/scores/_spread.py): who scores
 whom, agreement, disputes recomputed, wrong scorers named, admission (specs/training.md
 #scores-in-partitioned-rounds). Pure: records are built and signed here, no network."""
 
@@ -9,8 +9,8 @@ import pytest
 from cnode.aggregation import AggregationInputError, score_assignment, score_seed
 from cnode.auth import Identity
 from cnode.node.train import limits
-from cnode.node.train._score_records import ScoreRecord, TargetLosses
-from cnode.node.train._score_spread import (
+from cnode.node.train.scores._records import ScoreRecord, TargetLosses
+from cnode.node.train.scores._spread import (
     INVALID_PREFIX,
     disputed_targets,
     resolve_scores,

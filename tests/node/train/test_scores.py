@@ -16,8 +16,8 @@ from cnode.aggregation import score_seed
 from cnode.auth import Identity
 from cnode.node.train import ReplayMismatchError, TrainingConfig, replay_checkpoint
 from cnode.node.train._round import open_update_header
-from cnode.node.train._scores import check_recorded_scores
 from cnode.node.train._trainer import NodeTrainer, RoundOutcome
+from cnode.node.train.scores._scoring import check_recorded_scores
 from cnode.storage import BlockStore, manifest_closure, read_manifest
 
 CONFIG = TrainingConfig.from_dict(
@@ -121,8 +121,8 @@ def test_a_node_training_on_flipped_tokens_is_left_out_and_banned_within_3_round
 
 
 def test_data_attacks_corrupt_the_training_text_only() -> None:
-    from cnode.node.train._corrupt import DATA_ATTACKS, corrupt_data
-    from cnode.node.train._data import TextData
+    from cnode.node.train.model._corrupt import DATA_ATTACKS, corrupt_data
+    from cnode.node.train.model._data import TextData
 
     config = TrainingConfig()
     data = TextData.build(config.data, config.model)

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from cnode.node.train import TrainingConfig, build_model, model_state
-from cnode.node.train._state import layer_chunk_cids, state_cid, state_cid_from_layers
+from cnode.node.train.model._state import layer_chunk_cids, state_cid, state_cid_from_layers
 from cnode.storage import BlockStore, CheckpointMeta, read_manifest, save_checkpoint
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from cnode.node.coordinator import limits as coordinator_limits
-from cnode.node.train._telemetry import catch_up_report, round_report
+from cnode.node.train.swarm._telemetry import catch_up_report, round_report
 
 
 def test_a_round_report_carries_the_loss_and_the_held_checkpoint() -> None:

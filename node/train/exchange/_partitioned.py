@@ -1,0 +1,404 @@
+"""The exchange of one partitioned round: aggregate a partition, verify others, assemble.
+
+Message by message (specs/training.md#partitioned-rounds):
+
+1. **Aggregate.** The published round names each partition's aggregator
+   (``RoundInfo.aggregators``). This node, if it is one, fetches the partition's segments of every
+   listed update (and its signed header), aggregates them, stores the output and reports the CID
+   of its signed :class:`PartitionResult` (op ``result``).
+2. **Back up.** Past the round's collect deadline, a partition without a result passes to its
+   backups in a fixed order, one every ``backup_step_s``; a backup aggregates it the same way.
+3. **Verify.** Once every partition has a recorded result, the seed (sha256 over the recorded
+   result CIDs) picks ``training.verify_partitions`` other partitions this node recomputes. A
+   result that differs goes to the coordinator as self-proving evidence (a CAR); the coordinator
+   recomputes it, bans the signer and records the right output. Then the node reports
+   ``checked``.
+4. **Assemble.** The agreed round names each partition's output (the recomputed one where a
+   result was wrong); the node fetches them and adds them to its state.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import structlog
+import trio
+
+from cnode.aggregation import backup_aggregators
+from cnode.node.coordinator import (
+    CoordinatorClient,
+    CoordinatorRejected,
+    RoundInfo,
+)
+from cnode.node.p2p import FetchError, P2PError, P2PNode
+from cnode.storage import CID, StorageError
+
+from .. import limits
+from .._exceptions import (
+    OutputsUnavailableError,
+    PeerUpdateError,
+    RoundStalledError,
+    StateMismatchError,
+)
+from .._round import UpdateHeader, open_update_header
+from .._trainer import NodeTrainer, RoundOutcome
+from ..partition import (
+    PartitionResult,
+    input_segments,
+    open_partition_result,
+    partition_result_cid,
+    state_numel,
+)
+from ._fetch import enough_inputs, fetch_update_segments
+from ._full import UpdateExchange
+from ._scores import PartitionScores
+from ._verify import PartitionVerifier
+
+__all__ = ["PartitionedExchange"]
+
+log = structlog.get_logger(__name__)
+
+# Partition outputs fetched at once (each from its aggregator first, then from everyone).
+_PARALLEL_OUTPUTS = 4
+
+
+@dataclass
+class _Round:
+    """What this node knows of one partitioned round while it plays it."""
+
+    info: RoundInfo
+    numel: int
+    headers: dict[str, tuple[CID, UpdateHeader]] = field(default_factory=dict)
+    invalid: dict[str, str] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)  # partitions this node submitted a result for
+    bytes_in: int = 0
+
+
+class PartitionedExchange:
+    """Plays the partitioned rounds of one node (see the module docstring)."""
+
+    def __init__(
+        self,
+        trainer: NodeTrainer,
+        node: P2PNode,
+        client: CoordinatorClient,
+        updates: UpdateExchange,
+        *,
+        backup_step_s: float,
+        withhold: bool = False,
+    ) -> None:
+        self.trainer = trainer
+        self.node = node
+        self.client = client
+        self.updates = updates
+        self.backup_step_s = backup_step_s
+        self.withhold = withhold  # testing aid: never publish a result (a backup takes over)
+        self.verifier = PartitionVerifier(trainer, node, client)
+        self.scores = PartitionScores(trainer, node, client, updates)
+        self.last_bytes_in = 0
+
+    async def play(self, info: RoundInfo) -> RoundOutcome:
+        """Aggregate, back up, verify and assemble round ``info.round``; return the outcome."""
+        me = self.trainer.peer
+        state = _Round(info, state_numel(self.trainer.state))
+        with trio.move_on_after(limits.HEADER_WAIT_S):
+            await self.updates.finder.dial_listed(info.addrs)
+        deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
+        mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
+        fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
+        async with trio.open_nursery() as nursery:
+            if self.scores.enabled:  # score this node's targets while the partitions fetch
+                nursery.start_soon(self.scores.score_targets, info)
+            for partition in mine:
+                await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
+        recorded = await self._wait_results(state)
+        results = await self._open_results(state, recorded)
+        spread = await self.scores.agreed(info) if self.scores.enabled else None
+        if spread is not None:  # a result that aggregates an update the scores left out
+            for partition in [
+                p for p, (_, r) in results.items() if set(r.inputs) - set(spread.inputs)
+            ]:
+                log.warning("partition_result_ignores_scores", partition=partition)
+                del results[partition]  # applies nothing, on every node (the same records)
+        # Fetch the outputs before reporting `checked`: the round is agreed once every member
+        # has checked, and an aggregator whose last round it is may leave right after.
+        try:
+            await self._fetch_outputs(state, recorded, results)
+        except OutputsUnavailableError as exc:
+            log.warning("partition_outputs_not_yet", round=info.round, error=str(exc))
+        state.bytes_in += await self.verifier.check(info, recorded, results, numel=state.numel)
+        agreed = await self._wait_agreed(info.round)
+        outputs = await self._fetch_outputs(state, agreed, results)
+        dropped = dict(agreed.excluded)
+        self.last_bytes_in = state.bytes_in + self.scores.bytes_in
+        self.scores.bytes_in = 0
+        return await trio.to_thread.run_sync(
+            lambda: self.trainer.apply_partitions(
+                info.round, results, outputs, parts=info.parts, dropped=dropped, scores=spread
+            )
+        )
+
+    # -- 1 and 2: aggregating a partition ---------------------------------------------------
+
+    async def _aggregate(
+        self, state: _Round, partition: int, *, backup_for: str | None, fetch_until: float
+    ) -> None:
+        """Fetch the partition's inputs until trio time ``fetch_until``, then aggregate what
+        came (a member whose slice did not is listed as missing), store, sign and report."""
+        info, me = state.info, self.trainer.peer
+        indices = input_segments(state.numel, info.parts, partition)
+        missing: dict[str, str] = {}
+        with trio.move_on_at(fetch_until):
+            async with trio.open_nursery() as nursery:
+                for member in info.members:
+                    if member != me:
+                        missing[member] = "no fetch finished in time"
+                        nursery.start_soon(self._get_input, state, member, indices, missing)
+        if me in info.headers and me not in state.headers:
+            own = self._own_header(info)
+            if own is not None:
+                state.headers[me] = own
+        inputs = {m: h for m, h in state.headers.items() if m not in missing}
+        for member in info.members:
+            if member not in inputs and member not in missing:
+                missing[member] = state.invalid.get(member, "no update header recorded")
+        if self.scores.enabled:  # only what the agreed scores admit (specs: scores, partitioned)
+            spread = await self.scores.agreed(info)
+            for member in sorted(set(inputs) - set(spread.inputs)):
+                missing[member] = spread.left_out.get(member, "left out by scores")
+                del inputs[member]
+        if self.withhold:
+            log.warning("partition_withheld", round=info.round, partition=partition)
+            return
+        if not enough_inputs(len(inputs), len(info.members)):
+            # Cut off from most members: a result of this node's own few updates would stand for
+            # the whole partition. Publish nothing; a backup takes the partition over.
+            log.warning(
+                "partition_not_published",
+                round=info.round,
+                partition=partition,
+                inputs=len(inputs),
+                members=len(info.members),
+            )
+            return
+        envelope, result = await trio.to_thread.run_sync(
+            lambda: self.trainer.aggregate_partition(
+                info.round,
+                inputs,
+                partition=partition,
+                parts=info.parts,
+                missing=missing,
+                backup_for=backup_for,
+            )
+        )
+        cid = partition_result_cid(envelope)
+        self.node.store.put(cid, envelope)
+        if result.output is not None:
+            await self.node.announce_hold(result.output)
+        try:
+            await self.client.result(info.round, partition=partition, header=str(cid))
+        except CoordinatorRejected as exc:  # a backup came first, or the round was decided
+            log.info("partition_result_refused", partition=partition, error=str(exc))
+            return
+        state.done.add(partition)
+        log.info(
+            "partition_aggregated",
+            round=info.round,
+            partition=partition,
+            inputs=len(inputs),
+            missing=len(missing),
+            backup_for=None if backup_for is None else backup_for[-8:],
+        )
+
+    def _own_header(self, info: RoundInfo) -> tuple[CID, UpdateHeader] | None:
+        cid = CID.parse(info.headers[self.trainer.peer])
+        try:
+            envelope = self.node.store.get(cid)
+            return cid, open_update_header(envelope, run=self.trainer.run, round_=info.round)
+        except (StorageError, PeerUpdateError):
+            return None
+
+    async def _get_input(
+        self, state: _Round, member: str, indices: Sequence[int], missing: dict[str, str]
+    ) -> None:
+        """One member's header and the partition's segments of its update: first from the
+        member, then from every member (FETCH_ATTEMPTS tries)."""
+        info = state.info
+        if member not in info.headers:
+            missing[member] = "the round record lists no header for it"
+            return
+        why = "no attempt finished"
+        for attempt in range(limits.FETCH_ATTEMPTS):
+            holders = self.updates.holders_for(info, member, everyone=attempt > 0)
+            try:
+                if member not in state.headers:
+                    header = await self.updates.fetch_header(info, member, holders)
+                    if header is None:
+                        missing[member] = "invalid update header"
+                        return
+                    state.headers[member] = header
+                _, header_ = state.headers[member]
+                state.bytes_in += await fetch_update_segments(
+                    self.node, header_.update, indices, holders
+                )
+                missing.pop(member, None)
+                return
+            except (FetchError, P2PError, StorageError) as exc:
+                why = str(exc)
+            missing[member] = f"update not fetched: {why}"
+            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+
+    # -- waiting for results, backups ---------------------------------------------------------
+
+    async def _wait_results(self, state: _Round) -> RoundInfo:
+        """Poll until every partition has a result (or the round is agreed), taking over a
+        partition this node backs up when its time comes."""
+        info = state.info
+        collect_end = (info.collect_deadline_ms or 0) / 1000
+        with trio.move_on_after(limits.RESULTS_WAIT_S):
+            while True:
+                with trio.move_on_after(limits.SLOW_POLL_S * 2):
+                    current = await self.client.wait_results(info.round)
+                    if current.agreed is not None or len(current.results) >= info.parts:
+                        return current
+                current = await self.client.round_info(info.round)
+                if current.agreed is not None or len(current.results) >= info.parts:
+                    return current
+                await self._back_up(state, current, collect_end)
+        raise RoundStalledError(
+            f"round {info.round}: partition results still missing after {limits.RESULTS_WAIT_S:g} s"
+        )
+
+    async def _back_up(self, state: _Round, current: RoundInfo, collect_end: float) -> None:
+        info, me = state.info, self.trainer.peer
+        now = time.time()
+        for partition in range(info.parts):
+            if str(partition) in current.results or partition in state.done:
+                continue
+            order = backup_aggregators(self.trainer.run, info.round, info.members, partition)
+            if me not in order:
+                continue
+            k = order.index(me)
+            if now >= collect_end + k * self.backup_step_s and now >= collect_end:
+                log.info("partition_backup", partition=partition, k=k)
+                state.done.add(partition)
+                # Its turn lasts backup_step_s: fetch for half of it, then aggregate what came.
+                await self._aggregate(
+                    state,
+                    partition,
+                    backup_for=info.aggregators[partition],
+                    fetch_until=trio.current_time() + self.backup_step_s / 2,
+                )
+
+    # -- 3: verification ----------------------------------------------------------------------
+
+    async def _open_results(
+        self, state: _Round, recorded: RoundInfo
+    ) -> dict[int, tuple[CID, PartitionResult]]:
+        """Fetch and open every recorded result. One whose bytes are not a valid result of the
+        partition applies nothing (the same bytes, the same verdict, on every node); one this
+        node cannot fetch raises OutputsUnavailableError (it must not apply another set)."""
+        out: dict[int, tuple[CID, PartitionResult]] = {}
+        for key, entry in sorted(recorded.results.items(), key=lambda kv: int(kv[0])):
+            partition, cid = int(key), CID.parse(entry.header)
+            holders = [entry.peer] + [m for m in state.info.members if m != entry.peer]
+            why = ""
+            for attempt in range(limits.FETCH_ATTEMPTS):
+                try:
+                    if not self.node.store.has(cid):
+                        await self.node.fetch_blocks([cid], holders=holders)
+                    break
+                except (FetchError, P2PError, StorageError) as exc:
+                    why = str(exc)
+                await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+            if not self.node.store.has(cid):
+                raise OutputsUnavailableError(
+                    f"round {state.info.round}: the result of partition {partition} could not "
+                    f"be fetched: {why}"
+                )
+            try:
+                result = open_partition_result(
+                    self.node.store.get(cid),
+                    run=self.trainer.run,
+                    round_=state.info.round,
+                    signer=entry.peer,
+                )
+            except (StorageError, PeerUpdateError) as exc:
+                log.warning("partition_result_unusable", partition=partition, error=str(exc))
+                continue
+            if result.partition != partition or result.parts != state.info.parts:
+                log.warning("partition_result_mislabelled", partition=partition)
+                continue
+            if not enough_inputs(len(result.inputs), len(state.info.members)):
+                log.warning("partition_result_too_few_inputs", partition=partition)
+                continue
+            out[partition] = (cid, result)
+        bases = [r.base for _, r in out.values()]
+        if bases and 2 * sum(b != self.trainer.state_cid for b in bases) > len(bases):
+            raise StateMismatchError(
+                f"round {state.info.round}: most partition results were aggregated on another "
+                f"state than this node's {self.trainer.state_cid}"
+            )
+        return out
+
+    # -- 4: assembling ------------------------------------------------------------------------
+
+    async def _wait_agreed(self, round_: int) -> RoundInfo:
+        agreed: RoundInfo | None = None
+        with trio.move_on_after(limits.RESULTS_WAIT_S):
+            agreed = await self.client.wait_agreed(round_)
+        if agreed is None or agreed.agreed is None:
+            raise RoundStalledError(f"round {round_}: not agreed {limits.RESULTS_WAIT_S:g} s on")
+        return agreed
+
+    async def _fetch_outputs(
+        self,
+        state: _Round,
+        agreed: RoundInfo,
+        results: dict[int, tuple[CID, PartitionResult]],
+    ) -> dict[int, CID | None]:
+        """Each partition's output as ``agreed`` records it (recomputed where the result was
+        wrong), fetched; raises OutputsUnavailableError naming one that cannot be had."""
+        outputs: dict[int, CID | None] = {}
+        everyone = [m for m in agreed.members if m != self.trainer.peer]
+        for partition in range(agreed.parts):
+            entry = agreed.results.get(str(partition))
+            if entry is None or partition not in results:
+                outputs[partition] = None  # no result, or one that does not open (everywhere)
+                continue
+            if entry.replaced is not None:
+                outputs[partition] = CID.parse(entry.replaced) if entry.replaced else None
+            elif entry.header != str(results[partition][0]):
+                outputs[partition] = None  # a result other than the one this node opened
+            else:
+                outputs[partition] = results[partition][1].output
+        failures: dict[int, str] = {}
+        limiter = trio.CapacityLimiter(_PARALLEL_OUTPUTS)
+
+        async def fetch_one(partition: int, output: CID, holders: list[str]) -> None:
+            async with limiter:
+                why = ""
+                for attempt in range(limits.FETCH_ATTEMPTS):
+                    try:
+                        state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
+                        return
+                    except (FetchError, P2PError, StorageError) as exc:
+                        why = str(exc)
+                    await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+                failures[partition] = why
+
+        async with trio.open_nursery() as nursery:
+            for partition, output in outputs.items():
+                if output is not None and not self.node.store.has(output):
+                    entry = agreed.results[str(partition)]
+                    holders = [entry.peer, *([entry.by] if entry.by else []), *everyone]
+                    nursery.start_soon(fetch_one, partition, output, holders)
+        if failures:
+            partition, why = sorted(failures.items())[0]
+            raise OutputsUnavailableError(
+                f"round {agreed.round}: the output of partition {partition} (and "
+                f"{len(failures) - 1} more) could not be fetched: {why}"
+            )
+        return outputs

@@ -1,0 +1,286 @@
+"""Scores of a partitioned round, on the network: score the assigned targets, agree on all.
+
+specs/training.md#scores-in-partitioned-rounds, message by message:
+
+1. **Score.** As soon as the round is published, this node fetches the whole updates of its
+   targets (``targets_of``: the next SCORERS_PER_UPDATE members in the assignment order), every
+   block verified, measures their losses exactly as a full round does (``RoundScoring.measure``),
+   signs a :class:`ScoreRecord`, stores it as a block and reports its CID (op ``score``). It
+   always reports one, naming the targets it could not score and why.
+2. **Close.** The coordinator takes records until every member sent one or the score deadline;
+   then ``scores_closed`` is set and every node reads the same set of record CIDs.
+3. **Agree.** Every node fetches and opens those records, recomputes any disputed target itself
+   (fetching its whole update) and runs ``resolve_scores``: the same scores, admitted set,
+   reputations and wrong-score evidence everywhere. Aggregators aggregate only ``inputs``;
+   every node assembles with it.
+"""
+
+from __future__ import annotations
+
+import structlog
+import trio
+
+from cnode.aggregation import score_seed, validate_update
+from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo
+from cnode.node.p2p import FetchError, P2PError, P2PNode
+from cnode.storage import CID, StorageError
+
+from .. import limits
+from .._exceptions import (
+    MalformedUpdateError,
+    OutputsUnavailableError,
+    PeerUpdateError,
+    RoundStalledError,
+)
+from .._round import UpdateHeader, expected_specs, load_update
+from .._trainer import NodeTrainer
+from ..scores import (
+    INVALID_PREFIX,
+    ScoreRecord,
+    SpreadScores,
+    TargetLosses,
+    disputed_targets,
+    open_score_record,
+    resolve_scores,
+    score_record_cid,
+    seal_score_record,
+    targets_of,
+)
+from ._full import UpdateExchange
+
+__all__ = ["PartitionScores", "round_headers"]
+
+log = structlog.get_logger(__name__)
+
+
+def round_headers(info: RoundInfo) -> dict[str, str]:
+    """The members' header CIDs the round record lists: the score seed's input."""
+    return {m: c for m, c in sorted(info.headers.items()) if m in info.members}
+
+
+class PartitionScores:
+    """Scoring of one node's partitioned rounds (see the module docstring)."""
+
+    def __init__(
+        self,
+        trainer: NodeTrainer,
+        node: P2PNode,
+        client: CoordinatorClient,
+        updates: UpdateExchange,
+    ) -> None:
+        self.trainer = trainer
+        self.node = node
+        self.client = client
+        self.updates = updates
+        self._agreed: dict[int, SpreadScores] = {}
+        # One measurement at a time: RoundScoring holds one model, loaded per measurement.
+        self._model_lock = trio.CapacityLimiter(1)
+        self.bytes_in = 0  # whole updates and records fetched for scoring (this node's share)
+
+    @property
+    def enabled(self) -> bool:
+        return self.trainer.scoring is not None
+
+    # -- 1: scoring this node's targets ---------------------------------------------------------
+
+    async def score_targets(self, info: RoundInfo) -> None:
+        """Measure this node's targets, sign, store and report the record (op ``score``)."""
+        me, scoring = self.trainer.peer, self.trainer.scoring
+        if scoring is None or me not in info.members:
+            return
+        seed = score_seed(round_headers(info).values())
+        targets = targets_of(self.trainer.run, info.round, info.members, me)
+        scores: dict[str, TargetLosses] = {}
+        unscored: dict[str, str] = {t: "not fetched in time" for t in targets}
+        began = trio.current_time()
+        with trio.move_on_after(limits.ROUND_FETCH_S):
+            async with trio.open_nursery() as nursery:
+                for target in targets:
+                    nursery.start_soon(self._score_one, info, seed, target, scores, unscored)
+        record = ScoreRecord(
+            self.trainer.run,
+            info.round,
+            me,
+            self.trainer.state_cid,
+            seed,
+            scores,
+            {t: why for t, why in unscored.items() if t not in scores},
+        )
+        envelope = seal_score_record(self.trainer.identity, record)
+        cid = score_record_cid(envelope)
+        self.node.store.put(cid, envelope)
+        try:
+            await self.client.score(info.round, record=envelope)
+        except CoordinatorRejected as exc:  # too late (closed), or already sent
+            log.warning("score_record_refused", round=info.round, error=str(exc))
+            return
+        log.info(
+            "scores_reported",
+            round=info.round,
+            scored=len(scores),
+            unscored=len(record.unscored),
+            seconds=round(trio.current_time() - began, 3),
+        )
+
+    async def _score_one(
+        self,
+        info: RoundInfo,
+        seed: bytes,
+        target: str,
+        scores: dict[str, TargetLosses],
+        unscored: dict[str, str],
+    ) -> None:
+        if target not in info.headers:
+            unscored[target] = "the round record lists no header for it"
+            return
+        got = await self._fetch_update(info, target)
+        if isinstance(got, str):
+            unscored[target] = got
+            return
+        cid, header = got
+        losses = await trio.to_thread.run_sync(
+            self._measure, seed, target, cid, header, limiter=self._model_lock
+        )
+        if isinstance(losses, str):
+            unscored[target] = losses
+        else:
+            scores[target] = losses
+
+    async def _fetch_update(self, info: RoundInfo, target: str) -> tuple[CID, UpdateHeader] | str:
+        """The target's header and whole update (blocks verified), or why not."""
+        why = "no attempt finished"
+        for attempt in range(limits.FETCH_ATTEMPTS):
+            holders = self.updates.holders_for(info, target, everyone=attempt > 0)
+            try:
+                got = await self.updates.fetch_header(info, target, holders)
+                if got is None:
+                    return INVALID_PREFIX + "its update header does not open"
+                self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
+                return got
+            except (FetchError, P2PError, StorageError) as exc:
+                why = str(exc)
+            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+        return f"update not fetched: {why}"[: limits.MAX_REASON_CHARS]
+
+    def _measure(
+        self, seed: bytes, target: str, cid: CID, header: UpdateHeader
+    ) -> TargetLosses | str:
+        trainer, scoring = self.trainer, self.trainer.scoring
+        assert scoring is not None
+        if header.base != trainer.state_cid:
+            return f"trained from state {header.base}, not {trainer.state_cid}"
+        try:
+            update = load_update(
+                trainer.store,
+                header.update,
+                peer=target,
+                codec=trainer.config.update_codec,
+                shapes=trainer.state,
+            )
+        except (MalformedUpdateError, PeerUpdateError) as exc:
+            return (INVALID_PREFIX + exc.reason)[: limits.MAX_REASON_CHARS]
+        bad = validate_update(update, expected_specs(trainer.state))
+        if bad is not None:
+            return (INVALID_PREFIX + bad)[: limits.MAX_REASON_CHARS]
+        return TargetLosses(cid, *scoring.measure(seed, trainer.state, target, update))
+
+    # -- 2 and 3: the closed records, agreed ----------------------------------------------------
+
+    async def agreed(self, info: RoundInfo) -> SpreadScores:
+        """The round's agreed scores (computed once per round; every node gets the same)."""
+        if info.round in self._agreed:
+            return self._agreed[info.round]
+        scoring = self.trainer.scoring
+        assert scoring is not None
+        closed = await self._wait_closed(info)
+        # The coordinator serves every record's bytes: one whose scorer serves nothing is still
+        # the same for everyone. The signed round record names each one's CID.
+        served = await self.client.score_records(info.round)
+        records: dict[str, tuple[CID, ScoreRecord]] = {}
+        for scorer, text in sorted(closed.scores.items()):
+            if scorer not in closed.members:
+                continue
+            cid = CID.parse(text)
+            data = served.get(scorer, b"")
+            if score_record_cid(data) != cid:
+                raise OutputsUnavailableError(
+                    f"round {info.round}: the coordinator served no record {cid} of {scorer}"
+                )
+            self.node.store.put(cid, data)
+            try:
+                records[scorer] = (
+                    cid,
+                    open_score_record(
+                        self.node.store.get(cid), run=self.trainer.run, round_=info.round,
+                        signer=scorer,
+                    ),
+                )  # fmt: skip
+            except PeerUpdateError as exc:  # the same bytes give the same verdict everywhere
+                log.warning("score_record_unusable", scorer=scorer[-8:], error=exc.reason)
+        headers = {m: CID.parse(c) for m, c in round_headers(closed).items()}
+        for member in sorted(headers):  # the checkpoint lists those that open: hold them
+            await self._fetch_header(closed, member)
+        seed = score_seed(str(c) for c in headers.values())
+        # The members are those with a header: what a replay sees in the checkpoint.
+        common = dict(
+            run=self.trainer.run, round_=info.round, members=sorted(headers), headers=headers,
+            base=self.trainer.state_cid, seed=seed, records=records,
+        )  # fmt: skip
+        recomputed: dict[str, TargetLosses] = {}
+        for target in disputed_targets(**common):  # type: ignore[arg-type]
+            log.warning("score_disputed", round=info.round, target=target[-8:])
+            got = await self._fetch_update(closed, target)
+            if isinstance(got, str):
+                raise OutputsUnavailableError(
+                    f"round {info.round}: the disputed update of {target} cannot be had: {got}"
+                )
+            losses = await trio.to_thread.run_sync(
+                self._measure, seed, target, *got, limiter=self._model_lock
+            )
+            if isinstance(losses, str):
+                raise OutputsUnavailableError(
+                    f"round {info.round}: the disputed update of {target} cannot be scored: "
+                    f"{losses}"
+                )
+            recomputed[target] = losses
+        resolved = resolve_scores(
+            **common,  # type: ignore[arg-type]
+            reputation=scoring.reputation,
+            recompute=recomputed.__getitem__,
+        )
+        self._agreed = {info.round: resolved}  # only the current round is ever asked again
+        log.info(
+            "scores_agreed",
+            round=info.round,
+            records=len(records),
+            scored=len(resolved.scores),
+            left_out=len(resolved.left_out),
+            wrong=len(resolved.wrong),
+        )
+        return resolved
+
+    async def _wait_closed(self, info: RoundInfo) -> RoundInfo:
+        with trio.move_on_after(limits.SCORES_WAIT_S):
+            while True:
+                current = await self.client.round_info(info.round)
+                if current.scores_closed:
+                    return current
+                await trio.sleep(limits.POLL_INTERVAL_S)
+        raise RoundStalledError(
+            f"round {info.round}: score records not closed after {limits.SCORES_WAIT_S:g} s"
+        )
+
+    async def _fetch_header(self, info: RoundInfo, member: str) -> None:
+        """A member's header block, when it can be had (gossip brought it to most nodes
+        already). One that cannot is only not listed: its update has no score anyway (its
+        scorers could not fetch it either), so it is left out on every node alike."""
+        why = ""
+        for attempt in range(limits.FETCH_ATTEMPTS):
+            holders = self.updates.holders_for(info, member, everyone=True)
+            try:
+                await self.updates.fetch_header(info, member, holders)  # stored, even if invalid
+                return
+            except (FetchError, P2PError, StorageError) as exc:
+                why = str(exc)
+            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+        log.warning("score_header_unavailable", member=member[-8:], error=why)

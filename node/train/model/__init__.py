@@ -1,0 +1,25 @@
+"""The model and what one node does with it alone: build it, shard the data, train K local steps,
+keep the error-feedback residual, and name a state by its CID.
+
+The names other parts of ``cnode.node.train`` use; the modules stay private.
+"""
+
+from __future__ import annotations
+
+from ._corrupt import DATA_ATTACKS as DATA_ATTACKS
+from ._corrupt import corrupt_data as corrupt_data
+from ._data import TextData as TextData
+from ._local import LocalResult as LocalResult
+from ._local import evaluate as evaluate
+from ._local import train_local as train_local
+from ._model import State as State
+from ._model import build_model as build_model
+from ._model import load_state as load_state
+from ._model import model_state as model_state
+from ._residual import Residual as Residual
+from ._residual import drop_residual as drop_residual
+from ._residual import load_residual as load_residual
+from ._residual import save_residual as save_residual
+from ._state import layer_chunk_cids as layer_chunk_cids
+from ._state import state_cid as state_cid
+from ._state import state_cid_from_layers as state_cid_from_layers

@@ -1,0 +1,248 @@
+"""Scores of a round's updates and the reputation across rounds, on the node (issue 12).
+
+With ``training.scores = true`` every node, and every replay, does for each round:
+
+1. the **seed**: ``score_seed`` of the CIDs of the signed headers whose updates the round uses
+   (the agreed input set, fixed only after every header is out; a checkpoint lists them);
+2. for each update that passes ``validate_update``: four float64 losses of the run's model in
+   eval mode (no dropout), on ``SCORE_SEQUENCES`` sequences drawn by ``draw_indices``: from the
+   sender's assigned shard (``TextData.shard(peer)``, purpose ``"own:<peer id>"``) and from the
+   shared held-out split (``TextData.eval``, purpose ``"held"``), each before (the agreed state)
+   and after (state + SCORE_STEP x update, in float64);
+3. the integer scores, the reputation, the admitted set (``cnode.aggregation.admit``);
+4. CenteredClip on the admitted updates with ``scored_config()``; the updates of peers left out
+   are not aggregated; rejected (malformed) updates are still passed on, so they are recorded as
+   ban evidence as before;
+5. ``ReputationPolicy`` recommendations join the round's ban evidence.
+
+Everything is recorded in the round's ``params["scores"]`` (see :meth:`ScoredRound.to_params`), so
+``verify --replay`` recomputes and compares it. Losses are float64: across thread counts and CPUs
+they differ by ~1e-15 relative, eleven orders below SCORE_UNIT, so the integer scores (and every
+decision taken on them) agree; a replay compares losses within SCORE_LOSS_RTOL and integers
+exactly. See specs/training.md#scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from cnode.aggregation import (
+    BanRecommendation,
+    ReputationPolicy,
+    UpdateScore,
+    admit,
+    draw_indices,
+    score_seed,
+    score_update,
+    scored_config,
+    update_reputation,
+    validate_update,
+)
+from cnode.aggregation import limits as agg_limits
+from cnode.storage import CID
+
+from .. import limits
+from .._config import TrainingConfig
+from .._exceptions import ReplayMismatchError
+from .._round import expected_specs
+from ..model import State, TextData, build_model, load_state
+
+__all__ = [
+    "RoundScoring",
+    "ScoredRound",
+    "check_recorded_scores",
+    "checkpoint_reputation",
+    "recorded_reputation",
+]
+
+
+def _loss_text(x: float) -> float | str:
+    return x if math.isfinite(x) else repr(x)  # DAG-CBOR has no NaN/Infinity
+
+
+@dataclass(frozen=True)
+class ScoredRound:
+    """What scoring decided in one round."""
+
+    round: int
+    seed: bytes
+    scores: dict[str, UpdateScore]  # every validated update, by peer
+    admitted: tuple[str, ...]  # peers whose update is aggregated
+    reputation: dict[str, int]  # after this round, every peer ever scored
+
+    def to_params(self) -> dict[str, Any]:
+        """The round's ``params["scores"]``: seed (hex), per peer [own_before, own_after,
+        held_before, held_after, own, held, score], admitted peers, reputation after the round."""
+        return {
+            "seed": self.seed.hex(),
+            "peers": {
+                p: [
+                    *(
+                        _loss_text(v)
+                        for v in (s.own_before, s.own_after, s.held_before, s.held_after)
+                    ),
+                    s.own,
+                    s.held,
+                    s.score,
+                ]
+                for p, s in sorted(self.scores.items())
+            },
+            "admitted": list(self.admitted),
+            "reputation": dict(sorted(self.reputation.items())),
+        }
+
+
+class RoundScoring:
+    """Scores, reputation and reputation bans of one run, round after round (one per node)."""
+
+    def __init__(
+        self, config: TrainingConfig, data: TextData, reputation: Mapping[str, int] | None = None
+    ) -> None:
+        self.config = config
+        self.data = data
+        self.reputation: dict[str, int] = dict(reputation or {})
+        self.policy = ReputationPolicy()
+        self._model: torch.nn.Module | None = None
+
+    def rule_config(self) -> TrainingConfig:
+        """The run's config with the rule run on admitted updates (``scored_config()``)."""
+        rule = scored_config()
+        return dataclasses.replace(
+            self.config, aggregator=rule.name, aggregator_params=dict(rule.params)
+        )
+
+    def _losses(
+        self, state: Mapping[str, torch.Tensor], batches: list[torch.Tensor]
+    ) -> list[float]:
+        if self._model is None:
+            self._model = build_model(self.config).double().eval()
+        load_state(self._model, dict(state))
+        with torch.no_grad():
+            return [float(self._model(input_ids=b, labels=b).loss) for b in batches]
+
+    def measure(
+        self, seed: bytes, parent: State, peer: str, update: State
+    ) -> tuple[float, float, float, float]:
+        """The four losses of one update (own before/after, held before/after), exactly as
+        :meth:`score` takes them: what a scorer of a partitioned round signs."""
+        n = limits.SCORE_SEQUENCES
+        held = self.data.eval[torch.tensor(draw_indices(seed, "held", len(self.data.eval), n))]
+        shard = self.data.shard(peer)
+        own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
+        base = {k: t.double() for k, t in parent.items()}
+        moved = {k: base[k] + agg_limits.SCORE_STEP * update[k].double() for k in base}
+        own_before, held_before = self._losses(base, [own, held])
+        own_after, held_after = self._losses(moved, [own, held])
+        return own_before, own_after, held_before, held_after
+
+    def score(
+        self, round_: int, parent: State, updates: Mapping[str, State], headers: Mapping[str, CID]
+    ) -> ScoredRound:
+        """Score the round's updates (``headers``: peer -> its signed header CID, for the seed),
+        move the reputation, and say who is admitted."""
+        if not headers:
+            return ScoredRound(round_, b"", {}, (), dict(self.reputation))
+        seed = score_seed(str(c) for c in headers.values())
+        specs = expected_specs(parent)
+        n = limits.SCORE_SEQUENCES
+        held = self.data.eval[torch.tensor(draw_indices(seed, "held", len(self.data.eval), n))]
+        base = {k: t.double() for k, t in parent.items()}
+        held_before = self._losses(base, [held])[0]
+        scores: dict[str, UpdateScore] = {}
+        for peer in sorted(updates):
+            if validate_update(updates[peer], specs) is not None:
+                continue  # aggregate() rejects it with the reason: ban evidence as before
+            shard = self.data.shard(peer)
+            own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
+            moved = {k: base[k] + agg_limits.SCORE_STEP * updates[peer][k].double() for k in base}
+            own_before = self._losses(base, [own])[0]
+            own_after, held_after = self._losses(moved, [own, held])
+            scores[peer] = score_update(peer, own_before, own_after, held_before, held_after)
+        self.reputation = update_reputation(
+            self.reputation, {p: s.score for p, s in scores.items()}
+        )
+        admitted = tuple(admit({p: s.score for p, s in scores.items()}, self.reputation))
+        return ScoredRound(round_, seed, scores, admitted, dict(self.reputation))
+
+    def admitted_updates(
+        self, scored: ScoredRound, updates: Mapping[str, State]
+    ) -> dict[str, State]:
+        """The updates aggregate() gets: the admitted ones, and the invalid ones (to be rejected
+        with their reason); a valid update that was not admitted is left out."""
+        keep = set(scored.admitted)
+        return {p: u for p, u in updates.items() if p in keep or p not in scored.scores}
+
+    def bans(self, scored: ScoredRound, update_cids: Mapping[str, str]) -> list[BanRecommendation]:
+        """Reputation ban evidence of this round (update CIDs, seeds, losses of the low rounds)."""
+        if not scored.scores:
+            return []
+        return self.policy.observe(
+            scored.round, scored.seed, scored.scores, scored.reputation, update_cids
+        )
+
+
+def recorded_reputation(rounds: Any) -> dict[str, int]:
+    """The reputation after the last round of a checkpoint's aggregation record
+    (``params["rounds"]``: ``[[round, params], ...]``); empty when it has none."""
+    if not isinstance(rounds, list) or not rounds:
+        return {}
+    last = rounds[-1]
+    params = last[1] if isinstance(last, list) and len(last) == 2 else {}
+    scores = params.get("scores") if isinstance(params, dict) else None
+    rep = scores.get("reputation") if isinstance(scores, dict) else None
+    if not isinstance(rep, dict):
+        return {}
+    return {str(p): int(v) for p, v in rep.items() if isinstance(v, int)}
+
+
+def checkpoint_reputation(manifest: Any) -> dict[str, int]:
+    """The reputation after the last round a checkpoint manifest records ({} for none)."""
+    meta = getattr(manifest, "meta", manifest)
+    record = getattr(meta, "aggregation", None)
+    return recorded_reputation(record.params.get("rounds") if record is not None else None)
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=limits.SCORE_LOSS_RTOL, abs_tol=0.0)
+    return bool(a == b)
+
+
+def check_recorded_scores(recorded: Any, replayed: Mapping[int, Mapping[str, Any]]) -> None:
+    """Compare a checkpoint's recorded ``scores`` with the replay's, round by round.
+
+    Integers (scores, admitted peers, reputations) and the seed must be equal; losses equal
+    within SCORE_LOSS_RTOL. Raises ReplayMismatchError naming the first difference.
+    """
+    rows = recorded if isinstance(recorded, list) else []
+    for row in rows:
+        if not (isinstance(row, list) and len(row) == 2 and isinstance(row[1], dict)):
+            raise ReplayMismatchError("the aggregation record's rounds are malformed")
+        number, params = row
+        want, got = params.get("scores"), replayed.get(number, {}).get("scores")
+        if want is None and got is None:
+            continue
+        if not (isinstance(want, dict) and isinstance(got, dict)):
+            raise ReplayMismatchError(
+                f"round {number}: scores recorded {want is not None}, replayed {got is not None}"
+            )
+        for key in ("seed", "admitted", "reputation"):
+            if want.get(key) != got.get(key):
+                raise ReplayMismatchError(f"round {number}: replayed {key} differs from the record")
+        wp, gp = want.get("peers"), got.get("peers")
+        if not isinstance(wp, dict) or not isinstance(gp, dict) or set(wp) != set(gp):
+            raise ReplayMismatchError(f"round {number}: the scored peers differ from the record")
+        for peer in sorted(wp):
+            a, b = wp[peer], gp[peer]
+            if not (isinstance(a, list) and len(a) == len(b)):
+                raise ReplayMismatchError(f"round {number}: malformed scores of {peer}")
+            if not all(_close(x, y) for x, y in zip(a, b, strict=True)):
+                raise ReplayMismatchError(
+                    f"round {number}: scores of {peer} differ: recorded {a}, replayed {b}"
+                )

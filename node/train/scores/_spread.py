@@ -1,0 +1,269 @@
+"""Scores spread over the members of a partitioned round: who scores whom, and the agreed scores.
+
+specs/training.md#scores-in-partitioned-rounds. Pure functions of the round record, the signed
+score records the coordinator closed, and a ``recompute`` callable for disputed targets, so every
+node, every verifier and ``verify --replay`` reach the same scores, the same admitted set and the
+same reputations.
+
+* **Assignment.** The round's members in the partition assignment order (``assign_partitions``
+  over all members); each scores the next ``SCORERS_PER_UPDATE`` (``score_assignment``).
+* **Claims.** A target's claims are the losses its assigned scorers signed for the header CID
+  the round record lists, on the round's parent state and seed. Other entries are ignored.
+* **Agreement.** No claim: the target is *unscored* and left out of the aggregate (an update must
+  be scored to enter; a sender that serves its update to aggregators but not to scorers gains
+  nothing). Claims that give the same integer (own, held) scores: agreed, the first scorer's
+  losses recorded. Claims that differ: a **dispute**: the target is recomputed (``recompute``,
+  the same code a scorer runs) and the recomputation is the score; every scorer whose claim gives
+  other integers signed a wrong score: self-proving ban evidence (its record CID, the target's
+  header CID, seed, base, claimed and recomputed losses).
+* **Admission** as in a full round: reputations move by the agreed scores, ``admit`` picks the
+  inputs; an update the scorers found invalid (non-finite, wrong shape) is still passed to the
+  aggregators, which reject it with the reason (ban evidence as before).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cnode.aggregation import (
+    BanRecommendation,
+    UpdateScore,
+    admission_bar,
+    admit,
+    assign_partitions,
+    score_assignment,
+    update_reputation,
+)
+from cnode.aggregation import limits as agg_limits
+from cnode.storage import CID
+
+from .. import limits
+from ._records import ScoreRecord, TargetLosses
+
+__all__ = [
+    "INVALID_PREFIX",
+    "SpreadScores",
+    "disputed_targets",
+    "resolve_scores",
+    "scorers_of",
+    "targets_of",
+]
+
+# An unscored reason that starts so says the scorer found the update itself invalid.
+INVALID_PREFIX = "invalid update: "
+
+
+def _assignment(run: str, round_: int, members: Sequence[str]) -> dict[str, list[str]]:
+    order = assign_partitions(run, round_, sorted(members), len(members))
+    return score_assignment(order, limits.SCORERS_PER_UPDATE)
+
+
+def targets_of(run: str, round_: int, members: Sequence[str], scorer: str) -> list[str]:
+    """The members whose updates ``scorer`` scores in this round (none when not a member)."""
+    if len(members) < 2:
+        return []
+    return _assignment(run, round_, members).get(scorer, [])
+
+
+def scorers_of(run: str, round_: int, members: Sequence[str]) -> dict[str, list[str]]:
+    """target -> its scorers, in assignment order (every member has the same number)."""
+    out: dict[str, list[str]] = {m: [] for m in members}
+    if len(members) < 2:
+        return out
+    for scorer, targets in _assignment(run, round_, members).items():
+        for target in targets:
+            out[target].append(scorer)
+    return out
+
+
+@dataclass(frozen=True)
+class SpreadScores:
+    """What the closed score records of one round decide."""
+
+    seed: bytes
+    scores: dict[str, UpdateScore]  # target -> its agreed score
+    losses: dict[str, TargetLosses]  # target -> the losses behind it
+    reputation: dict[str, int]  # after this round (every peer ever scored)
+    admitted: tuple[str, ...]  # scored and admitted (sorted)
+    inputs: tuple[str, ...]  # what aggregators aggregate: admitted + found invalid (sorted)
+    left_out: dict[str, str]  # member -> why the scores keep it out of the aggregate
+    records: dict[str, CID]  # scorer -> its record's CID (those the round closed with)
+    headers: dict[str, CID]  # member -> its update header CID: what the seed is taken over
+    wrong: tuple[BanRecommendation, ...]  # scorers of a disputed target that signed other scores
+
+    def to_params(self) -> dict[str, Any]:
+        """The round's ``params["scores"]``: as a full round's, plus the records' and the
+        members' header CIDs."""
+
+        def text(x: float) -> float | str:
+            return x if x == x and abs(x) != float("inf") else repr(x)
+
+        return {
+            "seed": self.seed.hex(),
+            "peers": {
+                p: [
+                    *(text(v) for v in (s.own_before, s.own_after, s.held_before, s.held_after)),
+                    s.own,
+                    s.held,
+                    s.score,
+                ]
+                for p, s in sorted(self.scores.items())
+            },
+            "admitted": list(self.admitted),
+            "reputation": dict(sorted(self.reputation.items())),
+            "records": {p: str(c) for p, c in sorted(self.records.items())},
+            # The seed's input: every member's header CID as the round record listed it (a
+            # header that does not open is not among the checkpoint's signed records).
+            "headers": {p: str(c) for p, c in sorted(self.headers.items())},
+        }
+
+
+def _claims(
+    run: str,
+    round_: int,
+    members: Sequence[str],
+    headers: Mapping[str, CID],
+    base: CID,
+    seed: bytes,
+    records: Mapping[str, tuple[CID, ScoreRecord]],
+) -> dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]]:
+    """target -> (claims of its assigned scorers, their unscored reasons), in scorer order."""
+    out: dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]] = {}
+    for target, scorers in sorted(scorers_of(run, round_, members).items()):
+        header = headers.get(target)
+        claims: list[tuple[str, TargetLosses]] = []
+        reasons: list[str] = []
+        for scorer in scorers:
+            entry = records.get(scorer)
+            if entry is None or entry[1].base != base or entry[1].seed != seed:
+                continue  # no record, or one of another state or seed: says nothing here
+            record = entry[1]
+            if target in record.scores and record.scores[target].header == header:
+                claims.append((scorer, record.scores[target]))
+            elif target in record.unscored:
+                reasons.append(record.unscored[target])
+        out[target] = (claims, reasons)
+    return out
+
+
+def _ints(target: str, losses: TargetLosses) -> tuple[int, int]:
+    s = losses.score(target)
+    return s.own, s.held
+
+
+def disputed_targets(
+    *,
+    run: str,
+    round_: int,
+    members: Sequence[str],
+    headers: Mapping[str, CID],
+    base: CID,
+    seed: bytes,
+    records: Mapping[str, tuple[CID, ScoreRecord]],
+) -> list[str]:
+    """The targets whose scorers' claims give different integer scores (sorted): each must be
+    recomputed before :func:`resolve_scores`."""
+    claims = _claims(run, round_, members, headers, base, seed, records)
+    return [t for t, (c, _) in claims.items() if len({_ints(t, x) for _, x in c}) > 1]
+
+
+def resolve_scores(
+    *,
+    run: str,
+    round_: int,
+    members: Sequence[str],
+    headers: Mapping[str, CID],
+    base: CID,
+    seed: bytes,
+    records: Mapping[str, tuple[CID, ScoreRecord]],
+    reputation: Mapping[str, int],
+    recompute: Callable[[str], TargetLosses],
+) -> SpreadScores:
+    """Agree the round's scores from its closed records (see the module docstring).
+
+    ``records``: scorer -> (record CID, opened record), the records the coordinator closed the
+    round with that opened; ``reputation``: before this round; ``recompute(target)``: the
+    recomputed losses of each of :func:`disputed_targets` (the caller fetched those updates:
+    one it cannot have must stop it, not make it decide another set than the other nodes).
+    """
+    scores: dict[str, UpdateScore] = {}
+    losses: dict[str, TargetLosses] = {}
+    left_out: dict[str, str] = {}
+    invalid: list[str] = []
+    wrong: list[BanRecommendation] = []
+    claimed = _claims(run, round_, members, headers, base, seed, records)
+    for target, (claims, reasons) in claimed.items():
+        if target not in headers:
+            left_out[target] = "no update header recorded"
+            continue
+        if not claims:
+            if reasons and all(r.startswith(INVALID_PREFIX) for r in reasons):
+                invalid.append(target)  # the aggregators reject it with the reason
+            else:
+                left_out[target] = "not scored: no assigned scorer's record scores it"
+            continue
+        chosen = claims[0][1]
+        if len({_ints(target, c) for _, c in claims}) > 1:
+            chosen = recompute(target)
+            right = _ints(target, chosen)
+            for scorer, claim in claims:
+                if _ints(target, claim) != right:
+                    wrong.append(_wrong_score(round_, scorer, records[scorer][0], target, seed,
+                                              base, claim, chosen))  # fmt: skip
+        losses[target] = chosen
+        scores[target] = chosen.score(target)
+    by_peer = {p: s.score for p, s in scores.items()}
+    after = update_reputation(reputation, by_peer)
+    admitted = admit(by_peer, after)
+    bar = admission_bar(by_peer)
+    for target in sorted(set(scores) - set(admitted)):
+        s, r = scores[target].score, after.get(target, 0)
+        left_out[target] = (
+            f"left out by scores: score {s} below the bar {bar}"
+            if s < bar
+            else f"left out by scores: reputation {r} below ADMIT_REPUTATION "
+            f"{agg_limits.ADMIT_REPUTATION}"
+        )
+    return SpreadScores(
+        seed,
+        scores,
+        losses,
+        after,
+        tuple(admitted),
+        tuple(sorted([*admitted, *invalid])),
+        left_out,
+        {p: c for p, (c, _) in sorted(records.items())},
+        dict(headers),
+        tuple(wrong),
+    )
+
+
+def _wrong_score(
+    round_: int,
+    scorer: str,
+    record: CID,
+    target: str,
+    seed: bytes,
+    base: CID,
+    claim: TargetLosses,
+    right: TargetLosses,
+) -> BanRecommendation:
+    got, want = claim.score(target), right.score(target)
+    return BanRecommendation(
+        scorer,
+        round_,
+        f"signed a wrong score of {target[-8:]}: own {got.own} held {got.held}, "
+        f"recomputed own {want.own} held {want.held}",
+        str(record),  # the offending signed statement is the score record
+        {
+            "score_record": str(record),
+            "target": target,
+            "target_header": str(claim.header),
+            "seed": seed.hex(),
+            "base": str(base),
+            "claimed": claim.to_payload()[1:],
+            "recomputed": right.to_payload()[1:],
+        },
+    )

@@ -1,0 +1,18 @@
+"""The node's view of the swarm: its peers and their addresses, the run's gossip topics and the
+update headers on them, the bans, the optional HTTP gateway and the dashboard reports.
+
+The names other parts of ``cnode.node.train`` use; the modules stay private.
+"""
+
+from __future__ import annotations
+
+from ._bans import KnownBans as KnownBans
+from ._gateway import maybe_gateway as maybe_gateway
+from ._headers import HeaderCollector as HeaderCollector
+from ._peers import PeerFinder as PeerFinder
+from ._peers import advertised_addrs as advertised_addrs
+from ._telemetry import catch_up_report as catch_up_report
+from ._telemetry import round_report as round_report
+from ._telemetry import send_report as send_report
+from ._topics import RunTopics as RunTopics
+from ._topics import updates_topic as updates_topic
