@@ -43,7 +43,9 @@ from ._scores import admission_bar as admission_bar
 from ._scores import admit as admit
 from ._scores import ban_bound as ban_bound
 from ._scores import draw_indices as draw_indices
+from ._scores import loss_in_range as loss_in_range
 from ._scores import loss_score as loss_score
+from ._scores import record_loss as record_loss
 from ._scores import score_assignment as score_assignment
 from ._scores import score_seed as score_seed
 from ._scores import score_update as score_update
@@ -91,10 +93,12 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "encoded_nbytes",
     "flat_segments",
     "flip_labels",
+    "loss_in_range",
     "loss_score",
     "new_attack",
     "partition_count",
     "partition_segments",
+    "record_loss",
     "score_assignment",
     "score_seed",
     "score_update",

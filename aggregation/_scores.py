@@ -45,7 +45,9 @@ __all__ = [
     "admit",
     "ban_bound",
     "draw_indices",
+    "loss_in_range",
     "loss_score",
+    "record_loss",
     "score_assignment",
     "score_seed",
     "score_update",
@@ -54,6 +56,7 @@ __all__ = [
 ]
 
 _SEED_DOMAIN = b"cnode/score/v1\n"
+_UNITS = round(1 / limits.SCORE_UNIT)
 
 
 def score_seed(header_cids: Iterable[str]) -> bytes:
@@ -88,16 +91,41 @@ def draw_indices(seed: bytes, purpose: str, population: int, count: int) -> list
 def loss_score(before: float, after: float) -> int:
     """Relative loss decrease (before - after) / before, clamped to [-1, 1], in SCORE_UNITs.
 
-    A non-finite ``after`` (the update blew the model up) scores -1. ``before`` must be finite
-    and > 0 (a cross-entropy of a model that has not memorised its batch).
+    Total: every pair of floats gives an integer (specs/aggregation.md "Scores and reputation",
+    step 4). A ``before`` that is NaN, infinite or above MAX_SCORE_LOSS scores 0 (the state has
+    no usable loss on this batch: nothing to judge the update by); an ``after`` that is NaN or
+    above MAX_SCORE_LOSS scores -1 (the update blew the model up); otherwise both count as at
+    least SCORE_LOSS_FLOOR (zero, negative and denormal losses included), so the quotient is
+    finite and below 1e9 in size before it is clamped.
     """
-    if not (math.isfinite(before) and before > 0):
-        raise AggregationInputError(f"loss before the update must be finite and > 0: {before}")
-    units = round(1 / limits.SCORE_UNIT)
-    if not math.isfinite(after):
+    units = _UNITS
+    if not (math.isfinite(before) and before <= limits.MAX_SCORE_LOSS):
+        return 0
+    if math.isnan(after) or after > limits.MAX_SCORE_LOSS:
         return -units
-    rel = (before - after) / before
+    floor = limits.SCORE_LOSS_FLOOR
+    b, a = max(before, floor), max(after, floor)  # -inf after: the floor
+    rel = (b - a) / b
     return max(-units, min(units, round(rel * units)))
+
+
+def loss_in_range(x: float) -> bool:
+    """True when ``x`` is a loss a score record may state, before or after the update: a finite
+    value in [0, MAX_SCORE_LOSS], or NaN / +inf (a model with no finite loss on the batch, which
+    an honest scorer may measure and the rule scores)."""
+    return math.isnan(x) or x == math.inf or 0.0 <= x <= limits.MAX_SCORE_LOSS
+
+
+def record_loss(x: float) -> float:
+    """A measured loss as a scorer states it: NaN stays NaN, anything above MAX_SCORE_LOSS
+    becomes +inf (it scores the same), a negative value (rounding of a cross-entropy, -0.0)
+    becomes 0.0. The result always passes :func:`loss_in_range`, and ``loss_score`` gives the
+    same integer for it as for ``x``."""
+    if math.isnan(x):
+        return math.nan
+    if x > limits.MAX_SCORE_LOSS:
+        return math.inf
+    return max(0.0, float(x))
 
 
 @dataclass(frozen=True)

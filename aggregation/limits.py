@@ -83,6 +83,14 @@ ALIE_MAX_Z = 3.0  # cap on z when f is so large that the formula's quantile reac
 # specs/aggregation.md "Scores and reputation").
 SCORE_STEP = 0.25
 SCORE_UNIT = 1e-4  # a score is an integer number of these (relative loss decrease), |score| <= 1
+# The range of a loss that scores: a measured loss (cross-entropy, >= 0) is at most
+# MAX_SCORE_LOSS (a larger or infinite one after the update means the update blew the model up;
+# before it, the state has no usable loss on the batch), and counts as at least SCORE_LOSS_FLOOR:
+# a batch the state fits to within 1e-3 nats cannot measure a relative change, so differences
+# below the floor score 0 and no denominator is 0 or denormal. With both bounds every relative
+# change is within +-MAX_SCORE_LOSS / SCORE_LOSS_FLOOR = 1e9: loss_score is total.
+MAX_SCORE_LOSS = 1e6
+SCORE_LOSS_FLOOR = 1e-3
 MAX_SCORE_BATCH = 1024  # most samples in one scoring batch (draw_indices)
 REPUTATION_DIVISOR = 4  # integer EMA: r <- r + floor((s - r) / 4), i.e. weight 1/4 on the new score
 ADMIT_SCORE = -1000  # when a round's median score is <= 0, an update needs a score >= this ...

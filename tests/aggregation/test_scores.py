@@ -9,6 +9,8 @@ the reputation, admit, CenteredClip on the admitted).
 from __future__ import annotations
 
 import math
+import random
+import struct
 
 import pytest
 import torch
@@ -25,7 +27,9 @@ from cnode.aggregation import (
     draw_indices,
     flip_labels,
     limits,
+    loss_in_range,
     loss_score,
+    record_loss,
     score_seed,
     score_update,
     scored_config,
@@ -33,6 +37,8 @@ from cnode.aggregation import (
 )
 
 UNITS = round(1 / limits.SCORE_UNIT)
+SCORE_LOSS_FLOOR = limits.SCORE_LOSS_FLOOR
+MAX_SCORE_LOSS = limits.MAX_SCORE_LOSS
 
 
 def test_score_seed_depends_on_the_set_not_the_order() -> None:
@@ -67,9 +73,65 @@ def test_loss_score_is_a_clamped_relative_decrease_in_units() -> None:
     assert loss_score(1.0, 100.0) == -UNITS  # clamped
     assert loss_score(1.0, math.inf) == -UNITS
     assert loss_score(1.0, math.nan) == -UNITS
-    for bad in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(AggregationInputError):
-            loss_score(bad, 1.0)
+
+
+# Every numeric edge a loss can take on either side of the update (issue 24, issue 29 item 1).
+EDGES = [
+    0.0, -0.0, 5e-324, 2.2e-308, 1e-300, SCORE_LOSS_FLOOR / 2, SCORE_LOSS_FLOOR, 1e-2, 0.5, 1.0,
+    2.302585, 5.0, 1e3, MAX_SCORE_LOSS, MAX_SCORE_LOSS * 1.0000001, 1e300, 1.7976931348623157e308,
+    -1.0, -1e308, math.inf, -math.inf, math.nan,
+]  # fmt: skip
+
+
+def test_loss_score_is_total_on_every_edge() -> None:
+    """No pair of floats raises: each gives an integer in [-UNITS, UNITS]."""
+    for before in EDGES:
+        for after in EDGES:
+            s = loss_score(before, after)
+            assert isinstance(s, int) and -UNITS <= s <= UNITS, (before, after, s)
+
+
+def test_loss_score_is_total_on_random_floats() -> None:
+    """Seeded random floats of every magnitude and sign, and random bit patterns."""
+    rng = random.Random(24)
+    values = [rng.choice((-1, 1)) * 10 ** rng.uniform(-320, 308) for _ in range(400)]
+    values += [struct.unpack("<d", rng.randbytes(8))[0] for _ in range(400)]
+    for _ in range(4000):
+        a, b = rng.choice(values), rng.choice(values)
+        s = loss_score(a, b)
+        assert isinstance(s, int) and -UNITS <= s <= UNITS, (a, b)
+        sc = score_update("p", a, b, b, a)
+        assert isinstance(sc.score, int) and -2 * UNITS <= sc.score <= UNITS
+
+
+def test_loss_score_edges_say_what_the_rule_says() -> None:
+    # The state has no usable loss on the batch: nothing to judge the update by.
+    for before in (math.nan, math.inf, -math.inf, MAX_SCORE_LOSS * 2):
+        assert loss_score(before, 1.0) == 0
+        assert loss_score(before, math.nan) == 0
+    # The update blew the model up.
+    for after in (math.nan, math.inf, MAX_SCORE_LOSS * 2, 1e308):
+        assert loss_score(1.0, after) == -UNITS
+    # Below the floor: a zero, denormal or negative loss counts as the floor (no division by 0).
+    for tiny in (0.0, -0.0, 5e-324, -1.0, -1e308, SCORE_LOSS_FLOOR / 2):
+        assert loss_score(tiny, tiny) == 0
+        assert loss_score(SCORE_LOSS_FLOOR, tiny) == 0
+        assert loss_score(1.0, tiny) == round((1.0 - SCORE_LOSS_FLOOR) * UNITS)
+        assert loss_score(tiny, 1.0) == -UNITS  # a perfect fit broken: the most harm
+    # The reported case: [header, 5.0, -1e308, 5.0, 4.9] scores, it does not overflow.
+    s = score_update("p", 5.0, -1e308, 5.0, 4.9)
+    assert (s.own, s.held) == (round((5.0 - SCORE_LOSS_FLOOR) / 5.0 * UNITS), 200)
+
+
+def test_record_loss_is_in_range_and_scores_the_same() -> None:
+    for x in EDGES:
+        y = record_loss(x)
+        assert loss_in_range(y), x
+        for other in (0.5, 5.0, math.inf):
+            assert loss_score(y, other) == loss_score(x, other) or x == -math.inf, (x, other)
+            assert loss_score(other, y) == loss_score(other, x), (other, x)
+    assert not loss_in_range(-1e308) and not loss_in_range(-math.inf)
+    assert not loss_in_range(MAX_SCORE_LOSS * 2) and loss_in_range(5e-324)
 
 
 def test_round_score_charges_held_out_harm_only() -> None:

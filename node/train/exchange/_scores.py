@@ -36,6 +36,7 @@ from .._round import UpdateHeader, expected_specs, load_update
 from .._trainer import NodeTrainer
 from ..scores import (
     INVALID_PREFIX,
+    BadScoreRecordError,
     ScoreRecord,
     SpreadScores,
     TargetLosses,
@@ -182,7 +183,7 @@ class PartitionScores:
         bad = validate_update(update, expected_specs(trainer.state))
         if bad is not None:
             return (INVALID_PREFIX + bad)[: limits.MAX_REASON_CHARS]
-        return TargetLosses(cid, *scoring.measure(seed, trainer.state, target, update))
+        return TargetLosses.measured(cid, scoring.measure(seed, trainer.state, target, update))
 
     # -- 2 and 3: the closed records, agreed ----------------------------------------------------
 
@@ -197,6 +198,7 @@ class PartitionScores:
         # the same for everyone. The signed round record names each one's CID.
         served = await self.client.score_records(info.round)
         records: dict[str, tuple[CID, ScoreRecord]] = {}
+        refused: dict[str, tuple[CID, str]] = {}
         for scorer, text in sorted(closed.scores.items()):
             if scorer not in closed.members:
                 continue
@@ -215,6 +217,9 @@ class PartitionScores:
                         signer=scorer,
                     ),
                 )  # fmt: skip
+            except BadScoreRecordError as exc:  # signed, and not a record: its signer is named
+                log.warning("score_record_bad", scorer=scorer[-8:], error=exc.reason)
+                refused[scorer] = (cid, exc.reason)
             except PeerUpdateError as exc:  # the same bytes give the same verdict everywhere
                 log.warning("score_record_unusable", scorer=scorer[-8:], error=exc.reason)
         headers = {m: CID.parse(c) for m, c in round_headers(closed).items()}
@@ -247,6 +252,7 @@ class PartitionScores:
             **common,  # type: ignore[arg-type]
             reputation=scoring.reputation,
             recompute=recomputed.__getitem__,
+            refused=refused,
         )
         self._agreed = {info.round: resolved}  # only the current round is ever asked again
         log.info(

@@ -14,12 +14,13 @@ import pytest
 import trio
 
 from cnode.aggregation import BanRecommendation, ReputationPolicy, score_seed
-from cnode.auth import Identity
+from cnode.auth import Identity, seal
 from cnode.node.cli._coordinator import check_reputation
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, limits
 from cnode.node.train import ScoreRecord, open_score_record, seal_score_record
+from cnode.node.train.scores import SCORE_RECORD_TYPE, BadScoreRecordError
 from cnode.node.train.scores._records import TargetLosses
-from cnode.node.train.scores._spread import resolve_scores, targets_of
+from cnode.node.train.scores._spread import bad_record, resolve_scores, targets_of
 from cnode.storage import CID, compute_cid
 
 from .conftest import Running, run_config
@@ -45,9 +46,11 @@ async def _play_round(
     n: int,
     attacker: str,
     liar: str | None = None,
+    extreme: str | None = None,
 ) -> dict[str, bytes]:
     """Round ``n``: join, ready, every member signs its score record, results, checked ->
-    agreed. ``liar`` (a scorer of the attacker) signs a flattering score. Return the records."""
+    agreed. ``liar`` (a scorer of the attacker) signs a flattering score; ``extreme`` signs a
+    record with issue 29's out-of-range loss. Return the records."""
     for c in clients.values():
         assert await c.join_round() == n
     for peer, c in clients.items():
@@ -63,6 +66,11 @@ async def _play_round(
         scores = {t: _losses(t, attacker, n, lie=peer == liar) for t in targets}
         record = ScoreRecord(RUN, n, peer, BASE, seed, scores, {})
         records[peer] = seal_score_record(ids[peer], record)
+        if peer == extreme:
+            payload = record.to_payload()
+            for losses in payload["scores"].values():
+                losses[1:] = [5.0, -1e308, 5.0, 4.9]
+            records[peer] = seal(ids[peer], SCORE_RECORD_TYPE, payload)
         await c.score(n, record=records[peer])
     for p, peer in enumerate(info.aggregators):
         await clients[peer].result(n, partition=p, header=str(_header(f"result {p}", n)))
@@ -234,6 +242,50 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
         assert (answer.reports, answer.needed, answer.banned) == (1, 2, False)
         answer = await second.report_ban_evidence(report)
         assert answer.banned and [b.by for b in await first.bans()] == ["majority:2 of 3"]
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_an_out_of_range_record_is_evidence_the_coordinator_checks_itself(
+    serve: Any, peers: list[Identity]
+) -> None:
+    """Issue 29: a member signs a record with a finite but extreme loss. The coordinator stores
+    it (it checks signatures, not losses); a report naming it bans its signer at once (the
+    coordinator opens the record itself); a report naming an honest member's record is refused;
+    a reputation replay over that round decides (the bad record is skipped), not a 500."""
+    running = _setup(serve, peers)
+    ids = {p.peer_id_str: p for p in peers}
+    attacker, *honest = sorted(ids)
+    bad, reporter_id = honest[-1], honest[0]
+
+    async def main() -> None:
+        clients = _clients(running, peers)
+        for c in clients.values():
+            await c.join()
+        played = [await _play_round(clients, ids, 1, attacker, extreme=bad)]
+        with pytest.raises(BadScoreRecordError, match="value 2 is not a loss"):
+            open_score_record(played[0][bad], run=RUN, round_=1, signer=bad)
+        cid = compute_cid(played[0][bad], 0x71)
+        true = bad_record(1, bad, cid, "losses: value 2 is not a loss").to_payload()
+        reporter = clients[reporter_id]
+        # An honest member's valid record named as bad: refused, nobody banned.
+        good = compute_cid(played[0][honest[1]], 0x71)
+        forged = bad_record(1, honest[1], good, "losses: value 2 is not a loss").to_payload()
+        await _refused(reporter, forged, "evidence_refuted", "decodes: it is a valid record")
+        await _refused(
+            reporter, {**true, "figures": {"score_record": str(good)}}, "evidence_refuted",
+            "not the one named",
+        )  # fmt: skip
+        # A reputation report over that round is replayed (the bad record skipped), no 500.
+        await _refused(reporter, {**true, "reason": "reputation below the ban bound in 3 "
+                       "rounds in a row", "figures": {"rounds": [1]}}, "evidence_refuted",
+                       "rounds")  # fmt: skip
+        answer = await reporter.report_ban_evidence(true)
+        assert answer.banned and answer.reports == 1
+        bans = await reporter.bans()
+        assert [(b.peer, b.by, b.round) for b in bans] == [(bad, f"checked:{reporter_id}", 1)]
         for c in clients.values():
             await c.aclose()
 
