@@ -11,18 +11,20 @@ below ``SCORE_UNIT``) makes the same decisions. See specs/aggregation.md "Scores
   ``own`` = relative loss decrease on a batch of p's own assigned data,
   ``held`` = relative loss decrease on a batch of the shared held-out split,
   each ``(L(theta) - L(theta + SCORE_STEP u)) / L(theta)`` clamped to [-1, 1], rounded to an integer
-  number of SCORE_UNITs (1e-4). The round score is ``own + min(held, 0)``: an update must improve
-  its sender's own data, and pays for what it breaks on the shared split, but an honest peer with
-  different data is not asked to improve data it does not hold.
-* **Reputation**: an integer EMA, r <- r + floor((s - r) / REPUTATION_DIVISOR), starting at 0;
-  only scored rounds move it.
-* **Admission**: an update enters the aggregate iff its round score >= ``admission_bar`` (the
-  round's lower median score // ADMIT_MEDIAN_DIVISOR when > 0, else ADMIT_SCORE) and its
-  reputation after this round >= ADMIT_REPUTATION. Admitted updates get equal weight;
-  CenteredClip (``scored_config``) then runs on them with distance rejection off.
-* **Ban evidence**: a peer whose reputation stays below ``ban_bound`` (min(BAN_REPUTATION, median
-  - BAN_MADS x MAD of the round's reputations)) for REPUTATION_BAN_ROUNDS rounds in a row is
-  recommended, with the update CIDs, seeds, bounds and losses of those rounds.
+  number of SCORE_UNITs (1e-4); ``loss_score`` is total (every float pair gives an integer).
+  ``score`` = own + min(held, 0) is kept as a figure; no decision uses it since revision 4.
+* **Standing** (revision 4, issue 24): each component measured in honest spreads from the
+  round's median (``median_spread``, ``round_standing``), clamped to +-STANDING_CLAMP hundredths;
+  the round standing is the lower of own and held.
+* **Reputation**: an integer EMA of round standings, r <- r + floor((d - r) / REPUTATION_DIVISOR),
+  starting at 0; only scored rounds move it.
+* **Admission**: an update enters the aggregate iff both standings are >= -ADMIT_SPREADS spreads
+  (held-out harm is judged on its own: own-data gain cannot pay for it) and its reputation after
+  this round >= ADMIT_REPUTATION. Admitted updates get equal weight; CenteredClip
+  (``scored_config``) then runs on them with distance rejection off.
+* **Ban evidence**: a peer whose reputation stays below BAN_REPUTATION for
+  REPUTATION_BAN_ROUNDS rounds in a row is recommended, with the update CIDs, seeds, bounds and
+  losses of those rounds.
 """
 
 from __future__ import annotations
@@ -40,14 +42,17 @@ from ._types import AggregatorConfig
 
 __all__ = [
     "ReputationPolicy",
+    "Standing",
     "UpdateScore",
-    "admission_bar",
     "admit",
     "ban_bound",
     "draw_indices",
+    "left_out_reason",
     "loss_in_range",
     "loss_score",
+    "median_spread",
     "record_loss",
+    "round_standing",
     "score_assignment",
     "score_seed",
     "score_update",
@@ -184,15 +189,57 @@ def score_assignment(order: Sequence[str], per_update: int) -> dict[str, list[st
     return {order[i]: [order[(i + j) % n] for j in range(1, k + 1)] for i in range(n)}
 
 
-def update_reputation(previous: Mapping[str, int], scores: Mapping[str, int]) -> dict[str, int]:
-    """Reputations after one round: r + floor((s - r) / REPUTATION_DIVISOR) for scored peers
-    (r = 0 for a peer seen for the first time: it starts neutral), unchanged for the others."""
+def update_reputation(previous: Mapping[str, int], standing: Mapping[str, int]) -> dict[str, int]:
+    """Reputations after one round: r + floor((d - r) / REPUTATION_DIVISOR) for scored peers,
+    ``d`` the round standing (:func:`round_standing`; r = 0 for a peer seen for the first time:
+    it starts neutral), unchanged for the others."""
     out = dict(previous)
-    for peer in sorted(scores):
-        s = int(scores[peer])
+    for peer in sorted(standing):
+        d = int(standing[peer])
         r = previous.get(peer, 0)
-        out[peer] = r + (s - r) // limits.REPUTATION_DIVISOR
+        out[peer] = r + (d - r) // limits.REPUTATION_DIVISOR
     return dict(sorted(out.items()))
+
+
+def median_spread(values: Sequence[int]) -> tuple[int, int]:
+    """(lower median, spread) of one round's scores of one component, in integers.
+
+    spread = max(SPREAD_FLOOR, the (n - fmax)-th smallest |v - median|), fmax = (n - 1) // 2:
+    with at most fmax values from attackers, the median lies between the least and the greatest
+    honest value and the spread between the (n - 2 fmax)-th smallest and the largest honest
+    deviation, whatever the attackers send (specs/aggregation.md "Scores and reputation")."""
+    if not values:
+        return 0, limits.SPREAD_FLOOR
+    ranked = sorted(int(v) for v in values)
+    n = len(ranked)
+    median = ranked[(n - 1) // 2]
+    deviations = sorted(abs(v - median) for v in ranked)
+    return median, max(limits.SPREAD_FLOOR, deviations[n - (n - 1) // 2 - 1])
+
+
+def _standing(value: int, median: int, spread: int) -> int:
+    c = limits.STANDING_CLAMP
+    return max(-c, min(c, (100 * (value - median)) // spread))
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One peer's round, in hundredths of an honest spread from the round's median."""
+
+    own: int  # standing of its own-data score
+    held: int  # standing of its held-out score, judged on its own
+    round: int  # min(own, held): what moves the reputation
+
+
+def round_standing(scores: Mapping[str, UpdateScore]) -> dict[str, Standing]:
+    """Every scored peer's standing this round (:class:`Standing`, sorted by peer)."""
+    own = median_spread([s.own for s in scores.values()])
+    held = median_spread([s.held for s in scores.values()])
+    out = {}
+    for peer in sorted(scores):
+        a, b = _standing(scores[peer].own, *own), _standing(scores[peer].held, *held)
+        out[peer] = Standing(a, b, min(a, b))
+    return out
 
 
 def scored_config() -> AggregatorConfig:
@@ -203,39 +250,35 @@ def scored_config() -> AggregatorConfig:
     )
 
 
-def admission_bar(scores: Mapping[str, int]) -> int:
-    """The least round score admitted: lower median // ADMIT_MEDIAN_DIVISOR when that median is
-    > 0; ADMIT_SCORE when it is <= 0 (a round where a typical update does not measurably help
-    its own data: only blatant harm and the reputation keep an update out)."""
-    if not scores:
-        return limits.ADMIT_SCORE
-    ranked = sorted(scores.values())
-    median = ranked[(len(ranked) - 1) // 2]
-    return median // limits.ADMIT_MEDIAN_DIVISOR if median > 0 else limits.ADMIT_SCORE
+def left_out_reason(standing: Standing, reputation: int) -> str | None:
+    """Why an update with this standing and reputation (after the round) is not admitted, or
+    None when it is: each component's standing >= -ADMIT_SPREADS spreads (own-data gain cannot
+    pay for held-out harm), reputation >= ADMIT_REPUTATION."""
+    bar = -100 * limits.ADMIT_SPREADS
+    if standing.own < bar:
+        return f"own-data score {standing.own / 100:.2f} spreads from the median (bar {bar // 100})"
+    if standing.held < bar:
+        return (
+            f"held-out score {standing.held / 100:.2f} spreads from the median (bar {bar // 100})"
+        )
+    if reputation < limits.ADMIT_REPUTATION:
+        return f"reputation {reputation} below ADMIT_REPUTATION {limits.ADMIT_REPUTATION}"
+    return None
 
 
-def admit(scores: Mapping[str, int], reputation: Mapping[str, int]) -> list[str]:
-    """The peers whose update enters the aggregate, sorted: round score >= admission_bar(scores)
-    and reputation (after this round) >= ADMIT_REPUTATION."""
-    bar = admission_bar(scores)
-    return sorted(
-        p for p, s in scores.items() if s >= bar and reputation.get(p, 0) >= limits.ADMIT_REPUTATION
-    )
+def admit(scores: Mapping[str, UpdateScore], reputation: Mapping[str, int]) -> list[str]:
+    """The peers whose update enters the aggregate, sorted (see :func:`left_out_reason`;
+    ``reputation`` is after this round)."""
+    standing = round_standing(scores)
+    return sorted(p for p in scores if left_out_reason(standing[p], reputation.get(p, 0)) is None)
 
 
 def ban_bound(reputation: Mapping[str, int]) -> int:
-    """The reputation a peer must stay below to count a round towards a ban, from the reputations
-    of the peers scored this round: min(BAN_REPUTATION, median - BAN_MADS x MAD), median and MAD
-    (median absolute deviation) the lower medians, in integers. With f < n/2 both are set by
-    honest peers, so the bound sits BAN_MADS honest spreads below a typical honest reputation,
-    whatever the scale and the noise of this run's scores."""
-    if not reputation:
-        return limits.BAN_REPUTATION
-    values = sorted(reputation.values())
-    mid = (len(values) - 1) // 2
-    median = values[mid]
-    mad = sorted(abs(v - median) for v in values)[mid]
-    return min(limits.BAN_REPUTATION, median - limits.BAN_MADS * mad)
+    """The reputation a peer must stay below to count a round towards a ban: BAN_REPUTATION
+    (in hundredths of a spread: the reputation is already measured in honest spreads, so the
+    bound needs no statistic of the round; the argument is kept for the evidence's replay)."""
+    del reputation
+    return limits.BAN_REPUTATION
 
 
 @dataclass

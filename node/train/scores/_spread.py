@@ -34,13 +34,13 @@ from typing import Any
 from cnode.aggregation import (
     BanRecommendation,
     UpdateScore,
-    admission_bar,
     admit,
     assign_partitions,
+    left_out_reason,
+    round_standing,
     score_assignment,
     update_reputation,
 )
-from cnode.aggregation import limits as agg_limits
 from cnode.storage import CID
 
 from .. import limits
@@ -228,18 +228,12 @@ def resolve_scores(
                                               base, claim, chosen))  # fmt: skip
         losses[target] = chosen
         scores[target] = chosen.score(target)
-    by_peer = {p: s.score for p, s in scores.items()}
-    after = update_reputation(reputation, by_peer)
-    admitted = admit(by_peer, after)
-    bar = admission_bar(by_peer)
+    standing = round_standing(scores)
+    after = update_reputation(reputation, {p: d.round for p, d in standing.items()})
+    admitted = admit(scores, after)
     for target in sorted(set(scores) - set(admitted)):
-        s, r = scores[target].score, after.get(target, 0)
-        left_out[target] = (
-            f"left out by scores: score {s} below the bar {bar}"
-            if s < bar
-            else f"left out by scores: reputation {r} below ADMIT_REPUTATION "
-            f"{agg_limits.ADMIT_REPUTATION}"
-        )
+        why = left_out_reason(standing[target], after.get(target, 0))
+        left_out[target] = f"left out by scores: {why}"
     return SpreadScores(
         seed,
         scores,
