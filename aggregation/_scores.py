@@ -218,17 +218,16 @@ def median_spread(values: Sequence[int]) -> tuple[int, int]:
 
 
 def _standing(value: int, median: int, spread: int) -> int:
-    c = limits.STANDING_CLAMP
-    return max(-c, min(c, (100 * (value - median)) // spread))
+    return (100 * (value - median)) // spread
 
 
 @dataclass(frozen=True)
 class Standing:
     """One peer's round, in hundredths of an honest spread from the round's median."""
 
-    own: int  # standing of its own-data score
-    held: int  # standing of its held-out score, judged on its own
-    round: int  # min(own, held): what moves the reputation
+    own: int  # standing of its own-data score (admission)
+    held: int  # standing of its held-out score, judged on its own (admission)
+    round: int  # min(own, held) clamped to +-STANDING_CLAMP: what moves the reputation
 
 
 def round_standing(scores: Mapping[str, UpdateScore]) -> dict[str, Standing]:
@@ -238,7 +237,8 @@ def round_standing(scores: Mapping[str, UpdateScore]) -> dict[str, Standing]:
     out = {}
     for peer in sorted(scores):
         a, b = _standing(scores[peer].own, *own), _standing(scores[peer].held, *held)
-        out[peer] = Standing(a, b, min(a, b))
+        c = limits.STANDING_CLAMP
+        out[peer] = Standing(a, b, max(-c, min(c, a, b)))
     return out
 
 

@@ -108,7 +108,7 @@ STANDING_CLAMP = 300  # one round moves a reputation by at most 3 spreads / REPU
 # spreads below the median on its own data and, on its own, on the shared held-out data: own-data
 # gain cannot pay for held-out harm), and the reputation after the round >= ADMIT_REPUTATION.
 ADMIT_SPREADS = 3
-ADMIT_REPUTATION = -150  # one and a half spreads below a typical honest peer, on the running average
+ADMIT_REPUTATION = -250  # the reputation gate keeps out only a peer at the ban bound
 # Bans: reputation (the EMA of round standings) below BAN_REPUTATION in REPUTATION_BAN_ROUNDS
 # scored rounds in a row. Measured on honest peers (200-round bench runs): see the false-ban
 # rate in specs/aggregation.md.

@@ -343,7 +343,8 @@ def adaptive_update(
         data |= {f"z{i}": own for i in range(f)}
         _, scores = _score(glob, ups, data, held, guess)
         standing = round_standing(scores)
-        if all(standing[f"z{i}"].own >= -200 and standing[f"z{i}"].held >= -200 for i in range(f)):
+        bar = -100 * limits.ADMIT_SPREADS
+        if all(standing[f"z{i}"].own >= bar and standing[f"z{i}"].held >= bar for i in range(f)):
             best = cand
     return _unflat(best, mine)
 
