@@ -27,7 +27,9 @@ from .conftest import Running, run_config
 
 RUN = "test-run"
 BASE = compute_cid(b"the parent state", 0x71)
-ROUNDS = 3  # aggregation limits.REPUTATION_BAN_ROUNDS
+# From reputation 0, an EMA of standings at the clamp is below BAN_REPUTATION from round 7: the
+# third such round in a row is round 9.
+ROUNDS = 9
 
 
 def _header(peer: str, n: int) -> CID:
@@ -145,14 +147,14 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
             await c.join()
         played = [await _play_round(clients, ids, n, attacker) for n in range(1, ROUNDS + 1)]
         true = _evidence(played, attacker).to_payload()
-        assert true["round"] == ROUNDS and true["figures"]["rounds"] == [1, 2, 3]
+        assert true["round"] == ROUNDS and true["figures"]["rounds"] == [7, 8, 9]
         reporter = clients[honest[0]]
         figures = true["figures"]
         forged_reps = [r - 1 for r in figures["reputations"]]
         await _refused(reporter, _forged(true, reputations=forged_reps), "evidence_refuted",
                        "reputations")  # fmt: skip
         await _refused(reporter, _forged(true, bounds=[0, 0, 0]), "evidence_refuted", "bounds")
-        await _refused(reporter, _forged(true, rounds=[2, 3]), "evidence_refuted", "rounds")
+        await _refused(reporter, _forged(true, rounds=[8, 9]), "evidence_refuted", "rounds")
         scores = [{**s, "own_after": 2.5} for s in figures["scores"]]
         await _refused(reporter, _forged(true, scores=scores), "evidence_refuted", "scores")
         seeds = ["00" * 32] * 3
@@ -162,7 +164,7 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
         await _refused(
             reporter, {**true, "peer": honest[1]}, "evidence_refuted", "at or above the ban bound"
         )
-        await _refused(reporter, {**true, "round": 2}, "evidence_refuted", "rounds")
+        await _refused(reporter, {**true, "round": 8}, "evidence_refuted", "rounds")
         stranger = Identity.generate().peer_id_str
         await _refused(reporter, {**true, "peer": stranger}, "bad_accused", "not another member")
         big = {**true, "figures": "x" * (limits.MAX_FIGURES_CHARS + 1)}
@@ -173,7 +175,9 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
         answer = await reporter.report_ban_evidence(true)
         assert answer.banned and answer.reports == 1 and answer.needed == 2
         bans = await reporter.bans()
-        assert [(b.peer, b.by, b.round) for b in bans] == [(attacker, f"checked:{honest[0]}", 3)]
+        assert [(b.peer, b.by, b.round) for b in bans] == [
+            (attacker, f"checked:{honest[0]}", ROUNDS)
+        ]
         kept = running.server.store.ban_row(attacker)
         assert kept is not None and json.loads(kept["evidence"])["reporters"] == [honest[0]]
         for n, records in enumerate(played, start=1):  # nothing stored is lost
@@ -223,7 +227,7 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
     report = {
         "peer": accused,
         "round": 1,
-        "reason": f"reputation below the ban bound in {ROUNDS} rounds in a row",
+        "reason": "reputation below the ban bound in 3 rounds in a row",
         "update_cid": str(_header(accused, 1)),
         "figures": {"rounds": [1], "reputations": [-1875]},
     }

@@ -84,7 +84,7 @@ def test_agreeing_scorers_give_the_scores_and_a_bad_update_is_left_out() -> None
     assert set(spread.scores) == set(MEMBERS)
     assert spread.scores[attacker].score < 0 < spread.scores[MEMBERS[0]].score
     assert attacker not in spread.admitted and attacker not in spread.inputs
-    assert spread.left_out[attacker].startswith("left out by scores: score ")
+    assert spread.left_out[attacker].startswith("left out by scores: ")
     assert spread.inputs == tuple(m for m in MEMBERS if m != attacker)
     assert spread.reputation[attacker] < 0 and spread.wrong == ()
     params = spread.to_params()
