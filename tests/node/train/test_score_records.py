@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from cnode.aggregation import limits as agg_limits
 from cnode.auth import Identity, seal
 from cnode.node.train import PeerUpdateError, limits
-from cnode.aggregation import limits as agg_limits
 from cnode.node.train.scores._records import (
     BadScoreRecordError,
     ScoreRecord,
