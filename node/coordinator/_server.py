@@ -35,6 +35,7 @@ from cnode.auth import (
 
 from . import limits
 from ._addrs import AddressError, check_peer_addrs
+from ._codes import ErrorCode as E
 from ._config import RunConfig
 from ._dashboard import Dashboard
 from ._evidence import EvidenceChecker, handle_evidence
@@ -54,6 +55,7 @@ from ._ratelimit import RateLimiter
 from ._reports import parse_report
 from ._reputation import ReputationChecker, ReputationVerdict, reputation_verdict
 from ._requests import (
+    int_text,
     parse_admin,
     parse_checkpoint,
     parse_evidence,
@@ -72,6 +74,11 @@ log = structlog.get_logger(__name__)
 
 # What a long poll of a round record (GET .../rounds/{n}?wait=S&until=...) may wait for.
 _UNTIL = ("published", "agreed", "results")
+
+
+def _path_round(request: web.Request) -> int:
+    """The round of a ``.../rounds/{round}`` path: an integer in [1, MAX_ROUND]."""
+    return int_text(request.match_info["round"], "round", 1, limits.MAX_ROUND, "MAX_ROUND")
 
 
 class StateSink(Protocol):
@@ -246,7 +253,7 @@ class CoordinatorServer:
         run = request.match_info["run"]
         if run != self.run:
             raise RequestRefused(
-                404, "unknown_run", f"this coordinator serves run {self.run!r}, not {run[:80]!r}"
+                E.UNKNOWN_RUN, f"this coordinator serves run {self.run!r}, not {run[:80]!r}"
             )
 
     def _signed_state(self) -> bytes:
@@ -266,25 +273,21 @@ class CoordinatorServer:
         """GET a round's score records (unsigned: each is a signed envelope, and the signed
         round record names its CID)."""
         self._check_run(request)
-        try:
-            n = int(request.match_info["round"])
-        except ValueError as exc:
-            raise RequestRefused(400, "bad_request", "round must be a number") from exc
+        n = _path_round(request)
         records = {p: b64encode(b) for p, b in self.store.score_bytes(n).items()}
         return web.json_response({"ok": True, "round": n, "records": records})
 
     async def _round(self, request: web.Request) -> web.Response:
         self._check_run(request)
+        n = _path_round(request)
         try:
-            n = int(request.match_info["round"])
             wait = float(request.query.get("wait", "0"))
         except ValueError as exc:
-            raise RequestRefused(400, "bad_request", "round and wait must be numbers") from exc
+            raise RequestRefused(E.BAD_REQUEST, "wait must be a number") from exc
         until = request.query.get("until", "published")
-        if n < 1 or not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in _UNTIL:
+        if not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in _UNTIL:
             raise RequestRefused(
-                400,
-                "bad_request",
+                E.BAD_REQUEST,
                 f"round must be >= 1, wait in [0, {limits.MAX_LONG_POLL_S}] and until one of "
                 f"{', '.join(_UNTIL)}",
             )
@@ -313,15 +316,15 @@ class CoordinatorServer:
 
     async def _checkpoints(self, request: web.Request) -> web.Response:
         self._check_run(request)
-        try:
-            after = int(request.query.get("after", "-1"))
-            limit = int(request.query.get("limit", str(limits.MAX_CHECKPOINT_PAGE)))
-        except ValueError as exc:
-            raise RequestRefused(400, "bad_request", "after and limit must be integers") from exc
-        if after < -1 or not 1 <= limit <= limits.MAX_CHECKPOINT_PAGE:
-            raise RequestRefused(
-                400, "bad_request", f"after >= -1 and limit in [1, {limits.MAX_CHECKPOINT_PAGE}]"
-            )
+        query = request.query
+        after = int_text(query.get("after", "-1"), "after", -1, limits.MAX_ROUND, "MAX_ROUND")
+        limit = int_text(
+            query.get("limit", str(limits.MAX_CHECKPOINT_PAGE)),
+            "limit",
+            1,
+            limits.MAX_CHECKPOINT_PAGE,
+            "MAX_CHECKPOINT_PAGE",
+        )
         history = self.machine.checkpoint_history(after, limit)
         envelope = seal(self.identity, STATE_TYPE, history.to_payload())
         return web.json_response({"envelope": b64encode(envelope)})
@@ -362,25 +365,24 @@ class CoordinatorServer:
                 allow_private=self.config.network.allow_private_addrs,
             )
         except AddressError as exc:
-            raise RequestRefused(400, "bad_addr", f"addrs: {exc}") from exc
+            raise RequestRefused(E.BAD_ADDR, f"addrs: {exc}") from exc
         if binding is not None or hf_token is not None:
             if not isinstance(binding, bytes) or not isinstance(hf_token, str):
                 raise RequestRefused(
-                    400, "bad_request", "hf_binding (bytes) and hf_token (string) go together"
+                    E.BAD_REQUEST, "hf_binding (bytes) and hf_token (string) go together"
                 )
             if len(hf_token) > limits.MAX_HF_TOKEN_CHARS:
-                raise RequestRefused(400, "bad_request", "hf_token over MAX_HF_TOKEN_CHARS")
+                raise RequestRefused(E.BAD_REQUEST, "hf_token over MAX_HF_TOKEN_CHARS")
             try:
                 bound = verify_hf_binding(binding)
             except AuthError as exc:
-                raise RequestRefused(401, "bad_binding", f"HF binding: {exc}") from exc
+                raise RequestRefused(E.BAD_BINDING, f"HF binding: {exc}") from exc
             if bound.peer_id != peer:
-                raise RequestRefused(401, "bad_binding", "the HF binding is for another peer")
+                raise RequestRefused(E.BAD_BINDING, "the HF binding is for another peer")
             account = await self._whoami(hf_token)
             if account.username != bound.username:
                 raise RequestRefused(
-                    401,
-                    "hf_user_mismatch",
+                    E.HF_USER_MISMATCH,
                     f"the HF token belongs to "
                     f"{account.username!r}, the binding names {bound.username!r}",
                 )
@@ -406,9 +408,9 @@ class CoordinatorServer:
         try:
             return await asyncio.wait_for(call, limits.HF_WHOAMI_TIMEOUT_S)
         except HFLoginError as exc:
-            raise RequestRefused(401, "hf_login_failed", str(exc)) from exc
+            raise RequestRefused(E.HF_LOGIN_FAILED, str(exc)) from exc
         except TimeoutError as exc:
-            raise RequestRefused(504, "hf_timeout", "the HF Hub did not answer whoami") from exc
+            raise RequestRefused(E.HF_TIMEOUT, "the HF Hub did not answer whoami") from exc
 
     async def _evidence(self, request: web.Request) -> web.Response:
         return await handle_evidence(self, request)
@@ -416,15 +418,15 @@ class CoordinatorServer:
     def access(self, peer: str, token: Any, now: float) -> str:
         """Check ``token`` is this run's access token of ``peer``; return its HF username."""
         if not isinstance(token, bytes):
-            raise RequestRefused(401, "bad_token", "this request needs the access token from join")
+            raise RequestRefused(E.BAD_TOKEN, "this request needs the access token from join")
         try:
             access = verify_access_token(
                 token, coordinator_peer_id=self.peer_id, run=self.run, now=now
             )
         except (TokenError, EnvelopeError) as exc:
-            raise RequestRefused(401, "bad_token", f"access token: {exc}") from exc
+            raise RequestRefused(E.BAD_TOKEN, f"access token: {exc}") from exc
         if access.peer_id != peer:
-            raise RequestRefused(401, "bad_token", "the access token was issued to another peer")
+            raise RequestRefused(E.BAD_TOKEN, "the access token was issued to another peer")
         return "" if access.username == PEER_ONLY_USERNAME else access.username
 
     def _peer_op(
@@ -472,7 +474,7 @@ class CoordinatorServer:
 
     def _admin(self, signer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
         if signer not in self.admins:
-            raise RequestRefused(403, "not_admin", f"peer {signer} is not an admin of this run")
+            raise RequestRefused(E.NOT_ADMIN, f"peer {signer} is not an admin of this run")
         action = parse_admin(args)
         with self.store.tx():
             self.machine.consume_counter(signer, counter)
