@@ -32,6 +32,7 @@ from ._partitions import PartitionRules
 from ._protocol import Op
 from ._ratelimit import RateLimiter
 from ._requests import int_text, parse_wrong_result
+from ._slots import EvidenceSlots, read_evidence_body
 from ._store import Store
 
 __all__ = [
@@ -39,16 +40,12 @@ __all__ = [
     "EvidenceChecker",
     "PartitionVerdict",
     "handle_evidence",
-    "read_evidence_body",
 ]
 
 log = structlog.get_logger(__name__)
 
 # The HTTP header carrying the signed `wrong_result` request (base64 envelope).
 EVIDENCE_HEADER = "X-Cnode-Request"
-_READ_CHUNK = 1 << 20
-# Seconds a request waits for a free evidence check before it is told to come back (429).
-_QUEUE_WAIT_S = 1.0
 
 
 class PartitionVerdict(Protocol):
@@ -89,7 +86,7 @@ class CoordinatorServer(Protocol):
     config: RunConfig
     store: Store
     machine: RunMachine
-    evidence_slots: asyncio.Semaphore
+    evidence_slots: EvidenceSlots
     evidence_checker: EvidenceChecker | None
     _request_limit: RateLimiter
 
@@ -101,23 +98,6 @@ class CoordinatorServer(Protocol):
     def access(self, peer: str, token: Any, now: float) -> str: ...
 
     async def after_change(self) -> None: ...
-
-
-async def read_evidence_body(request: web.Request) -> bytes:
-    """The whole body, at most MAX_EVIDENCE_BYTES (413 beyond, before or while reading)."""
-    bound = limits.MAX_EVIDENCE_BYTES
-    if (request.content_length or 0) > bound:
-        raise RequestRefused(E.TOO_LARGE, f"evidence over MAX_EVIDENCE_BYTES ({bound})")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(_READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > bound:
-            raise RequestRefused(E.TOO_LARGE, f"evidence over MAX_EVIDENCE_BYTES ({bound})")
-        chunks.append(chunk)
 
 
 def _path_ints(request: web.Request) -> tuple[int, int]:
@@ -165,14 +145,8 @@ async def handle_evidence(server: CoordinatorServer, request: web.Request) -> we
         server.machine.check_not_banned(peer, username)
         server.partitions.evidence_target(peer, n, partition, header)
         server.machine.consume_counter(peer, req.counter)
-    try:
-        await asyncio.wait_for(server.evidence_slots.acquire(), _QUEUE_WAIT_S)
-    except TimeoutError as exc:
-        raise RateLimitedRefusal(5.0) from exc
-    try:
+    async with server.evidence_slots.hold(peer):
         result = await _check(server, request, peer, n, partition, header, output)
-    finally:
-        server.evidence_slots.release()
     await server.after_change()
     return web.json_response({"ok": True, **result})
 
@@ -194,7 +168,7 @@ async def _check(
         raise RequestRefused(
             E.NO_EVIDENCE_CHECKER, "this coordinator was started without an evidence checker"
         )
-    car = await read_evidence_body(request)
+    car = await read_evidence_body(request, server.evidence_slots.timing)
     try:
         verdict = await asyncio.to_thread(
             checker,

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,6 +66,7 @@ from ._requests import (
     parse_score,
     parse_wrong,
 )
+from ._slots import EvidenceSlots, EvidenceTiming
 from ._store import Store
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
@@ -105,6 +106,8 @@ class ServeSettings:
     # Replays the score records to check a reputation-ban report itself (the training
     # package's); None = reputation reports are counted towards a majority like any other.
     reputation_checker: ReputationChecker | None = None
+    # Waits and rates of evidence checks: the named limits (tests shorten them).
+    evidence_timing: EvidenceTiming = field(default_factory=EvidenceTiming)
 
 
 class CoordinatorServer:
@@ -144,7 +147,11 @@ class CoordinatorServer:
         self._published: dict[int, asyncio.Event] = {}
         self._agreed: dict[int, asyncio.Event] = {}
         self._results: dict[int, asyncio.Event] = {}  # every partition has a result, or agreed
-        self.evidence_slots = asyncio.Semaphore(limits.MAX_EVIDENCE_CHECKS)
+        self.evidence_slots = EvidenceSlots(
+            limits.MAX_EVIDENCE_CHECKS,
+            limits.MAX_EVIDENCE_CHECKS_PER_PEER,
+            settings.evidence_timing,
+        )
         self.evidence_checker = settings.evidence_checker
         self.reputation_checker = settings.reputation_checker
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
