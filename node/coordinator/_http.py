@@ -5,12 +5,14 @@ aiohttp and auth exceptions are translated here and only here (specs/coordinator
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from cnode.auth import BadSignature, EnvelopeError, open_envelope
 
@@ -22,6 +24,7 @@ from ._protocol import REQUEST_TYPE, Op, b64decode
 from ._requests import require, require_int
 
 __all__ = [
+    "PROTOCOL_LOG",
     "RateLimitedRefusal",
     "SignedRequest",
     "json_errors",
@@ -132,3 +135,23 @@ async def json_errors(
         return web.json_response(
             {"error": str(code), "message": exc.text or exc.reason}, status=exc.status
         )
+
+
+class _OneLineRefusals(logging.Filter):
+    """aiohttp logs a request its parser refuses (a 64 KiB URL, a header over
+    MAX_HEADER_FIELD_BYTES, bytes that are no HTTP) with a traceback, before it answers 400:
+    the sender's fault, so one line at info, without the traceback. Anything else passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and (exc.code or 400) < 500:
+            record.msg = "refused a malformed HTTP request: %s %s"
+            record.args = (exc.code, str(exc.message)[:120])
+            record.exc_info = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+# The logger aiohttp's connection handler writes to (AppRunner(logger=...)).
+PROTOCOL_LOG = logging.getLogger("cnode.coordinator.http")
+PROTOCOL_LOG.addFilter(_OneLineRefusals())

@@ -40,7 +40,7 @@ from ._config import RunConfig
 from ._dashboard import Dashboard
 from ._evidence import EvidenceChecker, handle_evidence
 from ._exceptions import RequestRefused, RunConfigError
-from ._http import RateLimitedRefusal, json_errors, read_signed_request
+from ._http import PROTOCOL_LOG, RateLimitedRefusal, json_errors, read_signed_request
 from ._machine import RunMachine
 from ._partitions import PartitionRules
 from ._protocol import (
@@ -181,7 +181,10 @@ class CoordinatorServer:
 
     async def start(self) -> str:
         self._runner = web.AppRunner(
-            self.app, access_log=None, max_field_size=limits.MAX_HEADER_FIELD_BYTES
+            self.app,
+            access_log=None,
+            max_field_size=limits.MAX_HEADER_FIELD_BYTES,
+            logger=PROTOCOL_LOG,  # parser refusals in one line, not a traceback
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)

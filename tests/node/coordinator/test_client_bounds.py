@@ -40,9 +40,9 @@ class _Deep(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(DEEP)
 
-    do_GET = _answer  # noqa: N815 (http.server's naming)
+    do_GET = _answer
 
-    def do_POST(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length", "0")))
         self._answer()
 
@@ -148,5 +148,5 @@ def test_pinned_coordinator_must_be_a_peer_id(
     assert main(_train(tmp_path, config)) == 1
     assert "coordinator:" in _one_line(capsys.readouterr().err)
     for bad in ("12D3KooW", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", "x" * 200):
-        with pytest.raises(RunConfigError, match="^coordinator: "):
+        with pytest.raises(RunConfigError, match=r"^coordinator: "):
             RunConfig.from_dict({"run": "r1", "coordinator": bad})
