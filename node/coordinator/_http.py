@@ -17,6 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from cnode.auth import BadSignature, EnvelopeError, open_envelope
 
 from . import limits
+from ._codes import ERRORS
 from ._codes import ErrorCode as E
 from ._exceptions import RequestRefused
 from ._json import JSONTooDeep, loads_bounded
@@ -131,9 +132,9 @@ async def json_errors(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = _HTTP_CODES.get(exc.status, E.BAD_REQUEST)
+        code = _HTTP_CODES.get(exc.status, E.BAD_REQUEST)  # any other 4xx: the registry's 400
         return web.json_response(
-            {"error": str(code), "message": exc.text or exc.reason}, status=exc.status
+            {"error": str(code), "message": exc.text or exc.reason}, status=ERRORS[code].status
         )
 
 

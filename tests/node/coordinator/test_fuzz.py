@@ -26,7 +26,7 @@ import trio
 
 from cnode.auth import EncodeError, Identity, seal
 from cnode.node.cli._coordinator import check_evidence, check_reputation
-from cnode.node.coordinator import REQUEST_TYPE, CoordinatorClient, ErrorCode, limits
+from cnode.node.coordinator import ERRORS, REQUEST_TYPE, CoordinatorClient, ErrorCode, limits
 from cnode.node.coordinator._protocol import Op, b64encode
 from cnode.storage import compute_cid
 
@@ -253,6 +253,7 @@ class Fuzzer:
         if status >= 400:
             j = response.json()
             assert j["error"] in {str(c) for c in ErrorCode}, f"{where}: unregistered code {j}"
+            assert ERRORS[ErrorCode(j["error"])].status == status, f"{where}: {status} {j}"
             assert isinstance(j["message"], str) and j["message"].strip(), f"{where}: {j}"
             self.codes[j["error"]] += 1
 
