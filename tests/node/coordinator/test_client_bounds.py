@@ -77,6 +77,7 @@ def _run_config(tmp_path: Path, **extra: object) -> Path:
 
 
 def _train(tmp_path: Path, config: Path, *extra: str) -> list[str]:
+    tmp_path.mkdir(exist_ok=True)
     home = _home(tmp_path)
     return ["train", "--home", str(home), "--run-config", str(config), "--run", "r1", *extra]
 
@@ -137,8 +138,11 @@ def test_non_http_url_is_refused_at_once(
     assert main(_train(tmp_path, _run_config(tmp_path), "--coordinator", url)) == 1
     assert "is not an http(s) URL" in _one_line(capsys.readouterr().err)
     assert time.monotonic() - started < 10.0
-    with pytest.raises(RunConfigError, match="url 'javascript:alert\\(1\\)' is not an http"):
-        RunConfig.from_dict({"run": "r1", "url": "javascript:alert(1)"})
+    # The same URL in the run config: refused when the file is read, naming the field.
+    config = _run_config(tmp_path, url=url)
+    assert main(_train(tmp_path / "again", config)) == 1
+    line = _one_line(capsys.readouterr().err)
+    assert "url " in line and "is not an http(s) URL" in line
 
 
 def test_pinned_coordinator_must_be_a_peer_id(
