@@ -103,7 +103,10 @@ def test_depth_check_is_linear_and_ignores_strings() -> None:
     started = time.perf_counter()
     with pytest.raises(JSONTooDeep):
         loads_bounded("[" * 2_000_000)
+    with pytest.raises(ValueError):  # an unterminated string of escaped quotes: still linear
+        loads_bounded('"' + '\\"' * 1_000_000)
     assert time.perf_counter() - started < 5.0
+    assert json_depth('["a]", ["\\"["]]') == 2 and json_depth('["abc') == 1
 
 
 def test_client_answer_nested_too_deep_is_one_error(deep_url: str) -> None:
