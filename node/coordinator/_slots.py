@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from . import limits
 from ._codes import ErrorCode as E
@@ -107,6 +108,8 @@ async def read_evidence_body(request: web.Request, timing: EvidenceTiming) -> by
                 chunk = await request.content.read(_READ_CHUNK)
         except TimeoutError:
             pass  # no byte until the window's end: judged below
+        except HttpProcessingError as exc:  # the sender closed before its Content-Length
+            raise RequestRefused(E.BAD_REQUEST, f"evidence body cut short: {exc.message}") from exc
         if chunk == b"":
             return b"".join(chunks)
         if chunk:

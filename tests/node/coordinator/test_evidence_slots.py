@@ -177,7 +177,11 @@ def test_one_member_holds_its_share_and_refusals_name_the_cause(
     busy = _evidence(running, honest, tokens[honest.peer_id_str], b"no CAR")
     refused(busy, 429, "busy", "MAX_EVIDENCE_CHECKS")
     assert int(busy.headers["Retry-After"]) >= 1
-    first.close()  # a check frees up: the next evidence is answered
+    first.close()  # a check frees up (the upload ends cut short): the next evidence is answered
+    deadline = time.monotonic() + ANSWER_WITHIN_S
+    while running.server.evidence_slots.held(slow.peer_id_str):
+        assert time.monotonic() < deadline, "a closed upload kept its check"
+        time.sleep(0.01)
     refused(
         _evidence(running, honest, tokens[honest.peer_id_str], b"no CAR"), 400, "bad_evidence", ""
     )
