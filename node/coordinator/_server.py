@@ -302,17 +302,7 @@ class CoordinatorServer:
                 f"{', '.join(_UNTIL)}",
             )
         if n not in self._round_cache and wait > 0:
-            event = None
-            if until == "published" and n >= int(self.store.run_row()["round"]):
-                event = self._published.setdefault(n, asyncio.Event())
-            row = self.store.round_row(n)
-            if until == "agreed" and (row is None or row["status"] != RoundStatus.AGREED):
-                event = self._agreed.setdefault(n, asyncio.Event())
-            if until == "results" and not self._results_done(n):
-                event = self._results.setdefault(n, asyncio.Event())
-            if event is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), wait)
+            await self._long_poll(n, until, wait)
         cached = self._round_cache.get(n)
         if cached is None:
             info = self.machine.round_info(n)
@@ -323,6 +313,27 @@ class CoordinatorServer:
                 while len(self._round_cache) > limits.ROUND_CACHE:
                     del self._round_cache[min(self._round_cache)]
         return web.Response(text=cached, content_type="application/json")
+
+    async def _long_poll(self, n: int, until: str, wait: float) -> None:
+        """Wait up to ``wait`` s for round ``n`` to reach ``until``. A round past the next one,
+        or one more distinct round than MAX_POLLED_ROUNDS, gets a plain sleep and no event:
+        polls of arbitrary rounds cannot grow the server's memory."""
+        events = {"published": self._published, "agreed": self._agreed, "results": self._results}
+        waiting = events[until]
+        current = int(self.store.run_row()["round"])
+        if n > current + 1 or (n not in waiting and len(waiting) >= limits.MAX_POLLED_ROUNDS):
+            await asyncio.sleep(wait)
+            return
+        row = self.store.round_row(n)
+        if until == "published":
+            done = n < current
+        elif until == "agreed":
+            done = row is not None and row["status"] == RoundStatus.AGREED
+        else:
+            done = self._results_done(n)
+        if not done:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiting.setdefault(n, asyncio.Event()).wait(), wait)
 
     async def _checkpoints(self, request: web.Request) -> web.Response:
         self._check_run(request)

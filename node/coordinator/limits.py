@@ -51,6 +51,9 @@ MAX_RATE_BUCKETS = 100_000
 
 # Longest a GET .../rounds/{n}?wait=S holds the connection; clients loop for longer waits.
 MAX_LONG_POLL_S = 10.0
+# Distinct rounds long polls may wait on at once (per kind of wait); a poll of another round, or
+# of a round past the next one, just sleeps its wait (no event kept), then answers.
+MAX_POLLED_ROUNDS = 1024
 # Published rounds whose signed answers are kept in memory (the newest; older ones are re-signed).
 ROUND_CACHE = 64
 # Members of one round; joins beyond are refused with 409 round_full.

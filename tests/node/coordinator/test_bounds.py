@@ -131,3 +131,18 @@ def test_deep_json_is_a_400_not_a_recursion_error(
         refused(post(running, "ban_evidence", report), 400, "too_deep", "MAX_JSON_DEPTH")
     assert running.state() == before
     assert httpx.get(f"{running.url}/v1/health").json()["ok"] is True
+
+
+def test_long_polls_of_arbitrary_rounds_keep_nothing(running: Running) -> None:
+    base = f"{running.url}/v1/runs/{RUN}/rounds"
+    server = running.server
+    with httpx.Client() as http:
+        for n in range(10, 60):  # far past the current round: a plain sleep, no event kept
+            for until in ("published", "agreed", "results"):
+                answer = http.get(f"{base}/{n}", params={"wait": "0.001", "until": until})
+                assert answer.status_code == 200, answer.text
+        assert not server._published and not server._agreed and not server._results
+        # The next round is waited on with an event (set and dropped once it is published).
+        assert http.get(f"{base}/2", params={"wait": "0.001"}).status_code == 200
+    assert list(server._published) == [2]
+    assert limits.MAX_POLLED_ROUNDS >= 2 * limits.ROUND_CACHE
