@@ -68,13 +68,11 @@ from ._requests import (
 )
 from ._slots import EvidenceSlots, EvidenceTiming
 from ._store import Store
+from ._waits import UNTIL, RoundWaits
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
 
 log = structlog.get_logger(__name__)
-
-# What a long poll of a round record (GET .../rounds/{n}?wait=S&until=...) may wait for.
-_UNTIL = ("published", "agreed", "results")
 
 
 def _path_round(request: web.Request) -> int:
@@ -141,12 +139,7 @@ class CoordinatorServer:
         self._request_limit = RateLimiter(
             limits.REQUEST_BURST, limits.REQUEST_RATE_PER_S, limits.MAX_RATE_BUCKETS
         )
-        # Long polls of round n wait on _published[n] (set once round n is published) or on
-        # _agreed[n] (once its input set is decided): a change wakes only the waiters whose
-        # round it finished (1,000 waiters x every ready would not do).
-        self._published: dict[int, asyncio.Event] = {}
-        self._agreed: dict[int, asyncio.Event] = {}
-        self._results: dict[int, asyncio.Event] = {}  # every partition has a result, or agreed
+        self.waits = RoundWaits(self.store)  # long polls of round records
         self.evidence_slots = EvidenceSlots(
             limits.MAX_EVIDENCE_CHECKS,
             limits.MAX_EVIDENCE_CHECKS_PER_PEER,
@@ -234,23 +227,8 @@ class CoordinatorServer:
     async def after_change(self) -> None:
         await self._after_change()
 
-    def _results_done(self, n: int) -> bool:
-        row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
-            return False
-        parts = int(row["parts"] or 0)
-        return row["status"] == RoundStatus.AGREED or len(self.store.results(n)) >= parts
-
     async def _after_change(self) -> None:
-        for n in [n for n in self._results if self._results_done(n)]:
-            self._results.pop(n).set()
-        current = int(self.store.run_row()["round"])
-        for n in [n for n in self._published if n < current]:
-            self._published.pop(n).set()
-        for n in list(self._agreed):
-            row = self.store.round_row(n)
-            if row is not None and row["status"] == RoundStatus.AGREED:
-                self._agreed.pop(n).set()
+        self.waits.wake()
         if self._gossip is not None:
             self._gossip.changed(self._signed_state)
 
@@ -295,14 +273,14 @@ class CoordinatorServer:
         except ValueError as exc:
             raise RequestRefused(E.BAD_REQUEST, "wait must be a number") from exc
         until = request.query.get("until", "published")
-        if not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in _UNTIL:
+        if not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in UNTIL:
             raise RequestRefused(
                 E.BAD_REQUEST,
                 f"round must be >= 1, wait in [0, {limits.MAX_LONG_POLL_S}] and until one of "
-                f"{', '.join(_UNTIL)}",
+                f"{', '.join(UNTIL)}",
             )
         if n not in self._round_cache and wait > 0:
-            await self._long_poll(n, until, wait)
+            await self.waits.wait(n, until, wait)
         cached = self._round_cache.get(n)
         if cached is None:
             info = self.machine.round_info(n)
@@ -313,27 +291,6 @@ class CoordinatorServer:
                 while len(self._round_cache) > limits.ROUND_CACHE:
                     del self._round_cache[min(self._round_cache)]
         return web.Response(text=cached, content_type="application/json")
-
-    async def _long_poll(self, n: int, until: str, wait: float) -> None:
-        """Wait up to ``wait`` s for round ``n`` to reach ``until``. A round past the next one,
-        or one more distinct round than MAX_POLLED_ROUNDS, gets a plain sleep and no event:
-        polls of arbitrary rounds cannot grow the server's memory."""
-        events = {"published": self._published, "agreed": self._agreed, "results": self._results}
-        waiting = events[until]
-        current = int(self.store.run_row()["round"])
-        if n > current + 1 or (n not in waiting and len(waiting) >= limits.MAX_POLLED_ROUNDS):
-            await asyncio.sleep(wait)
-            return
-        row = self.store.round_row(n)
-        if until == "published":
-            done = n < current
-        elif until == "agreed":
-            done = row is not None and row["status"] == RoundStatus.AGREED
-        else:
-            done = self._results_done(n)
-        if not done:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(waiting.setdefault(n, asyncio.Event()).wait(), wait)
 
     async def _checkpoints(self, request: web.Request) -> web.Response:
         self._check_run(request)

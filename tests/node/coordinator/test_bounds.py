@@ -141,8 +141,8 @@ def test_long_polls_of_arbitrary_rounds_keep_nothing(running: Running) -> None:
             for until in ("published", "agreed", "results"):
                 answer = http.get(f"{base}/{n}", params={"wait": "0.001", "until": until})
                 assert answer.status_code == 200, answer.text
-        assert not server._published and not server._agreed and not server._results
+        assert not any(server.waits.events.values())
         # The next round is waited on with an event (set and dropped once it is published).
         assert http.get(f"{base}/2", params={"wait": "0.001"}).status_code == 200
-    assert list(server._published) == [2]
+    assert list(server.waits.events["published"]) == [2]
     assert limits.MAX_POLLED_ROUNDS >= 2 * limits.ROUND_CACHE
