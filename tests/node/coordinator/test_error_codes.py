@@ -84,3 +84,17 @@ def test_the_spec_lists_the_registry() -> None:
     listed = {code: (int(status), meaning) for code, status, meaning in rows}
     assert len(rows) == len(listed), "a code listed twice"
     assert listed == {str(c): (i.status, i.meaning) for c, i in ERRORS.items()}
+
+
+def test_codes_the_client_raises_itself_are_registered() -> None:
+    """The client refuses some requests locally, as the server would (same code and status)."""
+    found = []
+    for path in sorted(SOURCE.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "CoordinatorRejected":
+                status, code = node.args[0], node.args[1]
+                if isinstance(status, ast.Constant) and isinstance(code, ast.Constant):
+                    found.append((path.name, status.value, code.value))
+    assert found, "the scan found none: has the client changed?"
+    for name, status, code in found:
+        assert ERRORS[ErrorCode(code)].status == status, (name, status, code)
