@@ -281,6 +281,9 @@ def ban_bound(reputation: Mapping[str, int]) -> int:
     return limits.BAN_REPUTATION
 
 
+BLATANT_REASON = "standing at least BLATANT_SPREADS below the median in "
+
+
 @dataclass
 class _Low:
     round: int
@@ -294,13 +297,16 @@ class _Low:
 class ReputationPolicy:
     """Ban evidence from reputations: below ban_bound(the round's reputations) in
     REPUTATION_BAN_ROUNDS consecutive scored rounds of a peer -> one BanRecommendation (once per
-    peer). Rounds strictly increase."""
+    peer); or, sooner, a round standing at least BLATANT_SPREADS honest spreads below the median
+    (unclamped, the worse component) in that many consecutive scored rounds (blatant harm: no
+    need to wait for the running average). Rounds strictly increase."""
 
     def __init__(self, rounds: int = limits.REPUTATION_BAN_ROUNDS) -> None:
         if rounds < 1:
             raise AggregationInputError("ReputationPolicy needs rounds >= 1")
         self.rounds = rounds
         self._low: dict[str, list[_Low]] = {}
+        self._blatant: dict[str, list[tuple[int, Standing, UpdateScore, str | None, str]]] = {}
         self._recommended: set[str] = set()
         self._last: int | None = None
 
@@ -319,8 +325,13 @@ class ReputationPolicy:
         cids = update_cids or {}
         bound = ban_bound({p: reputation[p] for p in scores})
         out: list[BanRecommendation] = []
+        standing = round_standing(scores)
         for peer in sorted(scores):
             if peer in self._recommended:
+                continue
+            blatant = self._observe_blatant(round_, seed, peer, standing[peer], scores, cids)
+            if blatant is not None:
+                out.append(blatant)
                 continue
             rep = reputation[peer]
             if rep >= bound:
@@ -349,3 +360,36 @@ class ReputationPolicy:
                 )
             )
         return out
+
+    def _observe_blatant(
+        self,
+        round_: int,
+        seed: bytes,
+        peer: str,
+        standing: Standing,
+        scores: Mapping[str, UpdateScore],
+        cids: Mapping[str, str],
+    ) -> BanRecommendation | None:
+        if min(standing.own, standing.held) > -100 * limits.BLATANT_SPREADS:
+            self._blatant.pop(peer, None)
+            return None
+        low = self._blatant.setdefault(peer, [])
+        low.append((round_, standing, scores[peer], cids.get(peer), seed.hex()))
+        if len(low) < self.rounds:
+            return None
+        self._recommended.add(peer)
+        self._low.pop(peer, None)
+        del self._blatant[peer]
+        return BanRecommendation(
+            peer,
+            round_,
+            f"{BLATANT_REASON}{len(low)} rounds in a row",
+            cids.get(peer),
+            {
+                "rounds": [x[0] for x in low],
+                "standings": [[x[1].own, x[1].held] for x in low],
+                "update_cids": [x[3] for x in low],
+                "seeds": [x[4] for x in low],
+                "scores": [x[2].to_dict() for x in low],
+            },
+        )

@@ -114,6 +114,10 @@ ADMIT_REPUTATION = -250  # the reputation gate keeps out only a peer at the ban 
 # rate in specs/aggregation.md.
 BAN_REPUTATION = -250
 REPUTATION_BAN_ROUNDS = 3  # ... in this many scored rounds in a row -> ban recommendation
+# ... or, without waiting for the average: a round standing at least BLATANT_SPREADS honest
+# spreads below the median (the worse component, unclamped) in REPUTATION_BAN_ROUNDS scored rounds
+# in a row (honest standings measured on the bench: 1st percentile -6 to -9.5 spreads).
+BLATANT_SPREADS = 10
 # CenteredClip on the admitted updates (scored_config()): distance rejection off, tau = 3 x the
 # median distance, so honest heterogeneous updates are almost never clipped while a far update
 # that passed the scores still pulls by at most tau.

@@ -210,6 +210,26 @@ def test_admission_judges_held_out_harm_on_its_own() -> None:
     assert left_out_reason(st["b"], 0) is None
 
 
+def test_blatant_harm_is_recommended_after_3_rounds_without_waiting_for_the_average() -> None:
+    policy = ReputationPolicy()
+    seed = score_seed(["bafy1"])
+    own = {"a": 300, "b": 320, "c": 340, "x": -10000}
+    held = {"a": -10, "b": 0, "c": 10, "x": -10000}
+    scores = _scores(own, held)
+    rep = dict.fromkeys(own, 0)
+    out = [policy.observe(r, seed, scores, rep, {p: f"cid-{p}-{r}" for p in own}) for r in (1, 2, 3)]
+    assert [len(o) for o in out] == [0, 0, 1]
+    rec = out[2][0]
+    assert rec.peer == "x" and rec.reason.startswith("standing at least BLATANT_SPREADS")
+    assert rec.figures["rounds"] == [1, 2, 3] and rec.figures["update_cids"][0] == "cid-x-1"
+    assert all(min(s) <= -100 * limits.BLATANT_SPREADS for s in rec.figures["standings"])
+    # One round within the bar resets the count.
+    policy = ReputationPolicy()
+    mild = _scores({**own, "x": 250}, {**held, "x": -15})
+    for r, sc in enumerate((scores, scores, mild, scores, scores), start=1):
+        assert policy.observe(r, seed, sc, rep) == []
+
+
 def test_ban_bound_is_the_constant_in_spreads() -> None:
     assert ban_bound({"a": 1, "b": -5000}) == limits.BAN_REPUTATION
     assert ban_bound({}) == limits.BAN_REPUTATION
@@ -218,7 +238,8 @@ def test_ban_bound_is_the_constant_in_spreads() -> None:
 def test_reputation_policy_recommends_after_consecutive_low_rounds_with_evidence() -> None:
     policy = ReputationPolicy()
     seed = score_seed(["bafy1"])
-    bad = score_update("bad", 1.0, 1.5, 1.0, 1.5)
+    # "bad" does nothing for its data: 5 spreads below the median (not blatant, so the EMA path).
+    bad = score_update("bad", 1.0, 1.0, 1.0, 1.0)
     good = [score_update(f"good{i}", 1.0, 0.9 - 0.01 * i, 1.0, 1.0) for i in range(3)]
     scores = {"bad": bad, **{g.peer: g for g in good}}  # f = 1 < n/2
     # Start it low: from 0, an EMA of standings at the clamp needs 7 rounds to pass the bound.
@@ -236,7 +257,7 @@ def test_reputation_policy_recommends_after_consecutive_low_rounds_with_evidence
         f"bafk-bad-{r}" for r in range(1, limits.REPUTATION_BAN_ROUNDS + 1)
     ]
     assert fig["seeds"] == [seed.hex()] * limits.REPUTATION_BAN_ROUNDS
-    assert fig["scores"][0]["own_after"] == 1.5
+    assert fig["scores"][0]["own_after"] == 1.0
     assert all(b <= limits.BAN_REPUTATION for b in fig["bounds"])
     assert all(r < b for r, b in zip(fig["reputations"], fig["bounds"], strict=True))
     with pytest.raises(AggregationInputError):
@@ -330,21 +351,21 @@ def test_honest_heterogeneous_peers_keep_weight_and_are_never_banned_over_30_rou
     assert min(admitted.values()) >= 24, admitted
 
 
-def test_label_flipping_attackers_are_banned_within_9_rounds() -> None:
-    # Left out from the first round by their held-out harm; the reputation, an EMA of standings
-    # in spreads, needs 6 rounds at the clamp to pass BAN_REPUTATION, then 3 in a row.
+def test_label_flipping_attackers_are_banned_within_3_rounds() -> None:
+    # Left out from the first round; more than BLATANT_SPREADS honest spreads below the median
+    # three rounds in a row: recommended without waiting for the running average.
     attackers = {6: "label_flip", 8: "label_flip"}
-    admitted, bans, _ = _simulate(9, attackers)
-    assert bans == {"peer06": 9, "peer08": 9}
+    admitted, bans, _ = _simulate(6, attackers)
+    assert bans == {"peer06": 3, "peer08": 3}
     assert admitted["peer06"] == admitted["peer08"] == 0
-    assert min(admitted[f"peer{i:02d}"] for i in range(N) if i not in attackers) >= 8
+    assert min(admitted[f"peer{i:02d}"] for i in range(N) if i not in attackers) >= 5
 
 
-def test_random_label_attackers_are_left_out_but_not_banned() -> None:
-    # Their updates barely move their own data's loss: below the admission bar almost always, but
-    # not evidence of harm (reputation stays >= BAN_REPUTATION), so no ban.
+def test_random_label_attackers_are_left_out_and_banned() -> None:
+    # Training on random labels raises the loss of their assigned (true-label) data by more than
+    # BLATANT_SPREADS honest spreads: measured harm, not mere uselessness (revision 4).
     attackers = {6: "random", 8: "random"}
     admitted, bans, _ = _simulate(6, attackers)
     assert admitted["peer06"] + admitted["peer08"] <= 1  # of 12 chances
-    assert bans == {}
+    assert bans == {"peer06": 3, "peer08": 3}
     assert min(admitted[f"peer{i:02d}"] for i in range(N) if i not in attackers) >= 5
