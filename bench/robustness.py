@@ -21,8 +21,14 @@ values per segment: the MLP's 2410 values make 38 segments, 3 or 4 per partition
 differ by at most one segment, as with real models whose partitions hold many segments of
 SEGMENT_VALUES. --pre nnm | bucket2 are bench-only experiments (bench/_mixing.py).
 
-    nice -n 5 .venv/bin/python bench/robustness.py --mode full,partitioned --json  # ~4 min
-    .venv/bin/python bench/robustness.py --quick    # one seed, 20 rounds, ~12 s
+Adaptive attackers (issue 24; ``ADAPTIVE`` below) know the rule, the shard assignment, the
+held-out split and the round's honest updates, not the seed. Splits: iid, dirichlet0.3,
+dirichlet (alpha 0.5), two_classes. The summary counts honest bans per split and prints each
+adaptive attacker's admission rate and ban rounds, and the honest round-standing distribution.
+
+    flock /tmp/cnode-heavy.lock nice -n 5 .venv/bin/python bench/robustness.py \
+        --aggregators mean,scored_clip --shards iid,dirichlet0.3   # 200 rounds, 3 seeds
+    .venv/bin/python bench/robustness.py --quick    # one seed, 40 rounds, every split, ~1-3 min
 """
 
 from __future__ import annotations

@@ -217,7 +217,8 @@ def test_blatant_harm_is_recommended_after_3_rounds_without_waiting_for_the_aver
     held = {"a": -10, "b": 0, "c": 10, "x": -10000}
     scores = _scores(own, held)
     rep = dict.fromkeys(own, 0)
-    out = [policy.observe(r, seed, scores, rep, {p: f"cid-{p}-{r}" for p in own}) for r in (1, 2, 3)]
+    cids = [{p: f"cid-{p}-{r}" for p in own} for r in (1, 2, 3)]
+    out = [policy.observe(r, seed, scores, rep, cids[r - 1]) for r in (1, 2, 3)]
     assert [len(o) for o in out] == [0, 0, 1]
     rec = out[2][0]
     assert rec.peer == "x" and rec.reason.startswith("standing at least BLATANT_SPREADS")
