@@ -15,7 +15,8 @@ below ``SCORE_UNIT``) makes the same decisions. See specs/aggregation.md "Scores
   ``score`` = own + min(held, 0) is kept as a figure; no decision uses it since revision 4.
 * **Standing** (revision 4, issue 24): each component measured in honest spreads from the
   round's median (``median_spread``, ``round_standing``), clamped to +-STANDING_CLAMP hundredths;
-  the round standing is the lower of own and held.
+  the round standing (reputation, bans) is the own standing clamped; the held one is for
+  admission only (attackers at 0 there can set its median and shrink its spread).
 * **Reputation**: an integer EMA of round standings, r <- r + floor((d - r) / REPUTATION_DIVISOR),
   starting at 0; only scored rounds move it.
 * **Admission**: an update enters the aggregate iff both standings are >= -ADMIT_SPREADS spreads
@@ -227,7 +228,10 @@ class Standing:
 
     own: int  # standing of its own-data score (admission)
     held: int  # standing of its held-out score, judged on its own (admission)
-    round: int  # min(own, held) clamped to +-STANDING_CLAMP: what moves the reputation
+    # The own standing clamped to +-STANDING_CLAMP: what moves the reputation. Not the held one:
+    # late in training honest held-out scores are noise around 0, and attackers sitting at 0
+    # there (IPM) set its median and shrink its spread (200-round bench: 13 honest bans).
+    round: int
 
 
 def round_standing(scores: Mapping[str, UpdateScore]) -> dict[str, Standing]:
@@ -238,7 +242,7 @@ def round_standing(scores: Mapping[str, UpdateScore]) -> dict[str, Standing]:
     for peer in sorted(scores):
         a, b = _standing(scores[peer].own, *own), _standing(scores[peer].held, *held)
         c = limits.STANDING_CLAMP
-        out[peer] = Standing(a, b, max(-c, min(c, a, b)))
+        out[peer] = Standing(a, b, max(-c, min(c, a)))
     return out
 
 
@@ -298,7 +302,7 @@ class ReputationPolicy:
     """Ban evidence from reputations: below ban_bound(the round's reputations) in
     REPUTATION_BAN_ROUNDS consecutive scored rounds of a peer -> one BanRecommendation (once per
     peer); or, sooner, a round standing at least BLATANT_SPREADS honest spreads below the median
-    (unclamped, the worse component) in that many consecutive scored rounds (blatant harm: no
+    (unclamped, own data) in that many consecutive scored rounds (blatant harm: no
     need to wait for the running average). Rounds strictly increase."""
 
     def __init__(self, rounds: int = limits.REPUTATION_BAN_ROUNDS) -> None:
@@ -370,7 +374,7 @@ class ReputationPolicy:
         scores: Mapping[str, UpdateScore],
         cids: Mapping[str, str],
     ) -> BanRecommendation | None:
-        if min(standing.own, standing.held) > -100 * limits.BLATANT_SPREADS:
+        if standing.own > -100 * limits.BLATANT_SPREADS:
             self._blatant.pop(peer, None)
             return None
         low = self._blatant.setdefault(peer, [])

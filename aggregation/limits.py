@@ -101,7 +101,7 @@ REPUTATION_DIVISOR = (
 # med), fmax = (n - 1) // 2. With f <= fmax attackers both lie within what the honest scores
 # give (specs/aggregation.md "Scores and reputation"). A component's standing is
 # floor(100 x (score - med) / spread) clamped to +-STANDING_CLAMP (hundredths of a spread); the
-# round standing is the lower of the two.
+# round standing (reputation, bans) is the own one clamped; the held one is for admission only.
 SPREAD_FLOOR = 10  # units (0.1 %): a round whose scores agree this closely has no usable spread
 STANDING_CLAMP = 300  # one round moves a reputation by at most 3 spreads / REPUTATION_DIVISOR
 # Admission: both components' standings >= -ADMIT_SPREADS x 100 (an update at most 3 honest
@@ -115,7 +115,7 @@ ADMIT_REPUTATION = -250  # the reputation gate keeps out only a peer at the ban 
 BAN_REPUTATION = -250
 REPUTATION_BAN_ROUNDS = 3  # ... in this many scored rounds in a row -> ban recommendation
 # ... or, without waiting for the average: a round standing at least BLATANT_SPREADS honest
-# spreads below the median (the worse component, unclamped) in REPUTATION_BAN_ROUNDS scored rounds
+# spreads below the median (own data, unclamped) in REPUTATION_BAN_ROUNDS scored rounds
 # in a row (honest standings measured on the bench: 1st percentile -6 to -9.5 spreads).
 BLATANT_SPREADS = 10
 # CenteredClip on the admitted updates (scored_config()): distance rejection off, tau = 3 x the
