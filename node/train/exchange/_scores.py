@@ -66,11 +66,17 @@ _AID_LOSSES = {
 }
 
 
-def _testing_aid(attack: str | None, scores: dict[str, TargetLosses]) -> dict[str, TargetLosses]:
+def _testing_aid(
+    attack: str | None, info: RoundInfo, targets: list[str], scores: dict[str, TargetLosses]
+) -> dict[str, TargetLosses]:
+    """The aid's losses for every target the round lists a header of, fetched or not (so the
+    record it signs does not depend on how fast the fetches were)."""
     losses = _AID_LOSSES.get(attack or "")
     if losses is None:
         return scores
-    return {t: TargetLosses(x.header, *losses) for t, x in scores.items()}
+    return {
+        t: TargetLosses(CID.parse(info.headers[t]), *losses) for t in targets if t in info.headers
+    }
 
 
 class PartitionScores:
@@ -112,13 +118,14 @@ class PartitionScores:
             async with trio.open_nursery() as nursery:
                 for target in targets:
                     nursery.start_soon(self._score_one, info, seed, target, scores, unscored)
+        scores = _testing_aid(self.trainer.attack_name, info, targets, scores)
         record = ScoreRecord(
             self.trainer.run,
             info.round,
             me,
             self.trainer.state_cid,
             seed,
-            _testing_aid(self.trainer.attack_name, scores),
+            scores,
             {t: why for t, why in unscored.items() if t not in scores},
         )
         envelope = seal_score_record(self.trainer.identity, record)
