@@ -9,6 +9,7 @@ identities, hence shards, are fresh each time.
 
     .venv/bin/python bench/codec_loss.py                       # f32, bf16, int8-blockwise
     .venv/bin/python bench/codec_loss.py --rounds 8 --codec f32 int8-blockwise
+    .venv/bin/python bench/codec_loss.py --codec f32 sparse-topk --density 0.015625 0.03125
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ from cnode.storage import BlockStore, manifest_closure
 PEERS = 4
 
 
-def _run(codec: str, rounds: int, work: Path) -> tuple[list[float], int, str]:
-    config = TrainingConfig.from_dict({"update_codec": codec})
+def _run(
+    codec: str, rounds: int, work: Path, density: float = 1 / 64
+) -> tuple[list[float], int, str]:
+    config = TrainingConfig.from_dict({"update_codec": codec, "update_density": density})
     nodes = [
         NodeTrainer(
             config,
             run="bench",
             identity=Identity.from_seed(bytes([i + 1]) * 32),
-            store=BlockStore(work / codec / f"n{i}"),
+            store=BlockStore(work / f"{codec}-{density}" / f"n{i}"),
         )
         for i in range(PEERS)
     ]
@@ -64,14 +67,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--codec", nargs="+", choices=CODECS, default=list(CODECS))
+    parser.add_argument(
+        "--density",
+        nargs="+",
+        type=float,
+        default=[1 / 64],
+        help="sparse-topk: training.update_density values to run (one run each)",
+    )
     args = parser.parse_args()
+    runs = [
+        (f"{c}@{d:g}" if c == "sparse-topk" else c, c, d)
+        for c in args.codec
+        for d in (args.density if c == "sparse-topk" else [1 / 64])
+    ]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory(prefix="cnode-codec-loss-") as tmp:
-        for codec in args.codec:
+        for codec, name, density in runs:
             began = time.perf_counter()
-            losses, wire, state = _run(codec, args.rounds, Path(tmp))
+            losses, wire, state = _run(name, args.rounds, Path(tmp), density)
             results[codec] = (losses, wire)
             print(
                 f"{codec:>15}: loss per round {' '.join(f'{v:.4f}' for v in losses)}; "
@@ -84,7 +99,7 @@ def main() -> None:
             print(
                 f"{codec:>15} vs f32 after {args.rounds} rounds: loss {losses[-1]:.4f} vs "
                 f"{ref_loss:.4f} ({(losses[-1] / ref_loss - 1) * 100:+.2f}%), bytes "
-                f"{wire / ref_wire:.3f}x"
+                f"{wire / ref_wire:.4f}x"
             )
 
 

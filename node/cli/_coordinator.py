@@ -100,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     new.add_argument(
         "--update-codec",
-        choices=("f32", "bf16", "int8-blockwise"),  # cnode.aggregation.CODECS, without torch
+        choices=("f32", "bf16", "int8-blockwise", "sparse-topk"),  # aggregation.CODECS, no torch
         default="int8-blockwise",
         help="how updates travel: training.update_codec (default int8-blockwise, 0.25x f32)",
     )
