@@ -17,7 +17,6 @@ from cnode.aggregation import encoded_nbytes, score_seed, segment_ranges
 from cnode.node.cli import main
 from cnode.node.train import TrainingConfig, replay_checkpoint
 from cnode.node.train._round import encode_update, load_update, store_update
-from cnode.node.train._trainer import NodeTrainer
 from cnode.node.train.scores._records import (
     ScoreRecord,
     TargetLosses,
@@ -91,7 +90,8 @@ def test_a_malformed_sparse_update_is_left_out_and_reported(tmp_path: Path) -> N
                        codec="sparse-topk:64")  # fmt: skip
     own.append(_forge(bad, cid))
     honest = _exchange(nodes, own, 1)[0]
-    assert "segment 0: sparse-topk chunk 0 holds 13 values, more than its 12" in honest.dropped[bad.peer]  # type: ignore[attr-defined]
+    why = honest.dropped[bad.peer]  # type: ignore[attr-defined]
+    assert "segment 0: sparse-topk chunk 0 holds 13 values, more than its 12" in why
     assert bad.peer in {b.peer for b in honest.bans}  # type: ignore[attr-defined]
     assert len({n.state_cid for n in nodes}) == 1
 
