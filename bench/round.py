@@ -124,7 +124,7 @@ def _median(results: list[list[dict[str, Any]]], key: str, skip_first: bool) -> 
 
 
 def _report_cnode(
-    mode: str, codec: str, cnode: list[list[dict[str, Any]]], skip: bool, n: int
+    mode: str, codec: str, cnode: list[list[dict[str, Any]]], skip: bool, n: int, params: int
 ) -> dict[str, Any]:
     phases = {k: _median(cnode, k, skip) for k in (*PHASES, "round")}
     cpu_note = ", first round left out" if skip else ""
@@ -152,6 +152,11 @@ def _report_cnode(
         f"exchange {fetched / 1e6:.2f} MB = {fetched / update:.2f}x the update, "
         f"verification {verify / 1e6:.2f} MB = {verify / update:.2f}x"
     )
+    f32 = 4 * params
+    print(
+        f"  received per peer per round, exchange + verification: "
+        f"{(fetched + verify) / f32:.4f}x an f32 update ({f32 / 1e6:.2f} MB)"
+    )
     print(f"  overhead_s (publish+fetch+aggregate+results+verify+assemble): {overhead:.3f}")
     print(f"  every peer ends on one state: {len(states) == 1} ({', '.join(sorted(states))[:120]})")
     retries = sum(r.get("retries", 0) for peer in cnode for r in peer)
@@ -166,6 +171,7 @@ def _report_cnode(
         "bytes_in_ratio": round(fetched / update, 4),
         "verify_bytes_per_peer": int(verify),
         "verify_ratio": round(verify / update, 4),
+        "bytes_in_vs_f32": round((fetched + verify) / f32, 5),
         "overhead_s": round(overhead, 4),
         "phases": {k: round(v, 4) for k, v in phases.items()},
         "cpu": {k: round(v, 4) for k, v in cpu.items()},
@@ -229,7 +235,7 @@ def main() -> None:
         for codec in args.codec:
             spec = {**base_spec, "mode": mode, "codec": codec}
             cnode = _run(cnode_peer, n, lambda i, tmp, out, s=spec: (i, s, tmp, out))
-            runs.append({**_report_cnode(mode, codec, cnode, skip, n), "params": params})
+            runs.append({**_report_cnode(mode, codec, cnode, skip, n, params), "params": params})
             sys.stdout.flush()
     allreduce: float | None = None
     if not args.no_baseline:
@@ -242,14 +248,17 @@ def main() -> None:
             print(f"  {key:<10} {value:8.3f}")
         allreduce = dict(b_rows)["allreduce"]
     print(f"\nsummary, {n} peers, {params:,} parameters:")
-    print("  mode         codec            bytes_in  verify  overhead_s  allreduce_s  ratio")
+    print(
+        "  mode         codec          bytes_in  verify  in_vs_f32  overhead_s  allreduce_s  ratio"
+    )
     for run in runs:
         run["allreduce_s"] = None if allreduce is None else round(allreduce, 4)
         ratio = None if not allreduce else run["overhead_s"] / allreduce
         run["overhead_vs_allreduce"] = None if ratio is None else round(ratio, 3)
         print(
-            f"  {run['mode']:<12} {run['codec']:<16} {run['bytes_in_ratio']:7.2f}x "
-            f"{run['verify_ratio']:6.2f}x {run['overhead_s']:10.3f}  "
+            f"  {run['mode']:<12} {run['codec']:<14} {run['bytes_in_ratio']:7.2f}x "
+            f"{run['verify_ratio']:6.2f}x {run['bytes_in_vs_f32']:9.4f}x "
+            f"{run['overhead_s']:10.3f}  "
             f"{allreduce or float('nan'):10.3f}  {ratio or float('nan'):5.2f}x"
         )
     if args.json:
