@@ -84,6 +84,7 @@ IPM_EPSILON = 0.1  # inner-product manipulation: send -epsilon x mean of honest 
 IPM_LARGE_EPSILON = 10.0  # the variant aimed at the plain mean
 STALE_DELAY_ROUNDS = 5  # the stale attacker replays its own update from this many rounds ago
 ALIE_MAX_Z = 3.0  # cap on z when f is so large that the formula's quantile reaches 1
+SPIKE_FRACTION = 1 / 4096  # sparse_spike: share of coordinates holding the whole budget
 
 # Scores and reputation (_scores.py, specs/aggregation.md "Scores and reputation"). Part of the
 # result: every node of a run must use the same values, or admission, hence the aggregate, differs.
