@@ -42,7 +42,8 @@ split into exchange (inputs + results) and verification; whether every peer ends
 The baseline runs in the same invocation: N processes with torch.distributed (gloo, loopback), the
 same model and step, ``all_reduce(delta) / N`` and apply. ``overhead_s`` = publish + fetch +
 scores + aggregate + results + verify + assemble (the medians): what a round costs beyond
-training and waiting for the slowest trainer; compared with the all-reduce. No coordinator is involved.
+training and waiting for the slowest trainer; compared with the all-reduce. No coordinator is
+involved.
 Where a venv has hivemind 1.1.12 (``CNODE_BENCH_HIVEMIND_PYTHON`` or /opt/hivemind-venv, never a
 cnode dependency), its all-reduce of the same float32 model runs too (bench/_hivemind_allreduce.py:
 N processes, DecentralizedAverager, matchmaking done before the timed trigger) and each swarm's
