@@ -41,6 +41,7 @@ __all__ = [
     "encode_sparse",
     "parse_sparse",
     "sparse_nbytes_max",
+    "uses_bitmap",
 ]
 
 SPARSE_KINDS = ("sparse-topk", "sparse-int8")
@@ -83,7 +84,7 @@ def sparse_nbytes_max(numel: int, codec: str) -> int:
     kind, k = _parsed(codec)
     chunks = math.ceil(numel / _C)
     total = sum(chunk_quota(k, min(_C, numel - j * _C)) for j in range(chunks))
-    return _nbytes(kind, chunks, total)
+    return _nbytes(kind, k, chunks, total)
 
 
 def _parsed(codec: str) -> tuple[str, int]:
@@ -93,9 +94,19 @@ def _parsed(codec: str) -> tuple[str, int]:
     return parsed
 
 
-def _nbytes(kind: str, chunks: int, total: int) -> int:
+def uses_bitmap(k: int) -> bool:
+    """Whether chunks with quota K mark their values in a 4096-bit bitmap (512 bytes) rather
+    than with 12-bit offsets: when K offsets could take more than the bitmap, 1.5 K > 512."""
+    return 3 * k > _C // 4
+
+
+def _index_nbytes(k: int, chunks: int, total: int) -> int:
+    return chunks * (_C // 8) if uses_bitmap(k) else (3 * total + 1) // 2
+
+
+def _nbytes(kind: str, k: int, chunks: int, total: int) -> int:
     codes = (total + 3) // 4 if kind == "sparse-topk" else total
-    return 6 * chunks + (3 * total + 1) // 2 + codes
+    return 6 * chunks + _index_nbytes(k, chunks, total) + codes
 
 
 def _quotas(k: int, numel: int, chunks: int) -> torch.Tensor:
@@ -155,23 +166,35 @@ def encode_sparse(flat: torch.Tensor, codec: str) -> torch.Tensor:
         codes = torch.round(values / div).clamp(-_QMAX, _QMAX)
         codes = torch.where(usable, codes, torch.zeros_like(codes)).to(torch.int64)
     scales = torch.where(counts > 0, scales, torch.zeros_like(scales))
-    return _pack(kind, counts, scales, offsets[kept], codes[kept])
+    if uses_bitmap(k):
+        marks = torch.zeros(chunks, _C + 1, dtype=torch.int64)  # column _C takes the sentinels
+        marks.scatter_(1, offsets, 1)
+        bits = marks[:, :_C].view(chunks, _C // 8, 8) << torch.arange(8)
+        index = bits.sum(dim=2).reshape(-1).to(torch.uint8)  # exact: disjoint bits
+    else:
+        index = _pack_offsets(offsets[kept])
+    out = _pack(kind, counts, scales, index, codes[kept])
+    assert out.numel() == _nbytes(kind, k, chunks, int(counts.sum()))
+    return out
+
+
+def _pack_offsets(offsets: torch.Tensor) -> torch.Tensor:
+    total = offsets.numel()
+    pairs = torch.nn.functional.pad(offsets, (0, total % 2)).view(-1, 2)
+    a, b = pairs[:, 0], pairs[:, 1]
+    packed = torch.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], dim=1).reshape(-1)
+    return packed[: (3 * total + 1) // 2].to(torch.uint8)
 
 
 def _pack(
     kind: str,
     counts: torch.Tensor,
     scales: torch.Tensor,
-    offsets: torch.Tensor,
+    index: torch.Tensor,
     codes: torch.Tensor,
 ) -> torch.Tensor:
-    total = offsets.numel()
-    chunks = counts.numel()
+    total = codes.numel()
     head = torch.stack([counts & 0xFF, counts >> 8], dim=1).reshape(-1).to(torch.uint8)
-    pairs = torch.nn.functional.pad(offsets, (0, total % 2)).view(-1, 2)
-    a, b = pairs[:, 0], pairs[:, 1]
-    packed = torch.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], dim=1).reshape(-1)
-    packed = packed[: (3 * total + 1) // 2].to(torch.uint8)
     if kind == "sparse-topk":
         quads = torch.nn.functional.pad(codes, (0, (-total) % 4)).view(-1, 4)
         body = (quads[:, 0] | quads[:, 1] << 2 | quads[:, 2] << 4 | quads[:, 3] << 6).to(
@@ -179,9 +202,7 @@ def _pack(
         )
     else:
         body = codes.to(torch.int8).view(torch.uint8)
-    out = torch.cat([scales.contiguous().view(torch.uint8), head, packed, body])
-    assert out.numel() == _nbytes(kind, chunks, total)
-    return out
+    return torch.cat([scales.contiguous().view(torch.uint8), head, index, body])
 
 
 def decode_sparse(encoded: torch.Tensor, codec: str, numel: int) -> torch.Tensor:
@@ -213,7 +234,7 @@ def decode_sparse(encoded: torch.Tensor, codec: str, numel: int) -> torch.Tensor
             f"{kind} chunk {j} holds {int(counts[j])} values, more than its {int(quotas[j])}"
         )
     total = int(counts.sum())
-    want = _nbytes(kind, chunks, total)
+    want = _nbytes(kind, k, chunks, total)
     if data.numel() != want:
         word = "truncated" if data.numel() < want else "too long"
         raise UpdateEncodingError(
@@ -223,10 +244,13 @@ def decode_sparse(encoded: torch.Tensor, codec: str, numel: int) -> torch.Tensor
     scales = data[: 4 * chunks].clone().view(torch.float32)  # a copy: aligned for the view
     _check_scales(kind, scales, counts)
     at = 6 * chunks
-    idx_len = (3 * total + 1) // 2
-    offsets = _unpack_offsets(kind, data[at : at + idx_len], total)
-    chunk_of = torch.repeat_interleave(torch.arange(chunks), counts)
-    _check_offsets(kind, offsets, chunk_of, numel)
+    idx_len = _index_nbytes(k, chunks, total)
+    if uses_bitmap(k):
+        chunk_of, offsets = _unpack_bitmap(kind, data[at : at + idx_len], counts, numel)
+    else:
+        offsets = _unpack_offsets(kind, data[at : at + idx_len], total)
+        chunk_of = torch.repeat_interleave(torch.arange(chunks), counts)
+        _check_offsets(kind, offsets, chunk_of, numel)
     values = _unpack_values(kind, data[at + idx_len :], total)
     out = torch.zeros(numel, dtype=torch.float32)
     if total:
@@ -253,6 +277,34 @@ def _unpack_offsets(kind: str, packed: torch.Tensor, total: int) -> torch.Tensor
     if total % 2 and int(b[-1]) != 0:
         raise UpdateEncodingError(f"{kind} padding bits after the last offset are not zero")
     return torch.stack([a, b], dim=1).reshape(-1)[:total]
+
+
+def _unpack_bitmap(
+    kind: str, packed: torch.Tensor, counts: torch.Tensor, numel: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(chunk, offset) of every marked bit, in chunk order and ascending: a bitmap can hold no
+    duplicate and no disorder; its marks must match the counts and stay within each chunk."""
+    chunks = counts.numel()
+    bits = (packed.to(torch.int64).view(chunks, _C // 8, 1) >> torch.arange(8)) & 1
+    bits = bits.reshape(chunks, _C)
+    marked = bits.sum(dim=1)
+    wrong = marked != counts
+    if bool(wrong.any()):
+        j = int(wrong.nonzero()[0])
+        raise UpdateEncodingError(
+            f"{kind} bitmap of chunk {j} marks {int(marked[j])} values, its count says "
+            f"{int(counts[j])}"
+        )
+    chunk_of, offsets = bits.nonzero(as_tuple=True)
+    lengths = (numel - chunk_of * _C).clamp(max=_C)
+    out = offsets >= lengths
+    if bool(out.any()):
+        t = int(out.nonzero()[0])
+        raise UpdateEncodingError(
+            f"{kind} offset {int(offsets[t])} of value {t} is out of range: chunk "
+            f"{int(chunk_of[t])} has {int(lengths[t])} values"
+        )
+    return chunk_of, offsets
 
 
 def _check_offsets(kind: str, offsets: torch.Tensor, chunk_of: torch.Tensor, numel: int) -> None:

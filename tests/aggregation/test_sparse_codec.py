@@ -60,7 +60,7 @@ def test_wire_codec_names_k_and_the_result_codec_doubles_it_with_8_bits() -> Non
             encode_update_tensor(torch.zeros(3), codec)
 
 
-@pytest.mark.parametrize("codec", [SPARSE, RESULT])
+@pytest.mark.parametrize("codec", [SPARSE, RESULT, "sparse-topk:1024", "sparse-int8:2048"])
 @pytest.mark.parametrize("n", [0, 1, 100, C, C + 1, 3 * C + 500])
 def test_keeps_the_k_largest_per_chunk_and_fits_the_size_bound(codec: str, n: int) -> None:
     x = _sample(n, seed=n)
@@ -72,7 +72,8 @@ def test_keeps_the_k_largest_per_chunk_and_fits_the_size_bound(codec: str, n: in
         chunk, got = x[start : start + C], back[start : start + C]
         quota = min(chunk.numel(), -(-k * chunk.numel() // C))
         kept = got != 0  # int8 may round a small kept value to 0: then fewer
-        assert int(kept.sum()) == quota if codec == SPARSE else int(kept.sum()) <= quota
+        topk = codec.startswith("sparse-topk")
+        assert int(kept.sum()) == quota if topk else int(kept.sum()) <= quota
         # every kept magnitude >= every dropped one
         dropped = torch.cat([chunk[~kept].abs(), torch.zeros(1)])
         assert float(chunk[kept].abs().min()) >= float(dropped.max())
@@ -261,3 +262,34 @@ def test_nonfinite_input_travels_as_a_scale_that_every_receiver_rejects() -> Non
         _bad(encode_update_tensor(x, codec), x.numel(), "scale of chunk 1 is nan", codec)
         x[C + 3] = math.inf
         _bad(encode_update_tensor(x, codec), x.numel(), "scale of chunk 1 is inf", codec)
+
+
+def test_dense_quotas_mark_values_in_a_bitmap() -> None:
+    # 1.5 bytes per offset passes a 512-byte bitmap above K = 341
+    n = C + 1000
+    x = _sample(n, seed=4)
+    small = encode_update_tensor(x, "sparse-topk:341")
+    big = encode_update_tensor(x, "sparse-topk:342")
+    assert small.numel() == 12 + (3 * (341 + 84) + 1) // 2 + (341 + 84 + 3) // 4
+    assert big.numel() == 12 + 2 * 512 + (342 + 84 + 3) // 4
+    back = _decode(big, n, "sparse-topk:342")
+    assert int((back != 0).sum()) == 342 + 84
+    # the bitmap of chunk 0 at bytes 12..523: bit o of byte o // 8 marks offset o
+    marks = [o for o in range(C) if (int(big[12 + o // 8]) >> (o % 8)) & 1]
+    assert marks == back[:C].nonzero().reshape(-1).tolist()
+
+
+def test_a_bitmap_that_disagrees_with_its_count_or_marks_past_the_chunk_is_refused() -> None:
+    n = C + 1000
+    codec = "sparse-topk:342"
+    good = encode_update_tensor(_sample(n, seed=4), codec)
+    first = next(o for o in range(C) if not (int(good[12 + o // 8]) >> (o % 8)) & 1)
+    broken = good.clone()
+    broken[12 + first // 8] |= 1 << (first % 8)
+    _bad(broken, n, "bitmap of chunk 0 marks 343 values, its count says 342", codec)
+    # chunk 1 holds 1000 values: mark offset 2000 and drop its count's last value
+    broken = good.clone()
+    last = max(o for o in range(1000) if (int(good[12 + 512 + o // 8]) >> (o % 8)) & 1)
+    broken[12 + 512 + last // 8] &= 255 - (1 << (last % 8))
+    broken[12 + 512 + 2000 // 8] |= 1 << (2000 % 8)
+    _bad(broken, n, "offset 2000 of value .* out of range: chunk 1 has 1000 values", codec)
