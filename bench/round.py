@@ -177,7 +177,7 @@ def _report_cnode(
         f"{fetched / f32:.4f}x, verification {verify / f32:.4f}x, scores {scored / f32:.4f}x, "
         f"all {(fetched + verify + scored) / f32:.4f}x"
     )
-    print(f"  overhead_s (publish+fetch+aggregate+results+verify+assemble): {overhead:.3f}")
+    print(f"  overhead_s (publish+fetch+scores+aggregate+results+verify+assemble): {overhead:.3f}")
     print(f"  every peer ends on one state: {len(states) == 1} ({', '.join(sorted(states))[:120]})")
     retries = sum(r.get("retries", 0) for peer in cnode for r in peer)
     print(f"  fetches retried (a holder starved past NO_PROGRESS_TIMEOUT_S): {retries}")
