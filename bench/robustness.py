@@ -19,7 +19,8 @@ CenteredClip (cnode.aggregation.scored_config). "centered_clip" is the previous 
 aggregates each of N_PEERS contiguous partitions apart (aggregate_partition) with SEGMENT = 64
 values per segment: the MLP's 2410 values make 38 segments, 3 or 4 per partition, so partitions
 differ by at most one segment, as with real models whose partitions hold many segments of
-SEGMENT_VALUES. --pre nnm | bucket2 are bench-only experiments (bench/_mixing.py).
+SEGMENT_VALUES. --pre nnm | bucket2 are bench-only experiments (bench/_mixing.py). --codec
+sends every update through an update codec with error feedback (bench/_codec_pass.py).
 
 Adaptive attackers (issue 24; ``ADAPTIVE`` below) know the rule, the shard assignment, the
 held-out split and the round's honest updates, not the seed. Splits: iid, dirichlet0.3,
@@ -29,6 +30,7 @@ adaptive attacker's admission rate and ban rounds, and the honest round-standing
     flock /tmp/cnode-heavy.lock nice -n 5 .venv/bin/python bench/robustness.py \
         --aggregators mean,scored_clip --shards iid,dirichlet0.3   # 200 rounds, 3 seeds
     .venv/bin/python bench/robustness.py --quick    # one seed, 40 rounds, every split, ~1-3 min
+    .venv/bin/python bench/robustness.py --codec sparse-topk --aggregators mean,scored_clip
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from pathlib import Path
 
 import structlog
 import torch
+from _codec_pass import through_codec, wire
 from sklearn.datasets import load_digits
 
 from cnode.aggregation import (
@@ -285,6 +288,10 @@ def _score(
     return seed, scores
 
 
+# --codec, as its wire string (one setting per invocation; a list so main() can set it).
+CODEC = ["f32"]
+
+
 def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float:
     xtr, ytr, xhe, yhe, xte, yte = load_data(s.seed)
     shards = make_shards(ytr, s.shards, s.seed)
@@ -308,6 +315,7 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
     g = torch.Generator().manual_seed(5000 + s.seed)
     rng = torch.Generator().manual_seed(6000 + s.seed)
     momenta: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
+    residuals: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
     prev = None
     reputation: dict[str, int] = {}
     policy = ReputationPolicy()
@@ -319,6 +327,9 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
             sent = list(momenta)
         else:
             sent = list(deltas)
+        for i in range(N_PEERS) if CODEC[0] != "f32" else []:
+            if i not in attackers:
+                sent[i], residuals[i] = through_codec(sent[i], residuals[i], CODEC[0])
         honest = [sent[i] for i in range(N_PEERS) if i not in attackers]
         if adaptive and attackers:
             a0 = attackers[0]
@@ -327,10 +338,14 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
                 s.attack, glob, sent[a0], honest, own[ids[a0]], others, (xhe, yhe), rng,
                 N_PEERS, s.f, forward=forward, score=_score,
             )  # fmt: skip
+            if CODEC[0] != "f32":
+                bad = through_codec(bad, None, CODEC[0])[0]
             for a in attackers:
                 sent[a] = bad
         for a in attackers if not absent and not adaptive else []:
             sent[a] = attacks[a](honest, sent[a], rng, N_PEERS, s.f)
+            if CODEC[0] != "f32":
+                sent[a] = through_codec(sent[a], None, CODEC[0])[0]
         present = [i for i in range(N_PEERS) if not (absent and i in attackers)]
         received = {ids[i]: sent[i] for i in present}
         if s.aggregator in SCORED:
@@ -399,7 +414,11 @@ def main() -> int:
     ap.add_argument("--f", default="4", help="attacker counts (comma-separated)")
     ap.add_argument("--mode", default="full", help="full | partitioned | full,partitioned")
     ap.add_argument("--json", action="store_true", help="end with one JSON line (default row)")
+    ap.add_argument(
+        "--codec", default="f32", help="update codec: f32 | int8-blockwise | sparse-topk"
+    )
     args = ap.parse_args()
+    CODEC[0] = wire(args.codec)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(1)
 
@@ -449,7 +468,7 @@ def main() -> int:
         f"# final test accuracy %, n={N_PEERS}, rounds={rounds}, seeds={len(seeds)}, "
         f"momentum={args.momentum}, tau_scale={_or_default(args.tau_scale)}, "
         f"reject_score={_or_default(args.reject_score)}, start={_or_default(args.start)}, "
-        f"pre={args.pre}, scored_reject={args.scored_reject}"
+        f"pre={args.pre}, scored_reject={args.scored_reject}, codec={CODEC[0]}"
     )
     for mode in modes:
         for shards in shard_kinds:
