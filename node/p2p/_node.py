@@ -55,7 +55,6 @@ from ._server import BlockServer
 from ._settings import NodeIdentity, P2PSettings, peer_info
 from ._stream import Libp2pStream
 from ._subscription import Subscription
-from ._traffic import Traffic
 from ._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
 
 log = structlog.get_logger(__name__)
@@ -80,9 +79,7 @@ class P2PNode:
         self.store = store
         self.settings = settings
         self.server = server
-        # Bytes by peer, both ways: the node's /metrics reads them (specs/training.md#metrics).
-        self.traffic = Traffic()
-        server.traffic = self.traffic
+        self.traffic = server.traffic  # bytes by peer, both ways: the node's /metrics
         self._host = host
         self._pubsub = pubsub
         self._nursery = nursery
@@ -198,8 +195,7 @@ class P2PNode:
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])
-        report = transfer.report(root)
-        self.traffic.fetched(report)
+        report = self.traffic.fetched(transfer.report(root))
         log.info(
             "fetch_done",
             root=str(root),
@@ -235,9 +231,7 @@ class P2PNode:
         )
         if wanted:
             await transfer.fetch_synced(wanted)
-        report = transfer.report(cids[0])
-        self.traffic.fetched(report)
-        return report
+        return self.traffic.fetched(transfer.report(cids[0]))
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
         """``holders`` plus all that announced ``cids`` (partial holders too); if none, every

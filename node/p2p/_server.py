@@ -59,7 +59,7 @@ class BlockServer:
         self._open: collections.Counter[str] = collections.Counter()
         self.bytes_sent = 0
         self.requests_served = 0
-        self.traffic: Traffic | None = None  # per-requester bytes, when the node counts them
+        self.traffic = Traffic()  # bytes by peer: served here, fetched by the node (/metrics)
 
     async def handle(self, raw: INetStream) -> None:
         peer = str(raw.muxed_conn.peer_id)
@@ -166,5 +166,4 @@ class BlockServer:
 
     def _sent(self, peer: str, nbytes: int) -> None:
         self.bytes_sent += nbytes
-        if self.traffic is not None:
-            self.traffic.served(peer, nbytes)
+        self.traffic.served(peer, nbytes)

@@ -26,7 +26,7 @@ class Traffic:
     fetch_rate: dict[str, float] = field(default_factory=dict)  # bytes/s, its last fetch
     fetches: int = 0
 
-    def fetched(self, report: FetchReport) -> None:
+    def fetched(self, report: FetchReport) -> FetchReport:
         """Count one fetch: each holder's verified bytes and its rate over the fetch."""
         self.fetches += 1
         for holder, nbytes in report.per_holder_bytes.items():
@@ -34,6 +34,7 @@ class Traffic:
             self.bytes_in[key] = self.bytes_in.get(key, 0) + nbytes
             if nbytes and report.seconds > 0:
                 self.fetch_rate[_key(self.fetch_rate, holder)] = nbytes / report.seconds
+        return report
 
     def served(self, peer: str, nbytes: int) -> None:
         key = _key(self.bytes_out, peer)
