@@ -24,6 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from ._protocol import RoundStatus
 from ._store import Store
 
 __all__ = ["CoordinatorMetrics"]
@@ -103,10 +104,12 @@ class _RunCollector(Collector):
         )
         phase.add_metric([str(run["phase"])], 1)
         yield phase
-        published = len(self.store.rounds_with_status("published"))
-        yield CounterMetricFamily(
-            "cnode_coordinator_rounds_published", "Rounds published", value=published
+        rounds = GaugeMetricFamily(
+            "cnode_coordinator_rounds", "Rounds by status", labels=["status"]
         )
+        for status in RoundStatus:
+            rounds.add_metric([status.value], len(self.store.rounds_with_status(status)))
+        yield rounds
         members = GaugeMetricFamily(
             "cnode_coordinator_round_members",
             "Members of the current round, by status",

@@ -45,7 +45,8 @@ def test_metrics_count_answers_by_route_and_read_the_run_from_the_store(
     assert value(samples, "cnode_coordinator_round") == 1
     assert value(samples, "cnode_coordinator_phase", phase="WaitingForMembers") == 1
     assert value(samples, "cnode_coordinator_round_members", status="ready") == 0
-    assert value(samples, "cnode_coordinator_rounds_published_total") == 0
+    assert value(samples, "cnode_coordinator_rounds", status="open") == 1
+    assert value(samples, "cnode_coordinator_rounds", status="agreed") == 0
     assert value(samples, "cnode_coordinator_allowlist") == 3
     assert value(samples, "cnode_coordinator_checkpoint_round") == 0
     assert value(samples, "process_cpu_seconds_total") > 0
