@@ -107,8 +107,9 @@ class _RunCollector(Collector):
         rounds = GaugeMetricFamily(
             "cnode_coordinator_rounds", "Rounds by status", labels=["status"]
         )
-        for status in RoundStatus:
-            rounds.add_metric([status.value], len(self.store.rounds_with_status(status)))
+        for round_status in RoundStatus:
+            count = len(self.store.rounds_with_status(round_status))
+            rounds.add_metric([round_status.value], count)
         yield rounds
         members = GaugeMetricFamily(
             "cnode_coordinator_round_members",
