@@ -42,6 +42,7 @@ from ._evidence import EvidenceChecker, handle_evidence
 from ._exceptions import RequestRefused, RunConfigError
 from ._http import PROTOCOL_LOG, RateLimitedRefusal, json_errors, read_signed_request
 from ._machine import RunMachine
+from ._metrics import CoordinatorMetrics
 from ._partitions import PartitionRules
 from ._protocol import (
     PEER_ONLY_USERNAME,
@@ -171,6 +172,8 @@ class CoordinatorServer:
         )
         self.dashboard = Dashboard(self.store, self.machine, self.run, self.peer_id)
         self.dashboard.install(self.app)  # GET / and the JSON it polls (read-only)
+        self.metrics = CoordinatorMetrics(self.store)
+        self.metrics.install(self.app)  # GET /metrics, and every answer counted
 
     async def start(self) -> str:
         self._runner = web.AppRunner(

@@ -52,6 +52,7 @@ from ._scheduler import FetchReport as FetchReport
 from ._settings import P2PSettings as P2PSettings
 from ._settings import check_peer_address as check_peer_address
 from ._subscription import Subscription as Subscription
+from ._traffic import Traffic as Traffic
 from ._wire import ADMIT_PROTOCOL_ID as ADMIT_PROTOCOL_ID
 from ._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
 
@@ -86,6 +87,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "StreamBroken",
     "Subscription",
     "TokenBucket",
+    "Traffic",
     "TrioPortal",
     "announce_topic",
     "announcement_validator",

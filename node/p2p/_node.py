@@ -79,6 +79,7 @@ class P2PNode:
         self.store = store
         self.settings = settings
         self.server = server
+        self.traffic = server.traffic  # bytes by peer, both ways: the node's /metrics
         self._host = host
         self._pubsub = pubsub
         self._nursery = nursery
@@ -194,7 +195,7 @@ class P2PNode:
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])
-        report = transfer.report(root)
+        report = self.traffic.fetched(transfer.report(root))
         log.info(
             "fetch_done",
             root=str(root),
@@ -230,7 +231,7 @@ class P2PNode:
         )
         if wanted:
             await transfer.fetch_synced(wanted)
-        return transfer.report(cids[0])
+        return self.traffic.fetched(transfer.report(cids[0]))
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
         """``holders`` plus all that announced ``cids`` (partial holders too); if none, every

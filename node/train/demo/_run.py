@@ -184,6 +184,11 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
             url = coordinator.url
             # Up until the report is printed (the coordinator stops in the finally below).
             console.print(f"[bold]dashboard[/bold]: {url}/ (live until the report)")
+            console.print(
+                f"[bold]metrics[/bold]: {url}/metrics, and each node's at "
+                f"http://127.0.0.1:PORT/metrics, PORT = "
+                + ", ".join(f"{p.metrics_port} ({p.name})" for p in procs)
+            )
             # Every process starts now (imports take a while on a loaded machine); the late
             # joiner stays out of the run until round `late_after_round` is published.
             for p in procs:
@@ -231,7 +236,7 @@ def _prepare(work: Path, settings: DemoSettings) -> list[_Proc]:
             home,
             NodeConfig(listen=f"/ip4/127.0.0.1/tcp/{port}", log_format="json"),
         )
-        procs.append(_Proc(name, role, home, identity.peer_id_str, port))
+        procs.append(_Proc(name, role, home, identity.peer_id_str, port, _free_port()))
     return procs
 
 
@@ -273,6 +278,7 @@ def _node_cmd(
         "--listen", f"/ip4/127.0.0.1/tcp/{p.port}",
         "--rounds", str(settings.rounds),
         "--report", str(p.report),
+        "--metrics", f"127.0.0.1:{p.metrics_port}",
     ]  # fmt: skip
     if p is procs[0]:
         cmd.append("--checkpointer")
