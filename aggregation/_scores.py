@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import limits
-from ._ban import BanRecommendation
+from ._ban import BanRecommendation, EvidenceKind
 from ._exceptions import AggregationInputError
 from ._types import AggregatorConfig
 
@@ -265,6 +265,7 @@ class ReputationPolicy:
                 BanRecommendation(
                     peer,
                     round_,
+                    EvidenceKind.REPUTATION,
                     f"reputation below the ban bound in {len(low)} rounds in a row",
                     cids.get(peer),
                     {

@@ -33,6 +33,7 @@ from ._gossip import run_state_validator as run_state_validator
 from ._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
 from ._protocol import REQUEST_TYPE as REQUEST_TYPE
 from ._protocol import STATE_TYPE as STATE_TYPE
+from ._protocol import BanKind as BanKind
 from ._protocol import BanRecord as BanRecord
 from ._protocol import BanReport as BanReport
 from ._protocol import CheckpointRecord as CheckpointRecord
@@ -48,6 +49,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "AccessConfig",
     "AddressError",
     "BadRunState",
+    "BanKind",
     "BanRecord",
     "BanReport",
     "CheckpointRecord",

@@ -28,6 +28,7 @@ from ._config import RunConfig
 from ._exceptions import RequestRefused
 from ._partitions import PartitionRules
 from ._protocol import (
+    BanKind,
     BanRecord,
     CheckpointHistory,
     CheckpointRecord,
@@ -339,9 +340,9 @@ class RunMachine:
 
     # -- administration -----------------------------------------------------------------------
 
-    def admin(self, action: AdminAction, by: str, now: float) -> dict[str, Any]:
-        """Apply one admin action (the caller checked the signer is an admin)."""
-        s = self.store
+    def admin(self, action: AdminAction, signer: str, now: float) -> dict[str, Any]:
+        """Apply one admin action (the caller checked ``signer`` is an admin)."""
+        s, by = self.store, f"admin:{signer}"  # the change log's actor
         match action:
             case AllowlistAdd(kind, value):
                 if s.allowlist_size() >= limits.MAX_ALLOWLIST:
@@ -358,7 +359,7 @@ class RunMachine:
             case AllowlistList():
                 return {"allowlist": s.allowlist()}
             case BanPeer(peer, reason):
-                self.bans.ban(peer, reason, by, now)
+                self.bans.ban(peer, BanKind.ADMIN, reason, signer, now)
                 return {}
             case UnbanPeer(peer):
                 self.bans.unban(peer, by, now)
@@ -450,7 +451,13 @@ class RunMachine:
         latest = s.latest_checkpoint()
         bans = [
             BanRecord(
-                b["peer"], b["username"], b["reason"], b["round"], b["by"], int(b["at"] * 1000)
+                b["peer"],
+                b["username"],
+                BanKind(b["kind"]),
+                b["reason"],
+                b["round"],
+                b["by"],
+                int(b["at"] * 1000),
             )
             for b in s.ban_rows()
         ]

@@ -27,7 +27,7 @@ from . import limits
 from ._bans import BanBook
 from ._config import RunConfig
 from ._exceptions import RequestRefused
-from ._protocol import PartitionResultEntry, RoundStatus, ms
+from ._protocol import BanKind, PartitionResultEntry, RoundStatus, ms
 from ._store import Store
 
 __all__ = ["PartitionRules"]
@@ -356,9 +356,10 @@ class PartitionRules:
         if self.store.ban_row(signer) is None:
             self.bans.ban(
                 signer,
+                BanKind.PARTITION,
                 f"wrong partition result: round {n} partition {partition}: header names "
                 f"{claimed or 'no output'}, recomputation gives {recomputed or 'no output'}",
-                f"evidence:{reporter}",
+                reporter,
                 now,
                 round_=n,
                 evidence={

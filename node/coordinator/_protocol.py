@@ -23,6 +23,7 @@ __all__ = [
     "PEER_ONLY_USERNAME",
     "REQUEST_TYPE",
     "STATE_TYPE",
+    "BanKind",
     "BanRecord",
     "BanReport",
     "CheckpointHistory",
@@ -62,6 +63,22 @@ class RoundStatus(StrEnum):
     CLOSED = "closed"  # a member is ready: the list is closed, waiting for the rest or deadline
     PUBLISHED = "published"  # member list final; members exchange updates and report `collected`
     AGREED = "agreed"  # the input set is decided (``RoundInfo.agreed``): members aggregate it
+
+
+class BanKind(StrEnum):
+    """How the coordinator decided a ban (specs/coordinator.md#bans); ``BanRecord.by`` names
+    whose request it acted on."""
+
+    ADMIN = "admin"  # an admin's `ban` action; by: the admin's peer id
+    # A strict majority of the round's other members reported the same evidence; by: the
+    # member whose report completed the majority.
+    MAJORITY = "majority"
+    # A reputation report the coordinator confirmed by replaying the score records it holds; by:
+    # the member that reported it.
+    CHECKED = "checked"
+    # A partition result the coordinator recomputed and found wrong; by: the member that sent
+    # the evidence.
+    PARTITION = "partition"
 
 
 class Op(StrEnum):
@@ -217,15 +234,17 @@ class BanRecord:
 
     peer: str  # banned peer id
     username: str  # its HF username ("" if it joined by peer id)
-    reason: str  # human-readable reason
+    kind: BanKind  # how the ban was decided: what programs match on
+    reason: str  # human-readable reason (for people; nothing matches on its words)
     round: int | None  # the round of the evidence, if any
-    by: str  # "admin:<peer id>", "majority:<n> of <m>" or "checked:<reporter>" (records replayed)
+    by: str  # peer id whose request the ban acted on (see BanKind); "" if not known
     at_ms: int  # when the ban took effect
 
     def to_payload(self) -> dict[str, Any]:
         return {
             "peer": self.peer,
             "username": self.username,
+            "kind": str(self.kind),
             "reason": self.reason,
             "round": self.round,
             "by": self.by,
@@ -234,14 +253,40 @@ class BanRecord:
 
     @classmethod
     def from_payload(cls, p: Mapping[str, Any]) -> BanRecord:
+        try:
+            kind = BanKind(_get(p, "kind", str))
+        except ValueError as exc:
+            raise BadRunState(f"unknown ban kind {p.get('kind')!r}") from exc
         return cls(
             _get(p, "peer", str),
             _get(p, "username", str),
+            kind,
             _get(p, "reason", str),
             _opt(p, "round", int),
             _get(p, "by", str),
             _get(p, "at_ms", int),
         )
+
+    def decided_by(self, names: Mapping[str, str] | None = None) -> str:
+        """Who decided the ban, in words: "checked by the coordinator (report of honest-1)".
+        ``names`` maps peer ids to names to show (else the id's last 8 characters)."""
+        who = (names or {}).get(self.by) or (f"…{self.by[-8:]}" if self.by else "")
+        return _describe_ban(self.kind, who)
+
+
+def _describe_ban(kind: BanKind, who: str) -> str:
+    """A ban's decision in words; ``who`` names the peer of ``BanRecord.by`` ("" if unknown)."""
+    of = f" ({{}} {who})" if who else ""
+    match kind:
+        case BanKind.ADMIN:
+            return "an admin" + of.format("peer")
+        case BanKind.MAJORITY:
+            return "a majority of the round's other members" + of.format("last report of")
+        case BanKind.CHECKED:
+            return "checked by the coordinator" + of.format("report of")
+        case BanKind.PARTITION:
+            return "the coordinator's recomputation of a partition" + of.format("evidence of")
+    raise AssertionError(f"unhandled ban kind {kind!r}")
 
 
 @dataclass(frozen=True)

@@ -20,13 +20,14 @@ from typing import Any, Protocol
 
 import structlog
 
+from cnode.aggregation import EvidenceKind
+
 from . import limits
 from ._http import RateLimitedRefusal
 from ._protocol import RoundStatus
 from ._store import Store
 
 __all__ = [
-    "REPUTATION_REASON",
     "ReputationChecker",
     "ReputationVerdict",
     "replay_input",
@@ -37,9 +38,6 @@ log = structlog.get_logger(__name__)
 
 # Seconds a report waits for a free check before it is told to come back (429), as evidence.
 _QUEUE_WAIT_S = 1.0
-
-# How a node's ReputationPolicy words a reputation ban (aggregation/_scores.py).
-REPUTATION_REASON = "reputation below the ban bound in "
 
 # (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
 ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
@@ -135,7 +133,7 @@ async def reputation_verdict(
     banned already, or the records cannot decide). Who reports whom is checked first, so a
     stranger never costs a replay; the ban book re-checks everything in its transaction."""
     checker = server.reputation_checker
-    if checker is None or not evidence["reason"].startswith(REPUTATION_REASON):
+    if checker is None or evidence["kind"] != EvidenceKind.REPUTATION:
         return None
     n, accused = int(evidence["round"]), str(evidence["peer"])
     username = server.access(peer, token, time.time())

@@ -476,4 +476,4 @@ class CoordinatorServer:
         action = parse_admin(args)
         with self.store.tx():
             self.machine.consume_counter(signer, counter)
-            return self.machine.admin(action, f"admin:{signer}", time.time())
+            return self.machine.admin(action, signer, time.time())

@@ -17,16 +17,17 @@ from typing import Any
 
 from ._config import RunConfig
 from ._exceptions import RunConfigError
-from ._protocol import Phase, RoundStatus
+from ._protocol import BanKind, Phase, RoundStatus
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 # Columns added since schema 1 (a database of an older version gains them on open, empty):
 # peer addresses (discovery) and the per-round input-set decision (schema 2); partitioned rounds:
 # the partition count, the backup steps announced, the verify deadline and each member's
-# `checked` report (schema 3; the `results` table is created when missing). See
+# `checked` report (schema 3; the `results` table is created when missing); the kind of each ban
+# and of each ban report (schema 4: `_kind_old_bans` fills it in for bans made before). See
 # specs/coordinator.md#state.
 _ADDED_COLUMNS = (
     ("peers", "addrs", "TEXT"),
@@ -45,7 +46,19 @@ _ADDED_COLUMNS = (
     ("members", "score_record", "TEXT"),
     ("members", "scored_at", "REAL"),
     ("members", "score_bytes", "BLOB"),
+    # Ban kinds (issue 28): a BanKind per ban, an EvidenceKind per ban report.
+    ("bans", "kind", "TEXT"),
+    ("ban_reports", "kind", "TEXT"),
 )
+
+# Schema 3 wrote a ban's kind into its `by` as a prefix; schema 4 keeps the kind apart and `by`
+# as the bare peer id (a majority ban named no peer: "majority:<n> of <m>").
+_OLD_BY_PREFIX = {
+    "admin": BanKind.ADMIN,
+    "majority": BanKind.MAJORITY,
+    "checked": BanKind.CHECKED,
+    "evidence": BanKind.PARTITION,
+}
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -113,9 +126,23 @@ class Store:
             have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
             if column not in have:
                 self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        self._kind_old_bans()
         if self.meta("schema") not in (None, str(SCHEMA_VERSION)):
             version = (str(SCHEMA_VERSION),)
             self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", version)
+
+    def _kind_old_bans(self) -> None:
+        """Bans stored before schema 4 get their kind from the old `by` prefix (an unknown prefix
+        stays an admin's: only an admin's request wrote anything else). Ban reports stored
+        before carry no kind and count toward no new decision (specs/coordinator.md#state)."""
+        rows = self.db.execute("SELECT peer, by FROM bans WHERE kind IS NULL").fetchall()
+        for peer, by in rows:
+            prefix, _, rest = str(by).partition(":")
+            kind = _OLD_BY_PREFIX.get(prefix, BanKind.ADMIN)
+            who = "" if kind is BanKind.MAJORITY else rest if prefix in _OLD_BY_PREFIX else by
+            self.db.execute(
+                "UPDATE bans SET kind = ?, by = ? WHERE peer = ?", (str(kind), who, peer)
+            )
 
     def close(self) -> None:
         self.db.close()

@@ -287,6 +287,7 @@ class RoundLoop:
             "ban_reported",
             accused=ban.peer,
             round=ban.round,
+            kind=str(ban.kind),
             reason=ban.reason,
             figures=payload.get("figures"),
             reports=answer.reports,

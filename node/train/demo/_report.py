@@ -8,9 +8,13 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from cnode.aggregation import EvidenceKind
+
 from .._report import read_report
 
 if TYPE_CHECKING:
+    from cnode.node.coordinator import BanRecord
+
     from ._swarm import DemoSettings, _Proc
 
 __all__ = ["final_report"]
@@ -122,21 +126,22 @@ def final_report(
     against_attacker = [(n, e) for n, e in reported if e["accused"] == attacker.peer]
     against_honest = [(n, e) for n, e in reported if e["accused"] != attacker.peer]
     bans = _coordinator_bans(coordinator_url, run_config)
-    ban = next((b for b in bans if b["peer"] == attacker.peer), None)
+    ban = next((b for b in bans if b.peer == attacker.peer), None)
     if ban is not None:
         console.print(
-            f"[bold]ban[/bold]: attacker {_short(attacker.peer)} banned by the coordinator "
-            f"({ban['by']}) for round {ban['round']}: {ban['reason']}"
+            f"[bold]ban[/bold] ({ban.kind}): attacker {_short(attacker.peer)} banned for round "
+            f"{ban.round}, {ban.decided_by(names)}: {ban.reason}"
         )
     else:
         problems.append("the attacker was not banned by the coordinator")
     reporters = sorted({name for name, _ in against_attacker})
     for name, e in against_attacker[:1]:
         console.print(f"evidence (reported by {', '.join(reporters)}; shown: {name}'s):")
-        console.print(_evidence_lines(e["reason"], e.get("figures") or {}))
+        kind = EvidenceKind(e["kind"])
+        console.print(_evidence_lines(kind, e["reason"], e.get("figures") or {}))
     if against_honest:
         problems.append(f"honest peers were reported: {[e['accused'] for _, e in against_honest]}")
-    if any(b["peer"] != attacker.peer for b in bans):
+    if any(b.peer != attacker.peer for b in bans):
         problems.append("an honest peer was banned")
 
     # 4. The final state CID of every honest node.
@@ -171,12 +176,12 @@ def final_report(
     return 1 if problems else 0
 
 
-def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
+def _evidence_lines(kind: EvidenceKind, reason: str, figures: dict[str, Any]) -> str:
     """The ban evidence in words; the numbers are the aggregation's own records.
 
-    Two kinds (specs/aggregation.md "Ban policy"): an outlier's distances and clip weights, or a
-    low reputation's scores and losses (scores are on by default)."""
-    lines = [f"  reason: {reason}"]
+    By its kind (specs/aggregation.md "Ban policy"): an outlier's distances and clip weights, a
+    low reputation's scores and losses (scores are on by default), a rejected update's why."""
+    lines = [f"  {kind} evidence: {reason}"]
     rounds = figures.get("rounds") or []
     for i, round_ in enumerate(rounds):
         parts = []
@@ -184,13 +189,13 @@ def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
         if distance is not None:
             parts.append(f"distance to the aggregate {distance:.1f}")
         score = _nth(figures, "scores", i)
-        if isinstance(score, dict):  # a reputation ban: the losses anyone can recompute
+        if kind is EvidenceKind.REPUTATION and isinstance(score, dict):  # losses anyone can check
             parts.append(
                 f"loss on its own data {score['own_before']:.3f} -> {score['own_after']:.3f}, "
                 f"held-out {score['held_before']:.3f} -> {score['held_after']:.3f}, "
                 f"score {score['score']}"
             )
-        elif score is not None:
+        elif kind is EvidenceKind.OUTLIER and score is not None:
             outlier = figures.get("outlier_score")
             parts.append(f"{score:.1f}x the median distance (outlier above {outlier})")
         reputation = _nth(figures, "reputations", i)
@@ -201,8 +206,8 @@ def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
             parts.append(f"CenteredClip weight {weight:.3f}")
         parts.append(f"update {_nth(figures, 'update_cids', i)}")
         lines.append(f"  round {round_}: " + ", ".join(parts))
-    if "rejected" in figures:
-        lines.append(f"  rejected: {figures['rejected']}")
+    if kind is EvidenceKind.REJECTED:
+        lines.append(f"  rejected: {figures.get('rejected')}")
     return "\n".join(lines)
 
 
@@ -211,7 +216,7 @@ def _nth(figures: dict[str, Any], key: str, i: int) -> Any:
     return values[i] if i < len(values) else None
 
 
-def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
+def _coordinator_bans(url: str, run_config: Path) -> list[BanRecord]:
     """The bans in the coordinator's signed run state (its signature is checked by the client)."""
     from cnode.auth import Identity
     from cnode.node.coordinator import SyncCoordinatorClient, load_run_config
@@ -222,4 +227,4 @@ def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
         url, run=config.run, coordinator=config.coordinator, identity=reader
     ) as client:
         state = client.run_state()
-    return [b.to_payload() for b in state.bans]
+    return list(state.bans)

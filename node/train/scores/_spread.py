@@ -29,6 +29,7 @@ from typing import Any
 
 from cnode.aggregation import (
     BanRecommendation,
+    EvidenceKind,
     UpdateScore,
     admission_bar,
     admit,
@@ -254,6 +255,7 @@ def _wrong_score(
     return BanRecommendation(
         scorer,
         round_,
+        EvidenceKind.WRONG_SCORE,
         f"signed a wrong score of {target[-8:]}: own {got.own} held {got.held}, "
         f"recomputed own {want.own} held {want.held}",
         str(record),  # the offending signed statement is the score record

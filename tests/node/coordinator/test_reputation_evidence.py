@@ -16,7 +16,7 @@ import trio
 from cnode.aggregation import BanRecommendation, ReputationPolicy, score_seed
 from cnode.auth import Identity
 from cnode.node.cli._coordinator import check_reputation
-from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, limits
+from cnode.node.coordinator import BanKind, CoordinatorClient, CoordinatorRejected, limits
 from cnode.node.train import ScoreRecord, open_score_record, seal_score_record
 from cnode.node.train.scores._records import TargetLosses
 from cnode.node.train.scores._spread import resolve_scores, targets_of
@@ -165,7 +165,9 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
         answer = await reporter.report_ban_evidence(true)
         assert answer.banned and answer.reports == 1 and answer.needed == 2
         bans = await reporter.bans()
-        assert [(b.peer, b.by, b.round) for b in bans] == [(attacker, f"checked:{honest[0]}", 3)]
+        assert [(b.peer, b.kind, b.by, b.round) for b in bans] == [
+            (attacker, BanKind.CHECKED, honest[0], 3)
+        ]
         kept = running.server.store.ban_row(attacker)
         assert kept is not None and json.loads(kept["evidence"])["reporters"] == [honest[0]]
         for n, records in enumerate(played, start=1):  # nothing stored is lost
@@ -198,7 +200,8 @@ def test_a_disputed_round_leaves_the_report_to_the_majority(
         assert not first.banned and (first.reports, first.needed) == (1, 2)
         second = await clients[honest[1]].report_ban_evidence(true)
         assert second.banned and second.reports == 2
-        assert [b.by for b in await clients[honest[0]].bans()] == ["majority:2 of 3"]
+        bans = await clients[honest[0]].bans()
+        assert [(b.kind, b.by) for b in bans] == [(BanKind.MAJORITY, honest[1])]
         for c in clients.values():
             await c.aclose()
 
@@ -215,6 +218,7 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
     report = {
         "peer": accused,
         "round": 1,
+        "kind": "reputation",
         "reason": f"reputation below the ban bound in {ROUNDS} rounds in a row",
         "update_cid": str(_header(accused, 1)),
         "figures": {"rounds": [1], "reputations": [-1875]},
@@ -233,7 +237,10 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
         answer = await first.report_ban_evidence(report)
         assert (answer.reports, answer.needed, answer.banned) == (1, 2, False)
         answer = await second.report_ban_evidence(report)
-        assert answer.banned and [b.by for b in await first.bans()] == ["majority:2 of 3"]
+        bans = await first.bans()
+        assert answer.banned and [(b.kind, b.by) for b in bans] == [
+            (BanKind.MAJORITY, peers[1].peer_id_str)
+        ]
         for c in clients.values():
             await c.aclose()
 

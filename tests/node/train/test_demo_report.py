@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cnode.aggregation import EvidenceKind
 from cnode.node.train.demo._report import _evidence_lines
 
 
@@ -27,7 +28,7 @@ def test_a_reputation_ban_shows_the_losses_scores_and_reputations() -> None:
         ]
         * 3,
     }
-    text = _evidence_lines("reputation below the ban bound in 3 rounds in a row", figures)
+    text = _evidence_lines(EvidenceKind.REPUTATION, "below the bound 3 rounds", figures)
     lines = text.splitlines()
     assert len(lines) == 4
     assert "loss on its own data 6.930 -> 29.150" in lines[1]
@@ -44,7 +45,8 @@ def test_an_outlier_ban_shows_distances_and_weights() -> None:
         "update_cids": ["bafy-4"],
         "outlier_score": 1.5,
     }
-    (_, line) = _evidence_lines("outlier", figures).splitlines()
+    (head, line) = _evidence_lines(EvidenceKind.OUTLIER, "outlier", figures).splitlines()
+    assert head == "  outlier evidence: outlier"
     assert "distance to the aggregate 3.2" in line
     assert "4.0x the median distance (outlier above 1.5)" in line
     assert "CenteredClip weight 0.125" in line

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from cnode.node._config import load_config
+from cnode.node.coordinator import BanKind
 from cnode.node.train import replay_checkpoint
 from cnode.storage import CID, BlockStore, read_manifest
 
@@ -56,8 +57,9 @@ def test_a_data_attacker_is_left_out_and_banned_within_3_rounds_on_recomputable_
     # records it holds and found the report's figures (no majority waited for).
     (ban,) = swarm.run_state().bans
     assert ban.peer == bad.peer and ban.round <= ROUNDS, ban
-    assert ban.reason.startswith("reputation below the ban bound"), ban
-    assert ban.by in {f"checked:{n.peer}" for n in honest}, ban
+    assert ban.kind is BanKind.CHECKED and ban.by in {n.peer for n in honest}, ban
+    reported = [e for n in honest for e in n.events("ban_reported")]
+    assert {(e["accused"], e["kind"]) for e in reported} == {(bad.peer, "reputation")}
     assert {e["accused"] for n in honest for e in n.events("ban_reported")} == {bad.peer}
 
     # The honest nodes agree on every round's state; the attacker's update entered none.

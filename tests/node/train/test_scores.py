@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from cnode.aggregation import EvidenceKind, score_seed
 from cnode.aggregation import limits as agg_limits
-from cnode.aggregation import score_seed
 from cnode.auth import Identity
 from cnode.node.train import ReplayMismatchError, TrainingConfig, replay_checkpoint
 from cnode.node.train._round import open_update_header
@@ -66,7 +66,7 @@ def test_a_node_training_on_flipped_tokens_is_left_out_and_banned_within_3_round
         for i in range(4)
     ]
     attacker, honest = nodes[0].peer, nodes[1:]
-    bans: dict[str, int] = {}
+    bans: dict[EvidenceKind, int] = {}
     for round_ in (1, 2, 3):
         outcomes = _play_round(nodes, round_)
         assert len({node.state_cid for node in nodes}) == 1  # the attacker's node agrees too
@@ -76,12 +76,12 @@ def test_a_node_training_on_flipped_tokens_is_left_out_and_banned_within_3_round
             assert 2 * len(outcome.members) >= len(honest)
             for ban in outcome.bans:
                 assert ban.peer == attacker  # no honest peer is ever recommended
-                bans.setdefault(ban.reason, round_)
+                bans.setdefault(ban.kind, round_)
         if round_ == 2:
             first = nodes[1].store_checkpoint()
             for node in nodes:
                 node.checkpoint, node.since_checkpoint = first, []
-    assert bans == {"reputation below the ban bound in 3 rounds in a row": 3}
+    assert bans == {EvidenceKind.REPUTATION: 3}
     rec = next(b for b in outcomes[1].bans if b.peer == attacker)
     figures = rec.to_payload()["figures"]
     assert figures["rounds"] == [1, 2, 3]
