@@ -34,14 +34,11 @@ from cnode.aggregation import (
     scored_config,
     segment_ranges,
 )
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
     CID,
-    DAG_CBOR,
     BlockStore,
     CheckpointMeta,
     StorageError,
-    compute_cid,
     load_layer,
     read_manifest,
     save_checkpoint,
@@ -50,6 +47,7 @@ from cnode.storage import (
 from .. import limits
 from .._config import TrainingConfig
 from .._exceptions import MalformedUpdateError, PeerUpdateError
+from .._records import RecordKind, record_cid
 from .._round import UpdateHeader, load_segments, open_update_header, segment_layer
 from ..model import State
 
@@ -191,37 +189,18 @@ def envelope_type(envelope: bytes) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def seal_partition_result(identity: Identity, result: PartitionResult) -> bytes:
-    """The result as a signed envelope (``cnode/partition-result/v1``)."""
-    if result.peer != identity.peer_id_str:
-        raise ValueError("a partition result is signed by the aggregator it names")
-    return seal(identity, PARTITION_RESULT_TYPE, result.to_payload())
-
-
-def partition_result_cid(envelope: bytes) -> CID:
-    """The CID a signed partition result is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, DAG_CBOR)
-
-
-def open_partition_result(
-    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
-) -> PartitionResult:
-    """Verify a signed result's size, signature, run and round; PeerUpdateError if bad."""
-    who = signer or "unknown peer"
-    if len(envelope) > limits.MAX_PARTITION_RESULT_BYTES:
-        raise PeerUpdateError(who, f"partition result of {len(envelope)} bytes is too large")
-    try:
-        opened = open_envelope(
-            envelope, expected_type=PARTITION_RESULT_TYPE, expected_signer=signer
-        )
-    except EnvelopeError as exc:
-        raise PeerUpdateError(who, f"bad partition result envelope: {exc}") from exc
-    result = PartitionResult.from_payload(opened.payload, opened.signer)
-    if result.run != run:
-        raise PeerUpdateError(opened.signer, f"partition result is for run {result.run!r}")
-    if round_ is not None and result.round != round_:
-        raise PeerUpdateError(opened.signer, f"partition result is for round {result.round}")
-    return result
+PARTITION_RESULTS = RecordKind(
+    PARTITION_RESULT_TYPE,
+    "partition result",
+    "aggregator",
+    limits.MAX_PARTITION_RESULT_BYTES,
+    "MAX_PARTITION_RESULT_BYTES",
+    PartitionResult.from_payload,
+)
+# The result as a signed envelope (``cnode/partition-result/v1``); its CID; its checks on opening.
+seal_partition_result = PARTITION_RESULTS.seal
+partition_result_cid = record_cid
+open_partition_result = PARTITION_RESULTS.open
 
 
 @dataclass(frozen=True)

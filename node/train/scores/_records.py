@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cnode.aggregation import UpdateScore, score_update
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
-from cnode.storage import CID, DAG_CBOR, StorageError, compute_cid
+from cnode.storage import CID, StorageError
 
 from .. import limits
 from .._exceptions import PeerUpdateError
+from .._records import RecordKind, record_cid
 
 __all__ = [
     "SCORE_RECORD_TYPE",
@@ -159,32 +159,15 @@ def _losses(member: str, value: object, bad: Any) -> TargetLosses:
     return TargetLosses(header, *nums)
 
 
-def seal_score_record(identity: Identity, record: ScoreRecord) -> bytes:
-    """The record as a signed envelope (``cnode/score-record/v1``)."""
-    if record.peer != identity.peer_id_str:
-        raise ValueError("a score record is signed by the scorer it names")
-    return seal(identity, SCORE_RECORD_TYPE, record.to_payload())
-
-
-def score_record_cid(envelope: bytes) -> CID:
-    """The CID a signed score record is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, DAG_CBOR)
-
-
-def open_score_record(
-    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
-) -> ScoreRecord:
-    """Verify a signed record's size, signature, run and round; PeerUpdateError if bad."""
-    who = signer or "unknown peer"
-    if len(envelope) > limits.MAX_SCORE_RECORD_BYTES:
-        raise PeerUpdateError(who, f"score record of {len(envelope)} bytes is too large")
-    try:
-        opened = open_envelope(envelope, expected_type=SCORE_RECORD_TYPE, expected_signer=signer)
-    except EnvelopeError as exc:
-        raise PeerUpdateError(who, f"bad score record envelope: {exc}") from exc
-    record = ScoreRecord.from_payload(opened.payload, opened.signer)
-    if record.run != run:
-        raise PeerUpdateError(opened.signer, f"score record is for run {record.run!r}")
-    if round_ is not None and record.round != round_:
-        raise PeerUpdateError(opened.signer, f"score record is for round {record.round}")
-    return record
+SCORE_RECORDS = RecordKind(
+    SCORE_RECORD_TYPE,
+    "score record",
+    "scorer",
+    limits.MAX_SCORE_RECORD_BYTES,
+    "MAX_SCORE_RECORD_BYTES",
+    ScoreRecord.from_payload,
+)
+# The record as a signed envelope (``cnode/score-record/v1``); its CID; its checks on opening.
+seal_score_record = SCORE_RECORDS.seal
+score_record_cid = record_cid
+open_score_record = SCORE_RECORDS.open
