@@ -28,7 +28,7 @@ from ._exceptions import BadEvidence, RequestRefused
 from ._http import RateLimitedRefusal, SignedRequest, open_signed_request
 from ._machine import RunMachine
 from ._partitions import PartitionRules
-from ._protocol import Op
+from ._protocol import EVIDENCE_HEADER, Op
 from ._ratelimit import RateLimiter
 from ._requests import parse_wrong_result
 from ._store import Store
@@ -43,8 +43,6 @@ __all__ = [
 
 log = structlog.get_logger(__name__)
 
-# The HTTP header carrying the signed `wrong_result` request (base64 envelope).
-EVIDENCE_HEADER = "X-Cnode-Request"
 _READ_CHUNK = 1 << 20
 # Seconds a request waits for a free evidence check before it is told to come back (429).
 _QUEUE_WAIT_S = 1.0

@@ -20,6 +20,7 @@ from ._exceptions import BadRunState
 from ._results import PartitionResultEntry, decode_partitioned, encode_partitioned
 
 __all__ = [
+    "EVIDENCE_HEADER",
     "PEER_ONLY_USERNAME",
     "REQUEST_TYPE",
     "STATE_TYPE",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 REQUEST_TYPE = "cnode/request/v1"
+# The HTTP header carrying the signed `wrong_result` request (base64 envelope), whose body is
+# the evidence CAR (specs/coordinator.md#evidence-of-a-wrong-result).
+EVIDENCE_HEADER = "X-Cnode-Request"
 STATE_TYPE = "cnode/run-state/v1"
 # The username inside access tokens of peers admitted by peer id alone (tokens need one). "~" is
 # not allowed in Hugging Face usernames, so it can never name a real account.
