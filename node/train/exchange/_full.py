@@ -21,13 +21,14 @@ import structlog
 import trio
 
 from cnode.node.coordinator import RoundInfo
-from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, StorageError
+from cnode.node.p2p import P2PNode
+from cnode.storage import CID
 
 from .. import limits
 from .._exceptions import MissingUpdatesError, PeerUpdateError
 from .._round import UpdateHeader, header_cid, open_update_header
 from ..swarm import HeaderCollector, PeerFinder
+from ._fetch import with_retries
 
 __all__ = ["Collected", "UpdateExchange"]
 
@@ -114,27 +115,22 @@ class UpdateExchange:
             got.missing[member] = "the round record lists no header for it"
             return
         cid = CID.parse(want)
-        failure = "no attempt finished"
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.holders_for(info, member, everyone=everyone or attempt > 0)
-            try:
-                header = await self._header(info, member, cid, holders, got)
-                if header is None:
-                    return  # invalid: recorded in got.invalid
-                report = await self.node.fetch(header.update, holders=holders)
-                self.bytes_in += report.bytes
-                got.headers[member] = (cid, header)
-                got.missing.pop(member, None)
-                return
-            except FetchError as exc:
-                self.refused_by |= exc.refused_by
-                failure = str(exc)
-            except (P2PError, StorageError) as exc:
-                failure = str(exc)
-            # Recorded now: when the phase's deadline cancels the next try, this is the reason.
-            got.missing[member] = f"update not fetched: {failure}"
-            log.info("update_fetch_retry", member=member[-8:], attempt=attempt, error=failure)
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+
+        async def attempt(i: int) -> None:
+            holders = self.holders_for(info, member, everyone=everyone or i > 0)
+            header = await self._header(info, member, cid, holders, got)
+            if header is None:
+                return  # invalid: recorded in got.invalid
+            report = await self.node.fetch(header.update, holders=holders)
+            self.bytes_in += report.bytes
+            got.headers[member] = (cid, header)
+            got.missing.pop(member, None)
+
+        def failed(i: int, why: str) -> None:
+            got.missing[member] = f"update not fetched: {why}"
+            log.info("update_fetch_retry", member=member[-8:], attempt=i, error=why)
+
+        await with_retries(attempt, refused_by=self.refused_by, failed=failed)
 
     def holders_for(self, info: RoundInfo, member: str, *, everyone: bool) -> list[str]:
         """Whom to ask for ``member``'s blocks: the member, and with ``everyone`` every

@@ -32,7 +32,7 @@ from cnode.node.coordinator import (
     CoordinatorRejected,
     RoundInfo,
 )
-from cnode.node.p2p import FetchError, P2PError, P2PNode
+from cnode.node.p2p import P2PNode
 from cnode.storage import CID, StorageError
 
 from .. import limits
@@ -51,7 +51,7 @@ from ..partition import (
     partition_result_cid,
     state_numel,
 )
-from ._fetch import enough_inputs, fetch_update_segments
+from ._fetch import GaveUp, enough_inputs, fetch_update_segments, with_retries
 from ._full import UpdateExchange
 from ._scores import PartitionScores
 from ._verify import PartitionVerifier
@@ -229,26 +229,25 @@ class PartitionedExchange:
         if member not in info.headers:
             missing[member] = "the round record lists no header for it"
             return
-        why = "no attempt finished"
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.updates.holders_for(info, member, everyone=attempt > 0)
-            try:
-                if member not in state.headers:
-                    header = await self.updates.fetch_header(info, member, holders)
-                    if header is None:
-                        missing[member] = "invalid update header"
-                        return
-                    state.headers[member] = header
-                _, header_ = state.headers[member]
-                state.bytes_in += await fetch_update_segments(
-                    self.node, header_.update, indices, holders
-                )
-                missing.pop(member, None)
-                return
-            except (FetchError, P2PError, StorageError) as exc:
-                why = str(exc)
+
+        async def attempt(i: int) -> None:
+            holders = self.updates.holders_for(info, member, everyone=i > 0)
+            if member not in state.headers:
+                header = await self.updates.fetch_header(info, member, holders)
+                if header is None:
+                    missing[member] = "invalid update header"
+                    return
+                state.headers[member] = header
+            _, header_ = state.headers[member]
+            state.bytes_in += await fetch_update_segments(
+                self.node, header_.update, indices, holders
+            )
+            missing.pop(member, None)
+
+        def failed(_: int, why: str) -> None:
             missing[member] = f"update not fetched: {why}"
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+
+        await with_retries(attempt, refused_by=self.updates.refused_by, failed=failed)
 
     # -- waiting for results, backups ---------------------------------------------------------
 
@@ -304,19 +303,16 @@ class PartitionedExchange:
         for key, entry in sorted(recorded.results.items(), key=lambda kv: int(kv[0])):
             partition, cid = int(key), CID.parse(entry.header)
             holders = [entry.peer] + [m for m in state.info.members if m != entry.peer]
-            why = ""
-            for attempt in range(limits.FETCH_ATTEMPTS):
-                try:
-                    if not self.node.store.has(cid):
-                        await self.node.fetch_blocks([cid], holders=holders)
-                    break
-                except (FetchError, P2PError, StorageError) as exc:
-                    why = str(exc)
-                await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-            if not self.node.store.has(cid):
+
+            async def attempt(_: int, cid: CID = cid, holders: list[str] = holders) -> None:
+                if not self.node.store.has(cid):
+                    await self.node.fetch_blocks([cid], holders=holders)
+
+            got = await with_retries(attempt, refused_by=self.updates.refused_by)
+            if isinstance(got, GaveUp):
                 raise OutputsUnavailableError(
                     f"round {state.info.round}: the result of partition {partition} could not "
-                    f"be fetched: {why}"
+                    f"be fetched: {got.why}"
                 )
             try:
                 result = open_partition_result(
@@ -378,16 +374,13 @@ class PartitionedExchange:
         limiter = trio.CapacityLimiter(_PARALLEL_OUTPUTS)
 
         async def fetch_one(partition: int, output: CID, holders: list[str]) -> None:
+            async def attempt(_: int) -> None:
+                state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
+
             async with limiter:
-                why = ""
-                for attempt in range(limits.FETCH_ATTEMPTS):
-                    try:
-                        state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
-                        return
-                    except (FetchError, P2PError, StorageError) as exc:
-                        why = str(exc)
-                    await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-                failures[partition] = why
+                got = await with_retries(attempt, refused_by=self.updates.refused_by)
+            if isinstance(got, GaveUp):
+                failures[partition] = got.why
 
         async with trio.open_nursery() as nursery:
             for partition, output in outputs.items():
