@@ -31,10 +31,10 @@ from . import _defects, limits
 from ._admission import PeerAdmission, present_token, serve_admit
 from ._announce import (
     PAYLOAD_TYPE,
+    AnnounceKind,
     Announcement,
     EnvelopeValidator,
     HolderTable,
-    Kind,
     announce_topic,
     announcement_validator,
 )
@@ -329,7 +329,7 @@ class P2PNode:
         self._counter = max(self._counter + 1, time.time_ns())
         return self._counter
 
-    async def _announce(self, kind: Kind, **fields: Any) -> None:
+    async def _announce(self, kind: AnnounceKind, **fields: Any) -> None:
         run = self.settings.run_id
         if run is None:
             raise AnnouncementError("announcements need P2PSettings.run_id")
@@ -347,16 +347,16 @@ class P2PNode:
         self._holding.move_to_end(root)
         while len(self._holding) > limits.MAX_REANNOUNCED_HOLDS:
             self._holding.popitem(last=False)
-        await self._announce(Kind.HOLD, cid=root, layers=held)
+        await self._announce(AnnounceKind.HOLD, cid=root, layers=held)
 
     async def announce_update(self, update: CID, round: int) -> None:
         """Tell the run we hold update ``update`` for round ``round``."""
-        await self._announce(Kind.UPDATE, cid=update, round=round)
+        await self._announce(AnnounceKind.UPDATE, cid=update, round=round)
 
     async def announce_departure(self) -> None:
         """Tell the run we are leaving (peers forget us as a holder; we stop re-announcing)."""
         self._holding.clear()
-        await self._announce(Kind.DEPARTURE)
+        await self._announce(AnnounceKind.DEPARTURE)
 
     async def _reannounce_holds(self) -> None:
         # Gossipsub keeps no history: a peer that joins after an announcement never sees it.
@@ -369,7 +369,7 @@ class P2PNode:
                     log.info("hold_no_longer_announced", manifest=str(root), reason="not in store")
                     continue
                 try:
-                    await self._announce(Kind.HOLD, cid=root, layers=layers)
+                    await self._announce(AnnounceKind.HOLD, cid=root, layers=layers)
                 except P2PError as exc:
                     log.info("reannounce_failed", manifest=str(root), error=str(exc))
 
