@@ -44,6 +44,8 @@ from ._protocol import RoundInfo as RoundInfo
 from ._protocol import RoundStatus as RoundStatus
 from ._protocol import RunState as RunState
 from ._sync_client import SyncCoordinatorClient as SyncCoordinatorClient
+from ._verdicts import PartitionVerdict as PartitionVerdict
+from ._verdicts import ReputationVerdict as ReputationVerdict
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",
@@ -61,9 +63,11 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "NetworkConfig",
     "PEER_ONLY_USERNAME",
     "PartitionResultEntry",
+    "PartitionVerdict",
     "Phase",
     "REQUEST_TYPE",
     "RateLimited",
+    "ReputationVerdict",
     "RequestRefused",
     "RoundInfo",
     "RoundStatus",

@@ -17,8 +17,8 @@ from cnode.aggregation import EvidenceKind
 from . import limits
 from ._exceptions import RequestRefused
 from ._protocol import BanKind, BanReport
-from ._reputation import ReputationVerdict
 from ._store import Store
+from ._verdicts import ReputationVerdict
 
 __all__ = ["BanBook"]
 

@@ -26,40 +26,7 @@ from . import limits
 from ._http import RateLimitedRefusal
 from ._protocol import RoundStatus
 from ._store import Store
-
-__all__ = [
-    "ReputationChecker",
-    "ReputationVerdict",
-    "replay_input",
-    "reputation_verdict",
-]
-
-log = structlog.get_logger(__name__)
-
-# Seconds a report waits for a free check before it is told to come back (429), as evidence.
-_QUEUE_WAIT_S = 1.0
-
-# (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
-ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
-
-
-class ReputationVerdict(Protocol):
-    """What the replay found (``cnode.node.train.ReputationVerdict``)."""
-
-    @property
-    def decided(self) -> bool: ...  # False: the records alone cannot decide
-    @property
-    def correct(self) -> bool: ...  # decided, and the figures are what the records give
-    @property
-    def reason(self) -> str: ...  # what did not match, or why undecided
-
-
-class ReputationChecker(Protocol):
-    """Replay rounds 1..``round_`` and compare the accused's figures with the records."""
-
-    def __call__(
-        self, rounds: Sequence[ScoredRound], *, run: str, accused: str, round_: int, figures: str
-    ) -> ReputationVerdict: ...
+from ._verdicts import ReputationVerdict
 
 
 class _Bans(Protocol):
@@ -76,8 +43,9 @@ class _Machine(Protocol):
     def check_not_banned(self, peer: str, username: str = "") -> None: ...
 
 
-class CoordinatorServer(Protocol):
-    """What the check uses of the server (``_server.CoordinatorServer``)."""
+class _Server(Protocol):
+    """What the check uses of ``_server.CoordinatorServer`` (not imported: it imports this
+    module, and an import cycle, even for types only, is refused by tests/test_layering.py)."""
 
     run: str
     store: Store
@@ -89,6 +57,29 @@ class CoordinatorServer(Protocol):
     reputation_checker: ReputationChecker | None
 
     def access(self, peer: str, token: Any, now: float) -> str: ...
+
+
+__all__ = [
+    "ReputationChecker",
+    "replay_input",
+    "reputation_verdict",
+]
+
+log = structlog.get_logger(__name__)
+
+# Seconds a report waits for a free check before it is told to come back (429), as evidence.
+_QUEUE_WAIT_S = 1.0
+
+# (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
+ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
+
+
+class ReputationChecker(Protocol):
+    """Replay rounds 1..``round_`` and compare the accused's figures with the records."""
+
+    def __call__(
+        self, rounds: Sequence[ScoredRound], *, run: str, accused: str, round_: int, figures: str
+    ) -> ReputationVerdict: ...
 
 
 def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
@@ -127,7 +118,7 @@ def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
 
 
 async def reputation_verdict(
-    server: CoordinatorServer, peer: str, token: Any, evidence: dict[str, Any]
+    server: _Server, peer: str, token: Any, evidence: dict[str, Any]
 ) -> ReputationVerdict | None:
     """The replay's verdict on a reputation report, or None (not one, no checker, the accused
     banned already, or the records cannot decide). Who reports whom is checked first, so a

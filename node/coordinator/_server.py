@@ -52,7 +52,7 @@ from ._protocol import (
 )
 from ._ratelimit import RateLimiter
 from ._reports import parse_report
-from ._reputation import ReputationChecker, ReputationVerdict, reputation_verdict
+from ._reputation import ReputationChecker, reputation_verdict
 from ._requests import (
     parse_admin,
     parse_checkpoint,
@@ -65,6 +65,7 @@ from ._requests import (
     parse_wrong,
 )
 from ._store import Store
+from ._verdicts import ReputationVerdict
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
 

@@ -6,7 +6,6 @@ The names other parts of ``cnode.node.train`` use; the modules stay private.
 
 from __future__ import annotations
 
-from ._evidence import PartitionVerdict as PartitionVerdict
 from ._evidence import build_partition_evidence as build_partition_evidence
 from ._evidence import check_partition_evidence as check_partition_evidence
 from ._evidence import model_numel as model_numel

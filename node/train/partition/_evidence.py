@@ -15,10 +15,10 @@ import json
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cnode.node.coordinator import PartitionVerdict
 from cnode.storage import (
     CID,
     DAG_CBOR,
@@ -44,22 +44,10 @@ from ._result import (
 )
 
 __all__ = [
-    "PartitionVerdict",
     "build_partition_evidence",
     "check_partition_evidence",
     "model_numel",
 ]
-
-
-@dataclass(frozen=True)
-class PartitionVerdict:
-    """What recomputing a partition from its evidence showed."""
-
-    signer: str  # the aggregator that signed the result
-    partition: int
-    claimed: str  # the output CID the signed result names ("" when it names none)
-    recomputed: str  # the output CID the inputs give ("" when none)
-    correct: bool
 
 
 def evidence_blocks(store: BlockStore, header: CID, *, numel: int) -> list[CID]:
