@@ -33,7 +33,7 @@ from cnode.storage import (
 
 from .. import limits
 from .._config import TrainingConfig
-from .._exceptions import PartitionEvidenceError, PeerUpdateError
+from .._exceptions import PartitionEvidenceError, PeerUpdateError, TrainingConfigError
 from .._round import open_update_header, segment_layer
 from ..model import build_model, model_state
 from ._result import (
@@ -116,7 +116,7 @@ def check_partition_evidence(
         config = TrainingConfig.for_run(dict(training))  # the run config's table
         want = CID.parse(header)
         roots, sections = read_car(car, limits.MAX_EVIDENCE_BLOCKS)
-    except Exception as exc:  # a bad config, CID or CAR: the evidence, not the coordinator
+    except (TrainingConfigError, StorageError) as exc:  # the request's fault, not ours
         raise PartitionEvidenceError(f"unreadable evidence: {exc}") from exc
     if roots != [want]:
         raise PartitionEvidenceError(f"the evidence's root is {roots}, not the result {want}")
