@@ -33,7 +33,7 @@ from ._membership import leave_round
 from ._report import Reporter
 from ._round_loop import RoundLoop
 from ._trainer import NodeTrainer
-from .exchange import PartitionedExchange, UpdateExchange
+from .exchange import MemberFetcher, PartitionedExchange, UpdateExchange
 from .swarm import (
     HeaderCollector,
     KnownBans,
@@ -211,7 +211,13 @@ class _Session:
                 await client.join(addrs=addrs)
             self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
             finder = PeerFinder(node, refused=lambda peer: peer in self.bans)
-            exchange = UpdateExchange(run, node.peer_id, node, self.headers, finder)
+            fetcher = MemberFetcher(run, node.peer_id, node, self.headers, finder)
+            exchange = UpdateExchange(
+                self.trainer,
+                client,
+                fetcher,
+                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
+            )
             loop = RoundLoop(
                 run_id=run,
                 trainer=self.trainer,
@@ -224,7 +230,7 @@ class _Session:
                     self.trainer,
                     node,
                     client,
-                    exchange,
+                    fetcher,
                     backup_step_s=self.run_config.rounds.backup_step_s,
                     withhold=settings.attack == "withhold",
                 ),
@@ -248,7 +254,6 @@ class _Session:
                 every=self.every,
                 stop_after_round=settings.stop_after_round,
                 checkpointer=settings.checkpointer,
-                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
             )
             gateway = maybe_gateway(settings.gateway, self.store, node, self.reporter)
             async with gateway, trio.open_nursery() as nursery:

@@ -6,9 +6,10 @@ Each stage has its own module; this one only sequences them (specs/training.md#a
   swarm first catches up (``_catch_up``);
 - train and publish: the trainer stores the update and its signed header; the header goes out
   on gossip (``_topics``) and its CID in ``ready``;
-- exchange: headers and updates of the published member list, the ``collected`` report, and the
-  agreed input set (``_exchange``);
-- aggregate and apply (``_trainer``), then the checkpoint and its agreement check.
+- exchange and aggregate: a full round's collect, ``collected`` report, agreed input set and
+  aggregation (``exchange.UpdateExchange.play``), or a partitioned round's aggregate, score,
+  verify and assemble (``exchange.PartitionedExchange.play``);
+- then the checkpoint and its agreement check.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from ._exceptions import (
 )
 from ._membership import leave_round
 from ._report import Reporter
-from ._round import UpdateHeader
 from ._trainer import NodeTrainer, OwnUpdate, RoundOutcome
 from .checkpoint import agree_on_checkpoint
 from .exchange import PartitionedExchange, UpdateExchange
@@ -64,8 +64,6 @@ class RoundLoop:
     every: int  # checkpoint every this many rounds
     stop_after_round: int
     checkpointer: bool
-    # The run's rounds.collect_timeout_s: a node also gives the agreed set no longer than this.
-    collect_timeout_s: float
     current_round: int | None = None  # joined and not yet aggregated
     gave_up: MissingUpdatesError | None = None  # the last round this node could not complete
 
@@ -113,25 +111,16 @@ class RoundLoop:
         await client.ready(round_, header=str(own.header_cid))
         t_publish = time.monotonic() - began + own.seconds_store
         info = await self._wait_members(round_)
-        sent, got = self.node.server.bytes_sent, self.exchange.bytes_in
+        sent, got = self.node.server.bytes_sent, self.exchange.fetcher.bytes_in
         began = time.monotonic()
+        outcome = await (self._play_partitioned(info) if info.parts else self._play_full(info, own))
+        if outcome is None:
+            self.current_round = None  # the next round starts with a catch-up
+            return False
         if info.parts:
-            outcome = await self._play_partitioned(info)
             t_fetch, t_aggregate = time.monotonic() - began, 0.0
-            if outcome is None:
-                self.current_round = None  # the next round starts with a catch-up
-                return False
         else:
-            agreed = await self._exchange(info, own)
-            t_fetch = time.monotonic() - began
-            if agreed is None:
-                self.current_round = None  # the next round starts with a catch-up
-                return False
-            headers, dropped = agreed
-            trainer.check_agreement(round_, {peer: header for peer, (_, header) in headers.items()})
-            began = time.monotonic()
-            outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)
-            t_aggregate = time.monotonic() - began
+            t_fetch, t_aggregate = self.exchange.last_fetch_s, self.exchange.last_aggregate_s
         self.gave_up = None
         self.headers.forget_before(round_)  # this round's headers are in the store now
         self.current_round = None
@@ -165,7 +154,9 @@ class RoundLoop:
             # Verified bytes this node fetched and served in the round's exchange (the demo
             # report's traffic table); a catch-up's are in its own event.
             bytes_in=(
-                self.partitioned.last_bytes_in if info.parts else self.exchange.bytes_in - got
+                self.partitioned.last_bytes_in
+                if info.parts
+                else self.exchange.fetcher.bytes_in - got
             ),
             bytes_out=self.node.server.bytes_sent - sent,
         )
@@ -192,8 +183,21 @@ class RoundLoop:
             f"(coordinator: {waiting or 'no reason given'})"
         )
 
+    async def _play_full(self, info: RoundInfo, own: OwnUpdate) -> RoundOutcome | None:
+        """A full-replication round (``exchange.UpdateExchange``); None when this node must
+        catch up."""
+        try:
+            return await self.exchange.play(info, own, self._check_banned)
+        except MissingUpdatesError as exc:
+            # Aggregating any other set than the agreed one would make this node diverge.
+            log.warning("round_given_up", round=info.round, error=str(exc))
+            self.reporter.event("round_given_up", round=info.round, missing=exc.reasons)
+            self.gave_up = exc
+            return None
+
     async def _play_partitioned(self, info: RoundInfo) -> RoundOutcome | None:
-        """A partitioned round (``_partition_exchange``); None when this node must catch up."""
+        """A partitioned round (``exchange.PartitionedExchange``); None when this node must
+        catch up."""
         try:
             outcome = await self.partitioned.play(info)
         except OutputsUnavailableError as exc:
@@ -202,60 +206,17 @@ class RoundLoop:
             self.reporter.event("round_given_up", round=info.round, missing={"outputs": str(exc)})
             self.gave_up = MissingUpdatesError(info.round, [], {"outputs": str(exc)})
             return None
-        self.bans.check_not_banned(self.trainer.peer, self.run_id)
+        await self._check_banned()
         return outcome
 
-    async def _exchange(
-        self, info: RoundInfo, own: OwnUpdate
-    ) -> tuple[dict[str, tuple[CID, UpdateHeader]], dict[str, str]] | None:
-        """Collect, report, and complete the agreed set; None when this node must catch up."""
-        round_, me = info.round, self.trainer.peer
-        now = time.time()
-        deadline_s = (info.collect_deadline_ms or 0) / 1000 - now
-        fetch_s = min(limits.ROUND_FETCH_S, deadline_s - limits.COLLECT_REPORT_MARGIN_S)
-        got = await self.exchange.collect(info, until=trio.current_time() + max(fetch_s, 1.0))
-        if self.exchange.refused_by:  # holders refused us: banned, and not told yet?
-            self.exchange.refused_by.clear()
+    async def _check_banned(self) -> None:
+        """Raise BannedError if this node is banned: learned from gossip or a poll, or, when a
+        holder refused it during the round, from the signed state read now."""
+        refused = self.exchange.fetcher.refused_by
+        if refused:  # holders refused us: banned, and not told yet?
+            refused.clear()
             self.take_state(await self.client.run_state(), via="poll")
-        # Banned (learned from gossip, a poll, or just now): say so, before anything else.
-        self.bans.check_not_banned(me, self.run_id)
-        await self.client.collected(round_, missing=sorted(got.missing))
-        agreed: RoundInfo | None = None
-        with trio.move_on_after(max(deadline_s, 0.0) + limits.AGREED_WAIT_SLACK_S):
-            agreed = await self.client.wait_agreed(round_)
-        if agreed is None or agreed.agreed is None:
-            raise RoundStalledError(
-                f"round {round_}: no agreed input set {limits.AGREED_WAIT_SLACK_S:g} s after "
-                "the round's collect deadline"
-            )
-        try:
-            got = await self.exchange.complete(
-                agreed,
-                got,
-                until=trio.current_time() + min(limits.AGREED_FETCH_S, self.collect_timeout_s),
-            )
-        except MissingUpdatesError as exc:
-            # Aggregating any other set than the agreed one would make this node diverge.
-            log.warning("round_given_up", round=round_, error=str(exc))
-            self.reporter.event("round_given_up", round=round_, missing=exc.reasons)
-            self.gave_up = exc
-            return None
-        headers: dict[str, tuple[CID, UpdateHeader]] = {
-            m: got.headers[m] for m in agreed.agreed if m in got.headers
-        }
-        if me in agreed.agreed:
-            headers[me] = (own.header_cid, own.header)
-        dropped = dict(agreed.excluded)
-        dropped.update({m: why for m, why in got.invalid.items() if m in agreed.agreed})
-        if dropped:
-            log.warning(
-                "round_aggregates_fewer_members",
-                round=round_,
-                listed=len(info.members),
-                aggregated=len(headers),
-                left_out={peer[-8:]: why for peer, why in dropped.items()},
-            )
-        return headers, dropped
+        self.bans.check_not_banned(self.trainer.peer, self.run_id)
 
     def take_state(self, state: RunState, *, via: str) -> None:
         """A signed run state arrived (gossip or poll): take its bans."""

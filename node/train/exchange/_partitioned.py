@@ -51,8 +51,7 @@ from ..partition import (
     partition_result_cid,
     state_numel,
 )
-from ._fetch import GaveUp, enough_inputs, fetch_update_segments, with_retries
-from ._full import UpdateExchange
+from ._fetch import GaveUp, MemberFetcher, enough_inputs, fetch_update_segments, with_retries
 from ._scores import PartitionScores
 from ._verify import PartitionVerifier
 
@@ -84,7 +83,7 @@ class PartitionedExchange:
         trainer: NodeTrainer,
         node: P2PNode,
         client: CoordinatorClient,
-        updates: UpdateExchange,
+        fetcher: MemberFetcher,
         *,
         backup_step_s: float,
         withhold: bool = False,
@@ -92,11 +91,11 @@ class PartitionedExchange:
         self.trainer = trainer
         self.node = node
         self.client = client
-        self.updates = updates
+        self.fetcher = fetcher
         self.backup_step_s = backup_step_s
         self.withhold = withhold  # testing aid: never publish a result (a backup takes over)
         self.verifier = PartitionVerifier(trainer, node, client)
-        self.scores = PartitionScores(trainer, node, client, updates)
+        self.scores = PartitionScores(trainer, node, client, fetcher)
         self.last_bytes_in = 0
 
     async def play(self, info: RoundInfo) -> RoundOutcome:
@@ -104,7 +103,7 @@ class PartitionedExchange:
         me = self.trainer.peer
         state = _Round(info, state_numel(self.trainer.state))
         with trio.move_on_after(limits.HEADER_WAIT_S):
-            await self.updates.finder.dial_listed(info.addrs)
+            await self.fetcher.finder.dial_listed(info.addrs)
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
         fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
@@ -231,11 +230,11 @@ class PartitionedExchange:
             return
 
         async def attempt(i: int) -> None:
-            holders = self.updates.holders_for(info, member, everyone=i > 0)
+            holders = self.fetcher.holders_for(info, member, everyone=i > 0)
             if member not in state.headers:
-                header = await self.updates.fetch_header(info, member, holders)
+                header = await self.fetcher.fetch_header(info, member, holders, state.invalid)
                 if header is None:
-                    missing[member] = "invalid update header"
+                    missing[member] = state.invalid.get(member, "invalid update header")
                     return
                 state.headers[member] = header
             _, header_ = state.headers[member]
@@ -247,7 +246,7 @@ class PartitionedExchange:
         def failed(_: int, why: str) -> None:
             missing[member] = f"update not fetched: {why}"
 
-        await with_retries(attempt, refused_by=self.updates.refused_by, failed=failed)
+        await with_retries(attempt, refused_by=self.fetcher.refused_by, failed=failed)
 
     # -- waiting for results, backups ---------------------------------------------------------
 
@@ -308,7 +307,7 @@ class PartitionedExchange:
                 if not self.node.store.has(cid):
                     await self.node.fetch_blocks([cid], holders=holders)
 
-            got = await with_retries(attempt, refused_by=self.updates.refused_by)
+            got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
             if isinstance(got, GaveUp):
                 raise OutputsUnavailableError(
                     f"round {state.info.round}: the result of partition {partition} could not "
@@ -378,7 +377,7 @@ class PartitionedExchange:
                 state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
 
             async with limiter:
-                got = await with_retries(attempt, refused_by=self.updates.refused_by)
+                got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
             if isinstance(got, GaveUp):
                 failures[partition] = got.why
 

@@ -46,8 +46,7 @@ from ..scores import (
     seal_score_record,
     targets_of,
 )
-from ._fetch import GaveUp, with_retries
-from ._full import UpdateExchange
+from ._fetch import GaveUp, MemberFetcher, with_retries
 
 __all__ = ["PartitionScores", "round_headers"]
 
@@ -67,12 +66,12 @@ class PartitionScores:
         trainer: NodeTrainer,
         node: P2PNode,
         client: CoordinatorClient,
-        updates: UpdateExchange,
+        fetcher: MemberFetcher,
     ) -> None:
         self.trainer = trainer
         self.node = node
         self.client = client
-        self.updates = updates
+        self.fetcher = fetcher
         self._agreed: dict[int, SpreadScores] = {}
         # One measurement at a time: RoundScoring holds one model, loaded per measurement.
         self._model_lock = trio.CapacityLimiter(1)
@@ -151,14 +150,14 @@ class PartitionScores:
         """The target's header and whole update (blocks verified), or why not."""
 
         async def attempt(i: int) -> tuple[CID, UpdateHeader] | str:
-            holders = self.updates.holders_for(info, target, everyone=i > 0)
-            got = await self.updates.fetch_header(info, target, holders)
+            holders = self.fetcher.holders_for(info, target, everyone=i > 0)
+            got = await self.fetcher.fetch_header(info, target, holders)
             if got is None:
                 return INVALID_PREFIX + "its update header does not open"
             self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
             return got
 
-        got = await with_retries(attempt, refused_by=self.updates.refused_by)
+        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
         if isinstance(got, GaveUp):
             return f"update not fetched: {got.why}"[: limits.MAX_REASON_CHARS]
         return got
@@ -277,9 +276,9 @@ class PartitionScores:
         scorers could not fetch it either), so it is left out on every node alike."""
 
         async def attempt(_: int) -> None:
-            holders = self.updates.holders_for(info, member, everyone=True)
-            await self.updates.fetch_header(info, member, holders)  # stored, even if invalid
+            holders = self.fetcher.holders_for(info, member, everyone=True)
+            await self.fetcher.fetch_header(info, member, holders)  # stored, even if invalid
 
-        got = await with_retries(attempt, refused_by=self.updates.refused_by)
+        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
         if isinstance(got, GaveUp):
             log.warning("score_header_unavailable", member=member[-8:], error=got.why)
