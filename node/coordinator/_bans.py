@@ -15,8 +15,8 @@ import structlog
 from cnode.aggregation import EvidenceKind
 
 from . import limits
+from ._ban_records import BanKind, BanReport
 from ._exceptions import RequestRefused
-from ._protocol import BanKind, BanReport
 from ._store import Store
 from ._verdicts import ReputationVerdict
 

@@ -23,13 +23,12 @@ import structlog
 from cnode.auth import Identity
 
 from . import limits
+from ._ban_records import BanRecord, BanReport
 from ._client_core import HTTP_TIMEOUT, Core, map_transport, verify_state_envelope
 from ._config import RunConfig
 from ._exceptions import BadRunState, CoordinatorRejected, CoordinatorUnavailable, RateLimited
 from ._protocol import (
     EVIDENCE_HEADER,
-    BanRecord,
-    BanReport,
     CheckpointRecord,
     JoinResult,
     Op,

@@ -23,13 +23,12 @@ from ._admin import (
     LogPage,
     UnbanPeer,
 )
+from ._ban_records import BanKind, BanRecord
 from ._bans import BanBook
 from ._config import RunConfig
 from ._exceptions import RequestRefused
 from ._partitions import PartitionRules
 from ._protocol import (
-    BanKind,
-    BanRecord,
     CheckpointHistory,
     CheckpointRecord,
     Phase,

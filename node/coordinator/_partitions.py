@@ -24,10 +24,11 @@ from cnode.aggregation import limits as aggregation_limits
 from cnode.storage import DAG_CBOR, compute_cid
 
 from . import limits
+from ._ban_records import BanKind
 from ._bans import BanBook
 from ._config import RunConfig
 from ._exceptions import RequestRefused
-from ._protocol import BanKind, PartitionResultEntry, RoundStatus, ms
+from ._protocol import PartitionResultEntry, RoundStatus, ms
 from ._store import Store
 
 __all__ = ["PartitionRules"]

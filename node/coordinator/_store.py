@@ -15,9 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ._ban_records import BanKind
 from ._config import RunConfig
 from ._exceptions import RunConfigError
-from ._protocol import BanKind, Phase, RoundStatus
+from ._protocol import Phase, RoundStatus
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
