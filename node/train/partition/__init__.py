@@ -11,6 +11,7 @@ from ._evidence import check_partition_evidence as check_partition_evidence
 from ._evidence import model_numel as model_numel
 from ._result import PARTITION_RESULT_TYPE as PARTITION_RESULT_TYPE
 from ._result import PartitionResult as PartitionResult
+from ._result import PartitionTask as PartitionTask
 from ._result import aggregate_own_partition as aggregate_own_partition
 from ._result import apply_partitions as apply_partitions
 from ._result import envelope_type as envelope_type

@@ -55,6 +55,7 @@ __all__ = [
     "PARTITION_RESULT_TYPE",
     "RESULT_LAYOUT",
     "PartitionResult",
+    "PartitionTask",
     "PartitionWork",
     "aggregate_own_partition",
     "apply_partitions",
@@ -213,47 +214,33 @@ class PartitionWork:
     skipped: dict[str, str]  # trained from another state: left out, not evidence
 
 
+@dataclass(frozen=True)
+class PartitionTask:
+    """Which partition of which round to aggregate, and from what state."""
+
+    run: str
+    round: int
+    partition: int
+    parts: int  # the round's partition count
+    numel: int  # the flat update's length (the state's)
+    base: CID  # the state every input must be trained from
+
+
 def aggregate_own_partition(
     store: BlockStore,
     headers: Mapping[str, UpdateHeader],
-    *,
-    run: str,
-    round_: int,
-    partition: int,
-    parts: int,
-    numel: int,
-    base: CID,
+    task: PartitionTask,
     config: TrainingConfig,
 ) -> PartitionWork:
-    """Aggregate partition ``partition`` of the updates ``headers`` name; store the output.
+    """Aggregate partition ``task.partition`` of the updates ``headers`` name; store the output.
 
     Each input's partition segments must be in ``store``. An input trained from another state
-    than ``base``, or whose segments break the layout or the codec, is rejected with the reason
-    (the same on every node that recomputes). The output holds, per segment of the partition,
-    the aggregate encoded with the run's codec: every node applies the decoded values.
+    than ``task.base``, or whose segments break the layout or the codec, is rejected with the
+    reason (the same on every node that recomputes). The output holds, per segment of the
+    partition, the aggregate encoded with the run's codec: every node applies the decoded values.
     """
-    indices = list(partition_segments(len(segment_ranges(numel)), parts, partition))
-    rejected: dict[str, str] = {}
-    skipped: dict[str, str] = {}
-    slices: dict[str, torch.Tensor] = {}
-    for member in sorted(headers):
-        header = headers[member]
-        if header.base != base:
-            skipped[member] = f"trained from state {header.base}, not {base}"
-            continue
-        try:
-            segs = load_segments(
-                store,
-                header.update,
-                peer=member,
-                codec=config.update_codec,
-                numel=numel,
-                indices=indices,
-            )
-        except MalformedUpdateError as exc:
-            rejected[member] = exc.reason
-            continue
-        slices[member] = torch.cat([segs[i] for i in indices])
+    indices = list(partition_segments(len(segment_ranges(task.numel)), task.parts, task.partition))
+    slices, rejected, skipped = _partition_inputs(store, headers, task, config, indices)
     # With scores the admitted inputs get scored_config() (no distance rejection), as in a full
     # round (specs/aggregation.md "Scores and reputation"); every recomputation passes the same
     # run config, so the aggregator, verifiers, the coordinator and replay agree.
@@ -275,27 +262,69 @@ def aggregate_own_partition(
         else:
             records[member] = rec
     aggregate = result.tensors["partition"].to(torch.float32)
-    ranges = segment_ranges(numel)
+    output = _store_partition_output(store, aggregate, task, config.update_codec, indices)
+    return PartitionWork(output, rejected, records, skipped)
+
+
+def _partition_inputs(
+    store: BlockStore,
+    headers: Mapping[str, UpdateHeader],
+    task: PartitionTask,
+    config: TrainingConfig,
+    indices: list[int],
+) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, str]]:
+    """Each input's partition slice (its segments ``indices``, concatenated), the inputs
+    rejected for bad bytes (ban evidence) and those skipped as trained from another state."""
+    rejected: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    slices: dict[str, torch.Tensor] = {}
+    for member in sorted(headers):
+        header = headers[member]
+        if header.base != task.base:
+            skipped[member] = f"trained from state {header.base}, not {task.base}"
+            continue
+        try:
+            segs = load_segments(
+                store,
+                header.update,
+                peer=member,
+                codec=config.update_codec,
+                numel=task.numel,
+                indices=indices,
+            )
+        except MalformedUpdateError as exc:
+            rejected[member] = exc.reason
+            continue
+        slices[member] = torch.cat([segs[i] for i in indices])
+    return slices, rejected, skipped
+
+
+def _store_partition_output(
+    store: BlockStore, aggregate: torch.Tensor, task: PartitionTask, codec: str, indices: list[int]
+) -> CID:
+    """Cut the partition's aggregate back into its segments, encode each with the run's codec
+    and store them as one result manifest; return its CID."""
+    ranges = segment_ranges(task.numel)
     encoded: dict[str, torch.Tensor] = {}
     offset = 0
     for i in indices:
         length = ranges[i][1] - ranges[i][0]
         piece = aggregate[offset : offset + length].contiguous()
-        encoded[segment_layer(i)] = encode_update_tensor(piece, config.update_codec)
+        encoded[segment_layer(i)] = encode_update_tensor(piece, codec)
         offset += length
     meta = CheckpointMeta(
-        run_id=run,
+        run_id=task.run,
         kind="update",
-        round=round_,
+        round=task.round,
         extra={
-            "base": str(base),
-            "codec": config.update_codec,
+            "base": str(task.base),
+            "codec": codec,
             "layout": RESULT_LAYOUT,
-            "partition": partition,
-            "parts": parts,
+            "partition": task.partition,
+            "parts": task.parts,
         },
     )
-    return PartitionWork(save_checkpoint(store, encoded, meta), rejected, records, skipped)
+    return save_checkpoint(store, encoded, meta)
 
 
 def load_result_segments(
@@ -380,17 +409,10 @@ def recompute_partition(
         headers[member] = open_update_header(
             envelope, run=result.run, round_=result.round, signer=member
         )
-    return aggregate_own_partition(
-        store,
-        headers,
-        run=result.run,
-        round_=result.round,
-        partition=result.partition,
-        parts=result.parts,
-        numel=numel,
-        base=result.base,
-        config=config,
+    task = PartitionTask(
+        result.run, result.round, result.partition, result.parts, numel, result.base
     )
+    return aggregate_own_partition(store, headers, task, config)
 
 
 def state_numel(state: Mapping[str, torch.Tensor]) -> int:
