@@ -19,6 +19,9 @@ from ._ban_records import BanRecord as BanRecord
 from ._ban_records import BanReport as BanReport
 from ._client import CoordinatorClient as CoordinatorClient
 from ._client import verify_state_envelope as verify_state_envelope
+from ._codes import ERRORS as ERRORS
+from ._codes import ErrorCode as ErrorCode
+from ._codes import ErrorInfo as ErrorInfo
 from ._config import AccessConfig as AccessConfig
 from ._config import NetworkConfig as NetworkConfig
 from ._config import RoundsConfig as RoundsConfig
@@ -59,6 +62,9 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "CoordinatorError",
     "CoordinatorRejected",
     "CoordinatorUnavailable",
+    "ERRORS",
+    "ErrorCode",
+    "ErrorInfo",
     "JoinResult",
     "NetworkConfig",
     "PEER_ONLY_USERNAME",

@@ -21,6 +21,7 @@ from ._exceptions import BadRunState
 from ._fields import optional as _opt
 from ._fields import required as _get
 from ._fields import strings as _strs
+from ._json import loads_bounded
 from ._results import PartitionResultEntry, decode_partitioned, encode_partitioned
 
 __all__ = [
@@ -333,7 +334,7 @@ class RunState:
             raise BadRunState("signed state is not a run record")
         try:
             phase = Phase(_get(p, "phase", str))
-            config = json.loads(_get(p, "config", str))
+            config = loads_bounded(_get(p, "config", str))
         except ValueError as exc:
             raise BadRunState(f"bad phase or config in signed state: {exc}") from exc
         if not isinstance(config, dict):

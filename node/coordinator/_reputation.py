@@ -23,8 +23,8 @@ import structlog
 from cnode.aggregation import EvidenceKind
 
 from . import limits
-from ._http import RateLimitedRefusal
 from ._protocol import RoundStatus
+from ._slots import EvidenceSlots
 from ._store import Store
 from ._verdicts import ReputationVerdict
 
@@ -53,7 +53,7 @@ class _Server(Protocol):
     @property
     def machine(self) -> _Machine: ...
 
-    evidence_slots: asyncio.Semaphore
+    evidence_slots: EvidenceSlots
     reputation_checker: ReputationChecker | None
 
     def access(self, peer: str, token: Any, now: float) -> str: ...
@@ -66,9 +66,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-# Seconds a report waits for a free check before it is told to come back (429), as evidence.
-_QUEUE_WAIT_S = 1.0
 
 # (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
 ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
@@ -135,11 +132,7 @@ async def reputation_verdict(
             return None
     # The slot first, the records then: what waits for a slot holds no records (at most
     # MAX_EVIDENCE_CHECKS replays' records in memory at once).
-    try:
-        await asyncio.wait_for(server.evidence_slots.acquire(), _QUEUE_WAIT_S)
-    except TimeoutError as exc:
-        raise RateLimitedRefusal(5.0) from exc
-    try:
+    async with server.evidence_slots.hold(peer):
         with server.store.tx():
             rounds = replay_input(server.store, n)
         if isinstance(rounds, str):
@@ -148,8 +141,6 @@ async def reputation_verdict(
         verdict = await asyncio.to_thread(
             checker, rounds, run=server.run, accused=accused, round_=n, figures=evidence["figures"]
         )
-    finally:
-        server.evidence_slots.release()
     if not verdict.decided:
         log.info("reputation_unchecked", peer=accused, round=n, why=verdict.reason)
     return verdict

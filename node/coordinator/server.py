@@ -10,6 +10,7 @@ coordinator, never imports the HTTP server, the run state machine or SQLite.
 - :class:`EvidenceChecker`, :class:`BadEvidence`: how it recomputes a partition result from
   evidence (the training package provides the function, which returns a
   ``cnode.node.coordinator.PartitionVerdict``).
+- :class:`EvidenceTiming`: the waits and rates of evidence checks (named limits by default).
 - :class:`ReputationChecker`: how it checks a reputation-ban report on the score records it
   holds (the training package provides the function; a ``ReputationVerdict``).
 """
@@ -21,12 +22,14 @@ from ._process import CoordinatorProcess as CoordinatorProcess
 from ._reputation import ReputationChecker as ReputationChecker
 from ._server import CoordinatorServer as CoordinatorServer
 from ._server import ServeSettings as ServeSettings
+from ._slots import EvidenceTiming as EvidenceTiming
 
 __all__ = [
     "BadEvidence",
     "CoordinatorProcess",
     "CoordinatorServer",
     "EvidenceChecker",
+    "EvidenceTiming",
     "ReputationChecker",
     "ServeSettings",
     "StateGossip",
