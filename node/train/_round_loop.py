@@ -81,35 +81,10 @@ class RoundLoop:
 
     async def one_round(self) -> bool:
         """Play one round; True when the node is done."""
-        trainer, client, stop = self.trainer, self.client, self.stop_after_round
-        # Normally joined at the end of the previous round already (see below).
-        round_ = self.current_round or await client.join_round()
-        self.current_round = round_
-        self.headers.forget_before(round_ - 1)  # a joiner's window starts at its first round
-        bind_context(round=round_)
-        if stop and round_ > stop:
-            await leave_round(client, round_)  # joined too late for the rounds it was asked for
-            if self.gave_up is not None:  # and it never caught up with the swarm's state
-                raise CatchUpError(
-                    f"{self.gave_up}; the run passed round {stop} before this node caught up"
-                )
+        round_ = await self._enter_round()
+        if round_ is None:
             return True
-        if round_ != trainer.round + 1:
-            round_ = self.current_round = await self._catch_up(round_)
-            caught = self.reporter.last.pop("caught_up", None)
-            if caught is not None:  # for the dashboard's late-joiner table
-                await send_report(client, catch_up_report(caught))
-            if stop and round_ > stop:
-                await leave_round(client, round_)
-                return True
-        began = time.monotonic()
-        own = await trio.to_thread.run_sync(trainer.train, round_)
-        t_train = time.monotonic() - began
-        began = time.monotonic()
-        await self.node.announce_update(own.header.update, round_)
-        await self.topics.publish_header(self.node, own.envelope)
-        await client.ready(round_, header=str(own.header_cid))
-        t_publish = time.monotonic() - began + own.seconds_store
+        own, t_train, t_publish = await self._train_and_publish(round_)
         info = await self._wait_members(round_)
         sent, got = self.node.server.bytes_sent, self.exchange.fetcher.bytes_in
         began = time.monotonic()
@@ -119,29 +94,31 @@ class RoundLoop:
             return False
         if info.parts:
             t_fetch, t_aggregate = time.monotonic() - began, 0.0
+            bytes_in = self.partitioned.last_bytes_in
         else:
             t_fetch, t_aggregate = self.exchange.last_fetch_s, self.exchange.last_aggregate_s
+            bytes_in = self.exchange.fetcher.bytes_in - got
         self.gave_up = None
         self.headers.forget_before(round_)  # this round's headers are in the store now
         self.current_round = None
-        last = bool(stop) and round_ >= stop
+        last = bool(self.stop_after_round) and round_ >= self.stop_after_round
         if not last:
             # Join the next round now: its list closes when its first member is ready, and a
             # node that joins after that waits a whole round (DISCO's rule for late comers).
-            self.current_round = await client.join_round()
+            self.current_round = await self.client.join_round()
         manifest = None
         if round_ % self.every == 0:
-            manifest = await trio.to_thread.run_sync(trainer.store_checkpoint)
+            manifest = await trio.to_thread.run_sync(self.trainer.store_checkpoint)
             await self.node.announce_hold(manifest)
             await self._agree(round_, info.epoch, manifest)
         for ban in outcome.bans:
             await self._report_ban(ban)
-        loss = await trio.to_thread.run_sync(trainer.evaluate)
+        loss = await trio.to_thread.run_sync(self.trainer.evaluate)
         self.reporter.event(
             "round",
             round=round_,
             loss=loss,
-            state_cid=str(trainer.state_cid),
+            state_cid=str(self.trainer.state_cid),
             manifest=None if manifest is None else str(manifest),
             members=list(outcome.members),
             dropped=outcome.dropped,
@@ -153,16 +130,51 @@ class RoundLoop:
             parts=info.parts,
             # Verified bytes this node fetched and served in the round's exchange (the demo
             # report's traffic table); a catch-up's are in its own event.
-            bytes_in=(
-                self.partitioned.last_bytes_in
-                if info.parts
-                else self.exchange.fetcher.bytes_in - got
-            ),
+            bytes_in=bytes_in,
             bytes_out=self.node.server.bytes_sent - sent,
         )
         holds = None if manifest is None else str(manifest)
-        await send_report(client, round_report(round_, loss, str(trainer.state_cid), holds))
+        report = round_report(round_, loss, str(self.trainer.state_cid), holds)
+        await send_report(self.client, report)
         return last
+
+    async def _enter_round(self) -> int | None:
+        """The round this node plays next, caught up to it first if it is behind; None when
+        the rounds it was asked for are over (it left the round it had joined)."""
+        client, stop = self.client, self.stop_after_round
+        # Normally joined at the end of the previous round already (see one_round).
+        round_ = self.current_round or await client.join_round()
+        self.current_round = round_
+        self.headers.forget_before(round_ - 1)  # a joiner's window starts at its first round
+        bind_context(round=round_)
+        if stop and round_ > stop:
+            await leave_round(client, round_)  # joined too late for the rounds it was asked for
+            if self.gave_up is not None:  # and it never caught up with the swarm's state
+                raise CatchUpError(
+                    f"{self.gave_up}; the run passed round {stop} before this node caught up"
+                )
+            return None
+        if round_ != self.trainer.round + 1:
+            round_ = self.current_round = await self._catch_up(round_)
+            caught = self.reporter.last.pop("caught_up", None)
+            if caught is not None:  # for the dashboard's late-joiner table
+                await send_report(client, catch_up_report(caught))
+            if stop and round_ > stop:
+                await leave_round(client, round_)
+                return None
+        return round_
+
+    async def _train_and_publish(self, round_: int) -> tuple[OwnUpdate, float, float]:
+        """Train, store and announce this node's update, publish its header and say ready;
+        the update, and the seconds training and publishing took."""
+        began = time.monotonic()
+        own = await trio.to_thread.run_sync(self.trainer.train, round_)
+        t_train = time.monotonic() - began
+        began = time.monotonic()
+        await self.node.announce_update(own.header.update, round_)
+        await self.topics.publish_header(self.node, own.envelope)
+        await self.client.ready(round_, header=str(own.header_cid))
+        return own, t_train, time.monotonic() - began + own.seconds_store
 
     async def _catch_up(self, round_: int) -> int:
         try:
