@@ -45,7 +45,7 @@ from ._gateway_client import GatewayHolder as GatewayHolder
 from ._gateway_client import check_gateway_url as check_gateway_url
 from ._gateway_client import gateway_client as gateway_client
 from ._node import P2PNode as P2PNode
-from ._node import open_p2p_node as open_p2p_node
+from ._open import open_p2p_node as open_p2p_node
 from ._scheduler import DirectHolder as DirectHolder
 from ._scheduler import FetchProgress as FetchProgress
 from ._scheduler import FetchReport as FetchReport
