@@ -16,9 +16,13 @@ from typing import Any, Generic, Protocol, TypeVar
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import CID, DAG_CBOR, compute_cid
 
+from . import limits
 from ._exceptions import PeerUpdateError
 
-__all__ = ["RecordKind", "SignedRecord", "record_cid"]
+__all__ = ["RecordKind", "SignedRecord", "bounded_map", "peer_field", "reason_field", "record_cid"]
+
+# How a record's ``from_payload`` says a field is bad: ``bad(message)`` -> the error to raise.
+Bad = Callable[[str], Exception]
 
 
 class SignedRecord(Protocol):
@@ -39,6 +43,30 @@ R = TypeVar("R", bound=SignedRecord)
 def record_cid(envelope: bytes) -> CID:
     """The CID a signed record is stored and referenced under (a DAG-CBOR block)."""
     return compute_cid(envelope, DAG_CBOR)
+
+
+def bounded_map(
+    p: Mapping[str, Any], key: str, bad: Bad, bound: int, name: str
+) -> Mapping[str, Any]:
+    """Field ``key`` of a payload: a map of at most ``bound`` entries (``name`` in limits.py)."""
+    value = p[key]
+    if not isinstance(value, Mapping) or len(value) > bound:
+        raise bad(f"{key} must be a map of at most {name} entries")
+    return value
+
+
+def peer_field(value: object, bad: Bad, what: str = "a peer id") -> str:
+    """A peer id inside a record: a non-empty string of at most MAX_PEER_ID_CHARS."""
+    if not isinstance(value, str) or not 0 < len(value) <= limits.MAX_PEER_ID_CHARS:
+        raise bad(f"{what} is not a short string")
+    return value
+
+
+def reason_field(value: object, bad: Bad, what: str = "a reason") -> str:
+    """A reason inside a record: a string of at most MAX_REASON_CHARS."""
+    if not isinstance(value, str) or len(value) > limits.MAX_REASON_CHARS:
+        raise bad(f"{what} is not a string within MAX_REASON_CHARS")
+    return value
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from cnode.storage import (
 from .. import limits
 from .._config import TrainingConfig
 from .._exceptions import MalformedUpdateError, PeerUpdateError
-from .._records import RecordKind, record_cid
+from .._records import RecordKind, bounded_map, peer_field, reason_field, record_cid
 from .._round import UpdateHeader, load_segments, open_update_header, segment_layer
 from ..model import State
 
@@ -129,14 +129,16 @@ class PartitionResult:
         if p["peer"] != signer or not isinstance(p["run"], str):
             raise bad("names another peer than its signer")
         try:
-            inputs = {_peer(m, bad): CID.parse(c) for m, c in _map(p, "inputs", bad).items()}
+            inputs = {peer_field(m, bad): CID.parse(c) for m, c in _map(p, "inputs", bad).items()}
             base = CID.parse(p["base"])
             output = None if p["output"] is None else CID.parse(p["output"])
         except (StorageError, TypeError) as exc:
             raise bad(f"holds a bad CID: {exc}") from exc
         texts = {}
         for key in ("rejected", "missing"):
-            texts[key] = {_peer(m, bad): _text(t, bad) for m, t in _map(p, key, bad).items()}
+            texts[key] = {
+                peer_field(m, bad): reason_field(t, bad) for m, t in _map(p, key, bad).items()
+            }
         records: dict[str, tuple[float, float | None]] = {}
         for m, rec in _map(p, "records", bad).items():
             if not (isinstance(rec, list) and len(rec) == 2):
@@ -144,7 +146,7 @@ class PartitionResult:
             d, c = rec
             if not isinstance(d, int | float) or not (c is None or isinstance(c, int | float)):
                 raise bad(f"record of {m[-8:]} holds a non-number")
-            records[_peer(m, bad)] = (float(d), None if c is None else float(c))
+            records[peer_field(m, bad)] = (float(d), None if c is None else float(c))
         if not set(records) | set(texts["rejected"]) <= set(inputs):
             raise bad("records and rejections must name inputs")
         backup = p["backup_for"]
@@ -157,22 +159,7 @@ class PartitionResult:
 
 
 def _map(p: Mapping[str, Any], key: str, bad: Any) -> Mapping[str, Any]:
-    value = p[key]
-    if not isinstance(value, Mapping) or len(value) > limits.MAX_PARTITION_MEMBERS:
-        raise bad(f"{key} must be a map of at most MAX_PARTITION_MEMBERS entries")
-    return value
-
-
-def _peer(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= limits.MAX_PEER_ID_CHARS:
-        raise bad("a peer id is not a short string")
-    return value
-
-
-def _text(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or len(value) > limits.MAX_REASON_CHARS:
-        raise bad("a reason is not a string within MAX_REASON_CHARS")
-    return value
+    return bounded_map(p, key, bad, limits.MAX_PARTITION_MEMBERS, "MAX_PARTITION_MEMBERS")
 
 
 def envelope_type(envelope: bytes) -> str | None:

@@ -23,7 +23,7 @@ from cnode.storage import CID, StorageError
 
 from .. import limits
 from .._exceptions import PeerUpdateError
-from .._records import RecordKind, record_cid
+from .._records import RecordKind, bounded_map, peer_field, reason_field, record_cid
 
 __all__ = [
     "SCORE_RECORD_TYPE",
@@ -120,22 +120,15 @@ class ScoreRecord:
 
 
 def _map(p: Mapping[str, Any], key: str, bad: Any) -> Mapping[str, Any]:
-    value = p[key]
-    if not isinstance(value, Mapping) or len(value) > limits.MAX_SCORE_TARGETS:
-        raise bad(f"{key} must be a map of at most MAX_SCORE_TARGETS entries")
-    return value
+    return bounded_map(p, key, bad, limits.MAX_SCORE_TARGETS, "MAX_SCORE_TARGETS")
 
 
 def _peer(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= limits.MAX_PEER_ID_CHARS:
-        raise bad("a target peer id is not a short string")
-    return value
+    return peer_field(value, bad, "a target peer id")
 
 
 def _reason(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or len(value) > limits.MAX_REASON_CHARS:
-        raise bad("an unscored reason is not a string within MAX_REASON_CHARS")
-    return value
+    return reason_field(value, bad, "an unscored reason")
 
 
 def _losses(member: str, value: object, bad: Any) -> TargetLosses:
