@@ -13,7 +13,10 @@ if TYPE_CHECKING:
 
 __all__ = ["register"]
 
-# The late joiner starts after this round, or after the one before the last in a shorter run.
+# The late joiner starts after this round; in a shorter run, two rounds before the last (at
+# least 1): a node that joins once a round is published lands in the round after the next
+# (DISCO's rule for late comers: the next one's list may be closed already), so it needs two
+# rounds left to play one.
 LATE_AFTER = 3
 
 
@@ -39,8 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--late-after",
         type=int,
-        help=f"start the late joiner after this round (default {LATE_AFTER}, or --rounds - 1 "
-        "when that is smaller)",
+        help=f"start the late joiner after this round (default {LATE_AFTER}, or --rounds - 2 "
+        "when that is smaller, at least 1)",
     )
     parser.add_argument(
         "--codec",
@@ -59,7 +62,7 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
         raise UsageError(
             f"--rounds must be >= 2 (a late joiner needs a round to join), not {args.rounds}"
         )
-    late = min(LATE_AFTER, args.rounds - 1) if args.late_after is None else args.late_after
+    late = max(1, min(LATE_AFTER, args.rounds - 2)) if args.late_after is None else args.late_after
     if not 1 <= late < args.rounds:
         raise UsageError(
             f"--late-after must be at least 1 and below --rounds ({args.rounds}), not {late}"

@@ -73,7 +73,9 @@ def test_demo_refuses_a_late_joiner_after_the_last_round(
     ("argv", "late"),
     [
         ([], 3),
-        (["--rounds", "3"], 2),
+        (["--rounds", "5"], 3),
+        (["--rounds", "4"], 2),
+        (["--rounds", "3"], 1),
         (["--rounds", "2"], 1),
         (["--rounds", "3", "--late-after", "1"], 1),
     ],
