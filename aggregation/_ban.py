@@ -33,6 +33,10 @@ class EvidenceKind(StrEnum):
     OUTLIER = "outlier"  # an outlier in k of the last m rounds it took part in
     REPUTATION = "reputation"  # reputation below the ban bound in consecutive scored rounds
     WRONG_SCORE = "wrong_score"  # it signed a score that the recomputation contradicts
+    BAD_SCORE_RECORD = "bad_score_record"  # it signed a score record that does not decode
+    # Its round standing was at least BLATANT_SPREADS honest spreads below the median in
+    # consecutive scored rounds (left to the majority: the coordinator does not replay it).
+    BLATANT = "blatant"
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ class _Server(Protocol):
 
 __all__ = [
     "ReputationChecker",
+    "record_input",
     "replay_input",
     "reputation_verdict",
 ]
@@ -77,6 +78,17 @@ class ReputationChecker(Protocol):
     def __call__(
         self, rounds: Sequence[ScoredRound], *, run: str, accused: str, round_: int, figures: str
     ) -> ReputationVerdict: ...
+
+
+def record_input(store: Store, n: int, accused: str) -> list[ScoredRound] | str:
+    """Round n's closed record of ``accused`` alone, as a bad-record report is checked."""
+    row = store.round_row(n)
+    if row is None or not int(row["parts"] or 0):
+        return f"round {n} was not partitioned: it has no score records"
+    data = store.score_bytes(n).get(accused)
+    if data is None:
+        return f"round {n} holds no score record of {accused}"
+    return [(n, {}, {accused: data})]
 
 
 def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
@@ -121,7 +133,8 @@ async def reputation_verdict(
     banned already, or the records cannot decide). Who reports whom is checked first, so a
     stranger never costs a replay; the ban book re-checks everything in its transaction."""
     checker = server.reputation_checker
-    if checker is None or evidence["kind"] != EvidenceKind.REPUTATION:
+    record = evidence["kind"] == EvidenceKind.BAD_SCORE_RECORD
+    if checker is None or not (record or evidence["kind"] == EvidenceKind.REPUTATION):
         return None
     n, accused = int(evidence["round"]), str(evidence["peer"])
     username = server.access(peer, token, time.time())
@@ -134,7 +147,9 @@ async def reputation_verdict(
     # MAX_EVIDENCE_CHECKS replays' records in memory at once).
     async with server.evidence_slots.hold(peer):
         with server.store.tx():
-            rounds = replay_input(server.store, n)
+            rounds = (
+                record_input(server.store, n, accused) if record else replay_input(server.store, n)
+            )
         if isinstance(rounds, str):
             log.info("reputation_unchecked", peer=accused, round=n, why=rounds)
             return None

@@ -73,18 +73,21 @@ def reason_field(value: object, bad: Bad, what: str = "a reason") -> str:
 class RecordKind(Generic[R]):
     """One kind of signed record: its envelope type, size bound, decoder and words."""
 
-    type: str  # the envelope's payload type, e.g. "cnode/score-record/v1"
+    envelope_type: str  # the envelope's payload type, e.g. "cnode/score-record/v1"
     noun: str  # what error messages call it: "header", "score record", "partition result"
     signer: str  # who signs it, in words: "peer", "scorer", "aggregator"
     max_bytes: int  # the envelope's size bound
     bound: str  # the bound's name in limits.py, for the message
     decode: Callable[[Mapping[str, Any], str], R]  # from_payload(payload, signer)
+    # What is raised once the signature verifies (a bad field, another run or round): a
+    # subclass of PeerUpdateError when the signed bytes are evidence against the signer.
+    signed_error: type[PeerUpdateError] = PeerUpdateError
 
     def seal(self, identity: Identity, record: R) -> bytes:
         """The record as a signed envelope; ValueError unless ``identity`` is the peer it names."""
         if record.peer != identity.peer_id_str:
             raise ValueError(f"a {self.noun} is signed by the {self.signer} it names")
-        return seal(identity, self.type, record.to_payload())
+        return seal(identity, self.envelope_type, record.to_payload())
 
     def open(
         self, envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
@@ -97,16 +100,24 @@ class RecordKind(Generic[R]):
                 who, f"{self.noun} of {len(envelope)} bytes is too large (> {self.bound})"
             )
         try:
-            opened = open_envelope(envelope, expected_type=self.type, expected_signer=signer)
+            opened = open_envelope(
+                envelope, expected_type=self.envelope_type, expected_signer=signer
+            )
         except EnvelopeError as exc:
             raise PeerUpdateError(who, f"bad {self.noun} envelope: {exc}") from exc
-        record = self.decode(opened.payload, opened.signer)
+        # From here on the signer is proven: what is wrong is its own doing.
+        try:
+            record = self.decode(opened.payload, opened.signer)
+        except PeerUpdateError as exc:
+            if self.signed_error is PeerUpdateError:
+                raise
+            raise self.signed_error(opened.signer, exc.reason) from exc
         if record.run != run:
-            raise PeerUpdateError(
-                opened.signer, f"{self.noun} is for run {record.run!r}, not {run!r}"
+            raise self.signed_error(
+                opened.signer, f"{self.noun} is for run {record.run[:80]!r}, not {run[:80]!r}"
             )
         if round_ is not None and record.round != round_:
-            raise PeerUpdateError(
+            raise self.signed_error(
                 opened.signer, f"{self.noun} is for round {record.round}, not {round_}"
             )
         return record
