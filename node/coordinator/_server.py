@@ -54,7 +54,7 @@ from ._protocol import (
 )
 from ._ratelimit import RateLimiter
 from ._reports import parse_report
-from ._reputation import ReputationChecker, ReputationVerdict, reputation_verdict
+from ._reputation import ReputationChecker, reputation_verdict
 from ._requests import (
     int_text,
     parse_admin,
@@ -69,6 +69,7 @@ from ._requests import (
 )
 from ._slots import EvidenceSlots, EvidenceTiming
 from ._store import Store
+from ._verdicts import ReputationVerdict
 from ._waits import UNTIL, RoundWaits
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
@@ -459,4 +460,4 @@ class CoordinatorServer:
         action = parse_admin(args)
         with self.store.tx():
             self.machine.consume_counter(signer, counter)
-            return self.machine.admin(action, f"admin:{signer}", time.time())
+            return self.machine.admin(action, signer, time.time())

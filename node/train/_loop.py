@@ -42,7 +42,7 @@ from ._metrics import NodeMetrics, serve_metrics
 from ._report import Reporter
 from ._round_loop import RoundLoop
 from ._trainer import NodeTrainer
-from .exchange import PartitionedExchange, UpdateExchange
+from .exchange import MemberFetcher, PartitionedExchange, UpdateExchange
 from .swarm import (
     HeaderCollector,
     KnownBans,
@@ -225,7 +225,13 @@ class _Session:
                 await client.join(addrs=addrs)
             self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
             finder = PeerFinder(node, refused=lambda peer: peer in self.bans)
-            exchange = UpdateExchange(run, node.peer_id, node, self.headers, finder)
+            fetcher = MemberFetcher(run, node.peer_id, node, self.headers, finder)
+            exchange = UpdateExchange(
+                self.trainer,
+                client,
+                fetcher,
+                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
+            )
             loop = RoundLoop(
                 run_id=run,
                 trainer=self.trainer,
@@ -238,7 +244,7 @@ class _Session:
                     self.trainer,
                     node,
                     client,
-                    exchange,
+                    fetcher,
                     backup_step_s=self.run_config.rounds.backup_step_s,
                     withhold=settings.attack == "withhold",
                 ),
@@ -262,7 +268,6 @@ class _Session:
                 every=self.every,
                 stop_after_round=settings.stop_after_round,
                 checkpointer=settings.checkpointer,
-                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
             )
             gateway = maybe_gateway(settings.gateway, self.store, node, self.reporter)
             with contextlib.ExitStack() as metrics:

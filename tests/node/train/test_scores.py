@@ -131,4 +131,7 @@ def test_data_attacks_corrupt_the_training_text_only() -> None:
 def test_scores_setting_round_trips_and_is_absent_when_off() -> None:
     on = TrainingConfig.from_dict({"scores": True, "partitioned": "never"})
     assert on.scores and TrainingConfig.from_dict(on.to_dict()) == on
-    assert "scores" not in TrainingConfig().to_dict()  # runs without scores keep their bytes
+    off = TrainingConfig(scores=False)
+    assert "scores" not in off.to_dict()  # runs without scores keep their bytes
+    assert TrainingConfig.from_dict(off.to_dict()) == off
+    assert TrainingConfig().scores and TrainingConfig.for_run({}) == TrainingConfig()  # a run's
