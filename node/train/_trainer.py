@@ -26,7 +26,7 @@ from cnode.aggregation import (
     combine_records,
 )
 from cnode.auth import Identity
-from cnode.storage import CID, DAG_CBOR, BlockStore, StorageError, load_checkpoint
+from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
 
 from ._config import TrainingConfig
 from ._exceptions import (
@@ -41,7 +41,6 @@ from ._round import (
     aggregate_round,
     encode_update,
     load_update,
-    open_update_header,
     seal_update_header,
     store_update,
 )
