@@ -41,6 +41,7 @@ from .._exceptions import (
     PeerUpdateError,
     RoundStalledError,
     StateMismatchError,
+    UnreachableError,
 )
 from .._round import UpdateHeader, open_update_header
 from .._trainer import NodeTrainer, RoundOutcome
@@ -105,6 +106,7 @@ class PartitionedExchange:
         state = _Round(info, state_numel(self.trainer.state))
         with trio.move_on_after(limits.HEADER_WAIT_S):
             await self.updates.finder.dial_listed(info.addrs)
+        self._say_unreached(info)
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
         fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
@@ -134,11 +136,35 @@ class PartitionedExchange:
         dropped = dict(agreed.excluded)
         self.last_bytes_in = state.bytes_in + self.scores.bytes_in
         self.scores.bytes_in = 0
-        return await trio.to_thread.run_sync(
+        outcome = await trio.to_thread.run_sync(
             lambda: self.trainer.apply_partitions(
                 info.round, results, outputs, parts=info.parts, dropped=dropped, scores=spread
             )
         )
+        unreached = self._say_unreached(info)
+        others = [m for m in info.members if m != me]
+        if outcome.empty and others and len(unreached) == len(others):
+            # Nothing was exchanged, and this node reached nobody: it cannot take part (the
+            # next round would be the same). Stop, naming whom and why (reason "unreachable").
+            raise UnreachableError(info.round, unreached)
+        return outcome
+
+    def _say_unreached(self, info: RoundInfo) -> dict[str, str]:
+        """The round's other members this node is not connected to, and why; when that is
+        every one of them, one warning names them (within the round, not at its end)."""
+        me, finder = self.trainer.peer, self.updates.finder
+        connected = set(self.node.connected_peers())
+        others = [m for m in info.members if m != me]
+        unreached = {
+            m: finder.why_unreached(m, info.addrs.get(m, [])) for m in others if m not in connected
+        }
+        if others and len(unreached) == len(others):
+            log.warning(
+                "round_members_unreachable",
+                round=info.round,
+                members={m: why for m, why in sorted(unreached.items())},
+            )
+        return unreached
 
     # -- 1 and 2: aggregating a partition ---------------------------------------------------
 
