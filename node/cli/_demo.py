@@ -44,6 +44,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _handle(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from cnode.node._children import exit_on_sigterm
     from cnode.node.train import DemoSettings, run_demo
 
     if args.rounds < 2 or not 1 <= args.late_after < args.rounds:
@@ -55,4 +56,7 @@ def _handle(args: argparse.Namespace) -> int:
         attack=args.attack,
         codec=args.codec,
     )
+    # SIGTERM ends the demo as Ctrl-C does: its finally blocks stop the coordinator and the
+    # nodes (which also end by themselves if the demo is killed outright: _children.py).
+    exit_on_sigterm()
     return run_demo(settings, Console())

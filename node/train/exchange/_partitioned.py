@@ -417,7 +417,11 @@ class PartitionedExchange:
 
         async with trio.open_nursery() as nursery:
             for partition, output in outputs.items():
-                if output is not None and not self.node.store.has(output):
+                # Not `store.has(output)`: an earlier try (before `checked`) may have stored the
+                # root and run out of time before its chunks; assembling then read a chunk that
+                # is not there (BlockNotFoundError under load). fetch() walks the whole closure
+                # and asks only for what is missing: nothing, when it is all here.
+                if output is not None:
                     entry = agreed.results[str(partition)]
                     holders = [entry.peer, *([entry.by] if entry.by else []), *everyone]
                     nursery.start_soon(fetch_one, partition, output, holders)

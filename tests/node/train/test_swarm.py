@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from cnode.node._config import load_config
-from cnode.node.train import replay_checkpoint
+from cnode.node.train import StopReason, replay_checkpoint
 from cnode.storage import CID, BlockStore
 
 from .swarm import Swarm, final_states
@@ -50,8 +50,9 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     bans = swarm.run_state().bans
     assert [b.peer for b in bans] == [evil.peer]
     assert bans[0].by.startswith(("checked:", "majority")), bans  # its own check, or a majority
-    assert evil.proc.wait(timeout=30) == 1
+    assert evil.proc.wait(timeout=30) == StopReason.BANNED.exit_code
     assert "banned" in evil.events("stopped")[-1]["reason"]
+    assert evil.events("stopped")[-1]["stop_reason"] == "banned"
     # Nodes still training learned of the ban from the coordinator's gossip, not only by polling.
     seen = [e for n in honest for e in n.events("ban_seen")]
     assert seen and all(e["peers"] == [evil.peer] for e in seen)
