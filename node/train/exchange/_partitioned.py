@@ -106,7 +106,12 @@ class PartitionedExchange:
         state = _Round(info, state_numel(self.trainer.state))
         with trio.move_on_after(limits.HEADER_WAIT_S):
             await self.updates.finder.dial_listed(info.addrs)
-        self._say_unreached(info)
+        unreached = self._say_unreached(info)
+        if len(unreached) == len(info.members) - 1 > 0 and not any(info.addrs.values()):
+            # No member of the round, this node included, has an address the coordinator
+            # accepted: nobody can ever connect to anybody, so nothing can be exchanged. Stop
+            # now, naming them, rather than after a round of deadlines.
+            raise UnreachableError(info.round, unreached)
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
         fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
