@@ -50,3 +50,27 @@ def test_a_bad_announce_addr_is_a_clear_config_error(announce: str, words: str) 
     with pytest.raises(TrainingConfigError, match="--announce-addr") as raised:
         advertised_addrs([], (announce,), peer=PEER, allow_private=False)
     assert words in str(raised.value)
+
+
+def test_a_node_with_no_accepted_address_is_told_at_join_which_why_and_the_fix() -> None:
+    from structlog.testing import capture_logs
+
+    with capture_logs() as logs:
+        got = advertised_addrs(
+            ["/ip4/127.0.0.1/tcp/4101", "/ip4/10.0.0.7/tcp/0", "/ip6/::1/tcp/4101"],
+            (),
+            peer=PEER,
+            allow_private=False,
+        )
+    assert got == []
+    (warning,) = [e for e in logs if e["event"] == "unreachable_at_join"]
+    assert warning["log_level"] == "warning"
+    assert warning["refused"] == {
+        "/ip4/127.0.0.1/tcp/4101": "private or loopback address, and the run is public",
+        "/ip4/10.0.0.7/tcp/0": "unspecified address or port 0: nobody can dial it",
+        "/ip6/::1/tcp/4101": "not an /ip4/ADDR/tcp/PORT address (the form peers dial)",
+    }
+    assert "--announce-addr" in warning["fix"] and "allow_private_addrs" in warning["fix"]
+    with capture_logs() as logs:  # an accepted address: nothing to say
+        advertised_addrs(["/ip4/127.0.0.1/tcp/4101"], (), peer=PEER, allow_private=True)
+    assert not [e for e in logs if e["event"] == "unreachable_at_join"]
