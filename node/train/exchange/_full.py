@@ -63,6 +63,7 @@ class UpdateExchange:
         got = Collected({}, {}, {})
         with trio.move_on_at(until):
             await self.finder.dial_listed(info.addrs)
+            self.finder.say_unreached(info.round, info.members, info.addrs)
             await self._wait_gossip(info)
         members = [m for m in info.members if m != self.me]
         with trio.move_on_at(until):

@@ -155,21 +155,7 @@ class PartitionedExchange:
         return outcome
 
     def _say_unreached(self, info: RoundInfo) -> dict[str, str]:
-        """The round's other members this node is not connected to, and why; when that is
-        every one of them, one warning names them (within the round, not at its end)."""
-        me, finder = self.trainer.peer, self.updates.finder
-        connected = set(self.node.connected_peers())
-        others = [m for m in info.members if m != me]
-        unreached = {
-            m: finder.why_unreached(m, info.addrs.get(m, [])) for m in others if m not in connected
-        }
-        if others and len(unreached) == len(others):
-            log.warning(
-                "round_members_unreachable",
-                round=info.round,
-                members={m: why for m, why in sorted(unreached.items())},
-            )
-        return unreached
+        return self.updates.finder.say_unreached(info.round, info.members, info.addrs)
 
     # -- 1 and 2: aggregating a partition ---------------------------------------------------
 

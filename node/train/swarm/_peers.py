@@ -158,6 +158,23 @@ class PeerFinder:
                 for peer, peer_addrs in todo.items():
                     nursery.start_soon(self._dial_one, peer, peer_addrs)
 
+    def say_unreached(
+        self, round_: int, members: Sequence[str], addrs: Mapping[str, Sequence[str]]
+    ) -> dict[str, str]:
+        """The round's other members this node is not connected to, and why; when that is
+        every one of them, one warning names them (within the round, not at its end)."""
+        me = self.node.peer_id
+        connected = set(self.node.connected_peers())
+        others = [m for m in members if m != me]
+        unreached = {
+            m: self.why_unreached(m, addrs.get(m, [])) for m in others if m not in connected
+        }
+        if others and len(unreached) == len(others):
+            log.warning(
+                "round_members_unreachable", round=round_, members=dict(sorted(unreached.items()))
+            )
+        return unreached
+
     async def _dial_one(self, peer: str, addrs: list[str]) -> None:
         errors = []
         for address in addrs[: coordinator_limits.MAX_PEER_ADDRS]:
