@@ -79,6 +79,11 @@ def demo_settings(args: argparse.Namespace) -> DemoSettings:
 def _handle(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from cnode.node._children import exit_on_sigterm
     from cnode.node.train import run_demo
 
-    return run_demo(demo_settings(args), Console())
+    settings = demo_settings(args)
+    # SIGTERM ends the demo as Ctrl-C does: its finally blocks stop the coordinator and the
+    # nodes (which also end by themselves if the demo is killed outright: _children.py).
+    exit_on_sigterm()
+    return run_demo(settings, Console())

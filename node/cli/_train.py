@@ -109,9 +109,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _handle(args: argparse.Namespace) -> int:
     import trio
 
+    from cnode import CnodeError
     from cnode.aggregation import ATTACKS
     from cnode.node.p2p import check_gateway_url
-    from cnode.node.train import DATA_ATTACKS, NODE_ATTACKS, TrainSettings, run_node
+    from cnode.node.train import (
+        DATA_ATTACKS,
+        NODE_ATTACKS,
+        NodeStopped,
+        TrainSettings,
+        run_node,
+        stop_reason_of,
+    )
 
     home = args.home or default_home()
     config = load_config(home)
@@ -165,4 +173,12 @@ def _handle(args: argparse.Namespace) -> int:
         fetch_gateways=tuple(args.fetch_gateway),
         metrics=metrics,
     )
-    return trio.run(run_node, settings)
+    try:
+        return trio.run(run_node, settings)
+    except (CnodeError, OSError) as exc:
+        # One reason of the closed set, its evidence, and its exit status
+        # (specs/training.md#why-a-node-stops).
+        reason = stop_reason_of(exc)
+        evidence = exc.evidence if isinstance(exc, NodeStopped) else f"{type(exc).__name__}: {exc}"
+        print(f"cnode: stopped ({reason.value}): {evidence}", file=sys.stderr)
+        return reason.exit_code

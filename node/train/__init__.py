@@ -20,6 +20,7 @@ from ._exceptions import RoundStalledError as RoundStalledError
 from ._exceptions import StateMismatchError as StateMismatchError
 from ._exceptions import TrainingConfigError as TrainingConfigError
 from ._exceptions import TrainingError as TrainingError
+from ._exceptions import UnreachableError as UnreachableError
 from ._loop import NODE_ATTACKS as NODE_ATTACKS
 from ._loop import TrainSettings as TrainSettings
 from ._loop import run_node as run_node
@@ -30,6 +31,9 @@ from ._round import header_cid as header_cid
 from ._round import load_update as load_update
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
+from ._stop import NodeStopped as NodeStopped
+from ._stop import StopReason as StopReason
+from ._stop import stop_reason_of as stop_reason_of
 from ._trainer import NodeTrainer as NodeTrainer
 from .checkpoint import ReplayInputs as ReplayInputs
 from .checkpoint import ReplayReport as ReplayReport
@@ -84,6 +88,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "MissingUpdatesError",
     "ModelConfig",
     "NODE_ATTACKS",
+    "NodeStopped",
     "NodeTrainer",
     "PARTITION_RESULT_TYPE",
     "PartitionEvidenceError",
@@ -98,12 +103,14 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "ScoreRecord",
     "SignedUpdates",
     "StateMismatchError",
+    "StopReason",
     "TextData",
     "TrainSettings",
     "TrainingConfig",
     "TrainingConfigError",
     "TrainingError",
     "UPDATE_HEADER_TYPE",
+    "UnreachableError",
     "UpdateHeader",
     "aggregate_round",
     "build_model",
@@ -135,6 +142,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "state_cid",
     "state_cid_from_layers",
     "state_numel",
+    "stop_reason_of",
     "store_checkpoint",
     "train_local",
     "updates_topic",

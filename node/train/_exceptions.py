@@ -11,7 +11,8 @@ The tree::
           ├── ReplayMismatchError      recomputing a checkpoint gives other layers than its manifest
           ├── RoundStalledError        the coordinator published no member list in time
           ├── BannedError              the coordinator banned this node (the reason inside)
-          └── CatchUpError             the state needed to join could not be fetched or rebuilt
+          ├── CatchUpError             the state needed to join could not be fetched or rebuilt
+          └── UnreachableError         this node reached none of a round's other members
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "StateMismatchError",
     "TrainingConfigError",
     "TrainingError",
+    "UnreachableError",
 ]
 
 
@@ -132,3 +134,17 @@ class PartitionEvidenceError(TrainingError):
 class OutputsUnavailableError(TrainingError):
     """Raised when a node cannot fetch an agreed partition output: it must not assemble another
     state, so it gives the round up and catches up (specs/training.md#partitioned-rounds)."""
+
+
+class UnreachableError(TrainingError):
+    """Raised when a round exchanged nothing and this node could dial none of its other members:
+    it cannot take part. ``peers`` maps each member to why it could not be dialed."""
+
+    def __init__(self, round_: int, peers: dict[str, str]) -> None:
+        named = "; ".join(f"{p} ({why})" for p, why in sorted(peers.items()))
+        super().__init__(
+            f"round {round_}: no partition could be exchanged and this node reached none of the "
+            f"round's other members: {named}"
+        )
+        self.round = round_
+        self.peers = peers

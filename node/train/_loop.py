@@ -41,6 +41,7 @@ from ._membership import leave_round
 from ._metrics import NodeMetrics, serve_metrics
 from ._report import Reporter
 from ._round_loop import RoundLoop
+from ._stop import NodeStopped, StopReason, stop_reason_of
 from ._trainer import NodeTrainer
 from .exchange import MemberFetcher, PartitionedExchange, UpdateExchange
 from .swarm import (
@@ -144,11 +145,21 @@ async def run_node(settings: TrainSettings) -> int:
                     raise error from None
         if session.left:
             why = "left"
-    except BaseException as exc:
-        why = f"{type(exc).__name__}: {exc}"
+    except (Exception, BaseExceptionGroup) as exc:
+        # Every stop gets one reason of the closed set (_stop.py), in the report and the CLI's
+        # exit status; an unexpected error is "internal" and keeps its traceback in the log.
+        reason = stop_reason_of(exc)
+        evidence = exc.evidence if isinstance(exc, NodeStopped) else f"{type(exc).__name__}: {exc}"
+        if reason is StopReason.INTERNAL:
+            log.exception("stopped_on_internal_error")
+        reporter.event(
+            "stopped", reason=evidence, stop_reason=reason.value, exit_code=reason.exit_code
+        )
+        raise NodeStopped(reason, evidence) from exc
+    except BaseException as exc:  # cancelled, KeyboardInterrupt: the process is told to end
+        reporter.event("stopped", reason=f"{type(exc).__name__}: {exc}", stop_reason="finished")
         raise
-    finally:
-        reporter.event("stopped", reason=why)  # for people and for the demo's report
+    reporter.event("stopped", reason=why, stop_reason="finished", exit_code=0)
     return 0
 
 

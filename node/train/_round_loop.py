@@ -107,7 +107,9 @@ class RoundLoop:
             # node that joins after that waits a whole round (DISCO's rule for late comers).
             self.current_round = await self.client.join_round()
         manifest = None
-        if round_ % self.every == 0:
+        if outcome.empty:  # warned once (round_exchanged_nothing): no progress to checkpoint
+            self.reporter.event("round_exchanged_nothing", round=round_, parts=info.parts)
+        elif round_ % self.every == 0:
             manifest = await trio.to_thread.run_sync(self.trainer.store_checkpoint)
             await self.node.announce_hold(manifest)
             await self._agree(round_, info.epoch, manifest)

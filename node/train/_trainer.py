@@ -26,7 +26,7 @@ from cnode.aggregation import (
     combine_records,
 )
 from cnode.auth import Identity
-from cnode.storage import CID, DAG_CBOR, BlockStore, StorageError, load_checkpoint
+from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
 
 from ._config import TrainingConfig
 from ._exceptions import (
@@ -41,7 +41,6 @@ from ._round import (
     aggregate_round,
     encode_update,
     load_update,
-    open_update_header,
     seal_update_header,
     store_update,
 )
@@ -99,6 +98,9 @@ class RoundOutcome:
     dropped: dict[str, str]  # peer -> why its update was not used (missing, bad header, ...)
     bans: list[BanRecommendation]
     seconds: float
+    # Nothing could be exchanged: no partition had a result, every one kept its parent. The
+    # state is the parent's; the round is no progress and is not checkpointed.
+    empty: bool = False
 
 
 def _finite(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -412,14 +414,40 @@ class NodeTrainer:
             "partitions": len(results),
             "members": len(members),
         }
+        empty = not results  # the same verdict on every node: results are the recorded ones
+        if empty:
+            # No partition result: the state stays the parent's. Nothing is logged for the
+            # round (a replay has nothing to recompute) and its scores move no reputation (no
+            # update was applied); a wrong score record is still evidence.
+            if scores is not None:
+                bans += list(scores.wrong)
+            self.round = round_
+            log.warning(
+                "round_exchanged_nothing",
+                round=round_,
+                parts=parts,
+                why="no partition has a result: no aggregator, nor any backup, got enough "
+                "members' updates by the deadline (are the members' addresses reachable?)",
+            )
+            return RoundOutcome(
+                round_,
+                RoundResult(self.state, self.state_cid, AggregationResult({}, combined, {})),
+                (),
+                dropped,
+                bans,
+                time.perf_counter() - began,
+                empty=True,
+            )
         if scores is not None and self.scoring is not None:
             bans += self._spread_bans(round_, scores)
             dropped.update({m: why for m, why in scores.left_out.items() if m not in combined})
             params["scores"] = scores.to_params()
-            # Every member's header that opens and every score record are listed, so a replay
-            # recomputes the same scores, reputations and admitted set (the seed's full input
-            # is in params["scores"]["headers"]).
-            inputs.update(c for c in scores.headers.values() if self._opens(c, round_))
+            # The manifest lists only what the agreed round decides, never what this node
+            # happens to hold (a header fetched here but not there made honest nodes' manifests
+            # differ): every score record, and the header of each disputed target (a replay
+            # recomputes those). The seed's full input is in params["scores"]["headers"].
+            disputed = {str(w.figures.get("target")) for w in scores.wrong}
+            inputs.update(c for m, c in scores.headers.items() if m in disputed)
             cids += tuple(sorted(scores.records.values(), key=str))
         cids += tuple(sorted(inputs, key=str))
         self.state, self.state_cid, self.round = new, new_cid, round_
@@ -434,13 +462,6 @@ class NodeTrainer:
             bans,
             time.perf_counter() - began,
         )
-
-    def _opens(self, cid: CID, round_: int) -> bool:
-        try:
-            open_update_header(self.store.get(cid), run=self.run, round_=round_)
-        except (StorageError, PeerUpdateError):
-            return False
-        return True
 
     def _spread_bans(self, round_: int, scores: SpreadScores) -> list[BanRecommendation]:
         """Take the round's agreed reputations; reputation and wrong-score ban evidence."""

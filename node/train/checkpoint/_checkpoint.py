@@ -199,7 +199,9 @@ def replay_rounds(
     if not by_round:
         return parent, []
     rounds = sorted(by_round)
-    if rounds[0] < first_round or rounds != list(range(rounds[0], rounds[0] + len(rounds))):
+    # A round may be absent: one in which nothing could be exchanged (no partition had a
+    # result) left the state as it was and lists nothing (specs/training.md#empty-rounds).
+    if rounds[0] < first_round:
         raise ReplayMismatchError(f"update headers cover rounds {rounds}, from {first_round} on")
     if len(rounds) > limits.MAX_REPLAY_ROUNDS:
         raise ReplayMismatchError(f"{len(rounds)} rounds to replay > MAX_REPLAY_ROUNDS")

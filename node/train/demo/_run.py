@@ -26,6 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cnode.auth import Identity, save_identity
+from cnode.node._children import die_with_parent
 from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
 
 from .._report import read_report
@@ -66,7 +67,10 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     # Six processes share the machine: one torch thread each keeps them from fighting.
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     with log.open("ab") as fh:
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        # Each node ends with the demo, even one killed with SIGKILL (_children.py).
+        return subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent()
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:

@@ -128,6 +128,7 @@ class UpdateExchange:
         got = Collected({}, {}, {})
         with trio.move_on_at(until):
             await self.fetcher.finder.dial_listed(info.addrs)
+            self.fetcher.finder.say_unreached(info.round, info.members, info.addrs)
             await self._wait_gossip(info)
         members = [m for m in info.members if m != self.fetcher.me]
         with trio.move_on_at(until):

@@ -41,6 +41,7 @@ from .._exceptions import (
     PeerUpdateError,
     RoundStalledError,
     StateMismatchError,
+    UnreachableError,
 )
 from .._round import UpdateHeader, open_update_header
 from .._trainer import NodeTrainer, RoundOutcome
@@ -104,6 +105,12 @@ class PartitionedExchange:
         state = _Round(info, state_numel(self.trainer.state))
         with trio.move_on_after(limits.HEADER_WAIT_S):
             await self.fetcher.finder.dial_listed(info.addrs)
+        unreached = self._say_unreached(info)
+        if len(unreached) == len(info.members) - 1 > 0 and not any(info.addrs.values()):
+            # No member of the round, this node included, has an address the coordinator
+            # accepted: nobody can ever connect to anybody, so nothing can be exchanged. Stop
+            # now, naming them, rather than after a round of deadlines.
+            raise UnreachableError(info.round, unreached)
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
         fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
@@ -133,11 +140,21 @@ class PartitionedExchange:
         dropped = dict(agreed.excluded)
         self.last_bytes_in = state.bytes_in + self.scores.bytes_in
         self.scores.bytes_in = 0
-        return await trio.to_thread.run_sync(
+        outcome = await trio.to_thread.run_sync(
             lambda: self.trainer.apply_partitions(
                 info.round, results, outputs, parts=info.parts, dropped=dropped, scores=spread
             )
         )
+        unreached = self._say_unreached(info)
+        others = [m for m in info.members if m != me]
+        if outcome.empty and others and len(unreached) == len(others):
+            # Nothing was exchanged, and this node reached nobody: it cannot take part (the
+            # next round would be the same). Stop, naming whom and why (reason "unreachable").
+            raise UnreachableError(info.round, unreached)
+        return outcome
+
+    def _say_unreached(self, info: RoundInfo) -> dict[str, str]:
+        return self.fetcher.finder.say_unreached(info.round, info.members, info.addrs)
 
     # -- 1 and 2: aggregating a partition ---------------------------------------------------
 
@@ -383,7 +400,11 @@ class PartitionedExchange:
 
         async with trio.open_nursery() as nursery:
             for partition, output in outputs.items():
-                if output is not None and not self.node.store.has(output):
+                # Not `store.has(output)`: an earlier try (before `checked`) may have stored the
+                # root and run out of time before its chunks; assembling then read a chunk that
+                # is not there (BlockNotFoundError under load). fetch() walks the whole closure
+                # and asks only for what is missing: nothing, when it is all here.
+                if output is not None:
                     entry = agreed.results[str(partition)]
                     holders = [entry.peer, *([entry.by] if entry.by else []), *everyone]
                     nursery.start_soon(fetch_one, partition, output, holders)

@@ -16,7 +16,7 @@ import pytest
 
 from cnode.node._config import load_config
 from cnode.node.coordinator import BanKind
-from cnode.node.train import replay_checkpoint
+from cnode.node.train import StopReason, replay_checkpoint
 from cnode.storage import CID, BlockStore
 
 from .swarm import Swarm, final_states
@@ -53,8 +53,8 @@ def test_a_liar_is_banned_in_the_round_it_lies_and_a_withholder_is_backed_up(
     c = swarm.start("c", rounds=rounds, checkpointer=True)
     quiet = swarm.start("quiet", "--attack", "withhold", rounds=rounds)
     honest = [a, b, c]
-    assert liar.proc.wait(timeout=240) == 1, swarm.describe()
-    assert liar.events("stopped")
+    assert liar.proc.wait(timeout=240) == StopReason.BANNED.exit_code, swarm.describe()
+    assert liar.events("stopped")[-1]["stop_reason"] == "banned"
 
     # The liar: banned by the coordinator itself, on its recomputation, in round 1 (its first).
     (ban,) = swarm.run_state().bans

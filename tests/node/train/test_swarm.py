@@ -15,7 +15,7 @@ import pytest
 
 from cnode.node._config import load_config
 from cnode.node.coordinator import BanKind
-from cnode.node.train import replay_checkpoint
+from cnode.node.train import StopReason, replay_checkpoint
 from cnode.storage import CID, BlockStore
 from tests.support.metrics import scrape, value
 
@@ -63,7 +63,8 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     bans = swarm.run_state().bans
     assert [b.peer for b in bans] == [evil.peer]
     assert bans[0].kind in (BanKind.CHECKED, BanKind.MAJORITY), bans  # its own check, or a majority
-    assert evil.proc.wait(timeout=30) == 1 and evil.events("stopped")
+    assert evil.proc.wait(timeout=30) == StopReason.BANNED.exit_code
+    assert evil.events("stopped")[-1]["stop_reason"] == "banned"
     # Nodes still training learned of the ban from the coordinator's gossip, not only by polling.
     seen = [e for n in honest for e in n.events("ban_seen")]
     assert seen and all(e["peers"] == [evil.peer] for e in seen)
