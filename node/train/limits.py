@@ -17,11 +17,12 @@ MAX_MODEL_PARAMETERS_CEILING = 8_000_000_000
 # training holds the state, the live model, its gradients, AdamW's two moments, the delta and
 # the residual; the aggregation of a round holds the state, the residual, the decoded updates
 # (a full round: every member's, whole; "auto" runs full rounds of at most
-# PARTITION_MIN_MEMBERS - 1 = 2 members), the aggregate and the new state. The outer momentum,
+# PARTITION_MIN_MEMBERS - 1 = 2 members), the aggregate, the new state and CenteredClip's
+# temporaries (~0.6 of a model, measured: specs/training.md#memory). The outer momentum,
 # if a run has one, adds one to each. A run with partitioned = "never" holds n + 4 in a round of
 # n members: this start check does not know n, and does not cover that case.
 TRAINING_BUFFERS = 7
-ROUND_BUFFERS = 6
+ROUND_BUFFERS = 7
 # Bytes a node needs beyond its whole-model buffers (interpreter, torch, libp2p, one layer's
 # chunks in flight); measured ~450 MB for a node process at rest.
 NODE_BASE_BYTES = 512 * 1024 * 1024
