@@ -38,6 +38,7 @@ from cnode.aggregation import (
     UpdateScore,
     admit,
     draw_indices,
+    round_standing,
     score_seed,
     score_update,
     scored_config,
@@ -164,10 +165,11 @@ class RoundScoring:
             own_before = self._losses(base, [own])[0]
             own_after, held_after = self._losses(moved, [own, held])
             scores[peer] = score_update(peer, own_before, own_after, held_before, held_after)
+        standing = round_standing(scores)
         self.reputation = update_reputation(
-            self.reputation, {p: s.score for p, s in scores.items()}
+            self.reputation, {p: d.round for p, d in standing.items()}
         )
-        admitted = tuple(admit({p: s.score for p, s in scores.items()}, self.reputation))
+        admitted = tuple(admit(scores, self.reputation))
         return ScoredRound(round_, seed, scores, admitted, dict(self.reputation))
 
     def admitted_updates(
