@@ -15,6 +15,7 @@ from ._attacks import flip_labels as flip_labels
 from ._attacks import new_attack as new_attack
 from ._ban import BanPolicy as BanPolicy
 from ._ban import BanRecommendation as BanRecommendation
+from ._ban import EvidenceKind as EvidenceKind
 from ._codec import CODECS as CODECS
 from ._codec import decode_update_tensor as decode_update_tensor
 from ._codec import encode_update_tensor as encode_update_tensor
@@ -76,6 +77,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "BanPolicy",
     "BanRecommendation",
     "CODECS",
+    "EvidenceKind",
     "NotEnoughUpdatesError",
     "PARTITION_TENSOR",
     "PeerRecord",

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import limits
-from ._ban import BanRecommendation
+from ._ban import BanRecommendation, EvidenceKind
 from ._exceptions import AggregationInputError
 from ._types import AggregatorConfig
 
@@ -351,6 +351,7 @@ class ReputationPolicy:
                 BanRecommendation(
                     peer,
                     round_,
+                    EvidenceKind.REPUTATION,
                     f"reputation below the ban bound in {len(low)} rounds in a row",
                     cids.get(peer),
                     {
@@ -387,6 +388,7 @@ class ReputationPolicy:
         return BanRecommendation(
             peer,
             round_,
+            EvidenceKind.BLATANT,
             f"{BLATANT_REASON}{len(low)} rounds in a row",
             cids.get(peer),
             {

@@ -89,6 +89,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="trustless gateway to fetch a checkpoint from when peers cannot (before the Hub; "
         "repeatable)",
     )
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (rounds, phase seconds, "
+        "bytes by peer, updates left out, bans; specs/training.md#metrics); port 0 picks one",
+    )
     parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
     parser.add_argument(
         "--attack",
@@ -127,6 +133,11 @@ def _handle(args: argparse.Namespace) -> int:
         from ._gateway import parse_host_port
 
         gateway = parse_host_port(args.gateway)
+    metrics = None
+    if args.metrics is not None:
+        from ._gateway import parse_host_port
+
+        metrics = parse_host_port(args.metrics, "--metrics")
     for url in args.fetch_gateway:
         try:
             check_gateway_url(url)
@@ -152,5 +163,6 @@ def _handle(args: argparse.Namespace) -> int:
         announce_addrs=tuple(args.announce_addr),
         gateway=gateway,
         fetch_gateways=tuple(args.fetch_gateway),
+        metrics=metrics,
     )
     return trio.run(run_node, settings)

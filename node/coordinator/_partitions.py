@@ -24,6 +24,7 @@ from cnode.aggregation import limits as aggregation_limits
 from cnode.storage import DAG_CBOR, compute_cid
 
 from . import limits
+from ._ban_records import BanKind
 from ._bans import BanBook
 from ._codes import ErrorCode as E
 from ._config import RunConfig
@@ -353,9 +354,10 @@ class PartitionRules:
         if self.store.ban_row(signer) is None:
             self.bans.ban(
                 signer,
+                BanKind.PARTITION,
                 f"wrong partition result: round {n} partition {partition}: header names "
                 f"{claimed or 'no output'}, recomputation gives {recomputed or 'no output'}",
-                f"evidence:{reporter}",
+                reporter,
                 now,
                 round_=n,
                 evidence={

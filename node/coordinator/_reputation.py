@@ -20,49 +20,13 @@ from typing import Any, Protocol
 
 import structlog
 
+from cnode.aggregation import EvidenceKind
+
 from . import limits
 from ._protocol import RoundStatus
 from ._slots import EvidenceSlots
 from ._store import Store
-
-__all__ = [
-    "BAD_RECORD_REASON",
-    "REPUTATION_REASON",
-    "ReputationChecker",
-    "ReputationVerdict",
-    "replay_input",
-    "reputation_verdict",
-]
-
-log = structlog.get_logger(__name__)
-
-# How a node's ReputationPolicy words a reputation ban (aggregation/_scores.py).
-REPUTATION_REASON = "reputation below the ban bound in "
-# How a node words a scorer whose signed score record does not decode (an out-of-range loss):
-# node/train/scores/_spread.py BAD_RECORD_REASON. Checked on that one record.
-BAD_RECORD_REASON = "signed a score record that does not decode: "
-
-# (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
-ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
-
-
-class ReputationVerdict(Protocol):
-    """What the replay found (``cnode.node.train.ReputationVerdict``)."""
-
-    @property
-    def decided(self) -> bool: ...  # False: the records alone cannot decide
-    @property
-    def correct(self) -> bool: ...  # decided, and the figures are what the records give
-    @property
-    def reason(self) -> str: ...  # what did not match, or why undecided
-
-
-class ReputationChecker(Protocol):
-    """Replay rounds 1..``round_`` and compare the accused's figures with the records."""
-
-    def __call__(
-        self, rounds: Sequence[ScoredRound], *, run: str, accused: str, round_: int, figures: str
-    ) -> ReputationVerdict: ...
+from ._verdicts import ReputationVerdict
 
 
 class _Bans(Protocol):
@@ -79,8 +43,9 @@ class _Machine(Protocol):
     def check_not_banned(self, peer: str, username: str = "") -> None: ...
 
 
-class CoordinatorServer(Protocol):
-    """What the check uses of the server (``_server.CoordinatorServer``)."""
+class _Server(Protocol):
+    """What the check uses of ``_server.CoordinatorServer`` (not imported: it imports this
+    module, and an import cycle, even for types only, is refused by tests/test_layering.py)."""
 
     run: str
     store: Store
@@ -92,6 +57,27 @@ class CoordinatorServer(Protocol):
     reputation_checker: ReputationChecker | None
 
     def access(self, peer: str, token: Any, now: float) -> str: ...
+
+
+__all__ = [
+    "ReputationChecker",
+    "record_input",
+    "replay_input",
+    "reputation_verdict",
+]
+
+log = structlog.get_logger(__name__)
+
+# (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
+ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
+
+
+class ReputationChecker(Protocol):
+    """Replay rounds 1..``round_`` and compare the accused's figures with the records."""
+
+    def __call__(
+        self, rounds: Sequence[ScoredRound], *, run: str, accused: str, round_: int, figures: str
+    ) -> ReputationVerdict: ...
 
 
 def record_input(store: Store, n: int, accused: str) -> list[ScoredRound] | str:
@@ -141,15 +127,14 @@ def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
 
 
 async def reputation_verdict(
-    server: CoordinatorServer, peer: str, token: Any, evidence: dict[str, Any]
+    server: _Server, peer: str, token: Any, evidence: dict[str, Any]
 ) -> ReputationVerdict | None:
     """The replay's verdict on a reputation report, or None (not one, no checker, the accused
     banned already, or the records cannot decide). Who reports whom is checked first, so a
     stranger never costs a replay; the ban book re-checks everything in its transaction."""
     checker = server.reputation_checker
-    reason = evidence["reason"]
-    record = reason.startswith(BAD_RECORD_REASON)
-    if checker is None or not (record or reason.startswith(REPUTATION_REASON)):
+    record = evidence["kind"] == EvidenceKind.BAD_SCORE_RECORD
+    if checker is None or not (record or evidence["kind"] == EvidenceKind.REPUTATION):
         return None
     n, accused = int(evidence["round"]), str(evidence["peer"])
     username = server.access(peer, token, time.time())

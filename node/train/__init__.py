@@ -56,7 +56,6 @@ from .model import state_cid_from_layers as state_cid_from_layers
 from .model import train_local as train_local
 from .partition import PARTITION_RESULT_TYPE as PARTITION_RESULT_TYPE
 from .partition import PartitionResult as PartitionResult
-from .partition import PartitionVerdict as PartitionVerdict
 from .partition import build_partition_evidence as build_partition_evidence
 from .partition import check_partition_evidence as check_partition_evidence
 from .partition import input_segments as input_segments
@@ -67,7 +66,6 @@ from .partition import recompute_partition as recompute_partition
 from .partition import seal_partition_result as seal_partition_result
 from .partition import state_numel as state_numel
 from .scores import SCORE_RECORD_TYPE as SCORE_RECORD_TYPE
-from .scores import ReputationVerdict as ReputationVerdict
 from .scores import RoundScoring as RoundScoring
 from .scores import ScoreRecord as ScoreRecord
 from .scores import check_reputation_evidence as check_reputation_evidence
@@ -94,12 +92,10 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "PARTITION_RESULT_TYPE",
     "PartitionEvidenceError",
     "PartitionResult",
-    "PartitionVerdict",
     "PeerUpdateError",
     "ReplayInputs",
     "ReplayMismatchError",
     "ReplayReport",
-    "ReputationVerdict",
     "RoundScoring",
     "RoundStalledError",
     "SCORE_RECORD_TYPE",

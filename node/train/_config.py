@@ -172,10 +172,11 @@ class TrainingConfig:
     # #verification): more catches a lying aggregator sooner and costs about one update of
     # traffic per member each.
     verify_partitions: int = limits.VERIFY_PARTITIONS
-    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). On for
-    # a run whose run config does not say (for_run); a recorded config (a checkpoint's
-    # extra.training) without the key is of a run from before scores: off (from_dict).
-    scores: bool = False
+    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). On: what
+    # a run gets unless its run config says `scores = false` (for_run). A recorded config (a
+    # checkpoint's extra.training) without the key is of a run from before scores: from_dict
+    # reads it as off, so old checkpoints replay as they were made.
+    scores: bool = True
 
     @property
     def samples_per_round(self) -> int:
@@ -203,16 +204,21 @@ class TrainingConfig:
 
     @classmethod
     def for_run(cls, raw: dict[str, Any]) -> TrainingConfig:
-        """Build from a run config's ``[training]`` table, where ``scores`` is on unless the
-        table says ``scores = false`` (the default of new runs since issue 12)."""
-        if not isinstance(raw, dict):
-            raise TrainingConfigError("[training] must be a table")
-        return cls.from_dict({"scores": True, **raw})
+        """Build from a run config's ``[training]`` table: an absent key takes the dataclass
+        default (``scores`` on); unknown keys are an error."""
+        return cls._parse(raw)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainingConfig:
-        """Build from a table as recorded (a checkpoint's ``extra.training``): an absent key
-        takes the dataclass default (``scores`` off); unknown keys are an error."""
+        """Build from a table as recorded (a checkpoint's ``extra.training``, what ``to_dict``
+        wrote): as :meth:`for_run`, but an absent ``scores`` is off (``to_dict`` leaves it out
+        when off, and records of runs from before scores never had it)."""
+        if not isinstance(raw, dict):
+            raise TrainingConfigError("[training] must be a table")
+        return cls._parse({"scores": False, **raw})
+
+    @classmethod
+    def _parse(cls, raw: dict[str, Any]) -> TrainingConfig:
         if not isinstance(raw, dict):
             raise TrainingConfigError("[training] must be a table")
         raw = dict(raw)

@@ -16,7 +16,12 @@ The tree::
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cnode.node._exceptions import NodeError
+
+if TYPE_CHECKING:
+    from cnode.node.coordinator import BanKind
 
 __all__ = [
     "BannedError",
@@ -111,8 +116,12 @@ class BannedError(TrainingError):
     """Raised by the training loop when the run's signed state bans this very node.
 
     Its peers refuse its block requests and updates from then on; the message carries the
-    coordinator's reason (as ``cnode status`` shows it).
+    coordinator's reason (as ``cnode status`` shows it), ``kind`` how the ban was decided.
     """
+
+    def __init__(self, message: str, kind: BanKind) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class PartitionEvidenceError(TrainingError):

@@ -9,7 +9,9 @@ trio). See specs/training.md#interaction.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,7 +24,13 @@ from cnode.node._config import IDENTITY_FILE
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import CoordinatorClient, RunConfig, load_run_config
 from cnode.node.hub import HubLogin, load_hub_login
-from cnode.node.p2p import P2PSettings, PeerAdmission, open_p2p_node, unwrap_node_errors
+from cnode.node.p2p import (
+    P2PNode,
+    P2PSettings,
+    PeerAdmission,
+    open_p2p_node,
+    unwrap_node_errors,
+)
 from cnode.storage import BlockStore
 
 from . import limits
@@ -31,10 +39,11 @@ from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
 from ._membership import leave_round
 from ._memory import check_model_fits
+from ._metrics import NodeMetrics, serve_metrics
 from ._report import Reporter
 from ._round_loop import RoundLoop
 from ._trainer import NodeTrainer
-from .exchange import PartitionedExchange, UpdateExchange
+from .exchange import MemberFetcher, PartitionedExchange, UpdateExchange
 from .swarm import (
     HeaderCollector,
     KnownBans,
@@ -83,6 +92,8 @@ class TrainSettings:
     gateway: tuple[str, int] | None = None
     # --fetch-gateway URL: trustless gateways tried for a checkpoint after peers, before the Hub
     fetch_gateways: tuple[str, ...] = ()
+    # --metrics HOST:PORT: serve Prometheus metrics there (specs/training.md#metrics)
+    metrics: tuple[str, int] | None = None
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -216,7 +227,13 @@ class _Session:
                 await client.join(addrs=addrs)
             self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
             finder = PeerFinder(node, refused=lambda peer: peer in self.bans)
-            exchange = UpdateExchange(run, node.peer_id, node, self.headers, finder)
+            fetcher = MemberFetcher(run, node.peer_id, node, self.headers, finder)
+            exchange = UpdateExchange(
+                self.trainer,
+                client,
+                fetcher,
+                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
+            )
             loop = RoundLoop(
                 run_id=run,
                 trainer=self.trainer,
@@ -229,7 +246,7 @@ class _Session:
                     self.trainer,
                     node,
                     client,
-                    exchange,
+                    fetcher,
                     backup_step_s=self.run_config.rounds.backup_step_s,
                     withhold=settings.attack == "withhold",
                 ),
@@ -253,27 +270,46 @@ class _Session:
                 every=self.every,
                 stop_after_round=settings.stop_after_round,
                 checkpointer=settings.checkpointer,
-                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
             )
             gateway = maybe_gateway(settings.gateway, self.store, node, self.reporter)
-            async with gateway, trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    loop.topics.run_all, node, partial(loop.take_state, via="gossip")
-                )
-                nursery.start_soon(
-                    finder.follow,
-                    client,
-                    settings.bootstrap,
-                    partial(loop.take_state, via="poll"),
-                )
-                with trio.CancelScope() as rounds:
-                    nursery.start_soon(self._leave_on_signal, rounds)
-                    await loop.run()
-                nursery.cancel_scope.cancel()
+            with contextlib.ExitStack() as metrics:
+                if settings.metrics is not None:
+                    node_metrics = NodeMetrics(node.traffic)
+                    self.reporter.observers.append(node_metrics)
+                    url = metrics.enter_context(
+                        serve_metrics(settings.metrics, node_metrics.registry)
+                    )
+                    self.reporter.event("metrics", url=url)
+                await self._play(loop, node, client, finder, gateway)
             if self.left and loop.current_round is not None:
                 await leave_round(client, loop.current_round)
             if self.left:
                 self.reporter.event("left", round=loop.current_round)
+
+    async def _play(
+        self,
+        loop: RoundLoop,
+        node: P2PNode,
+        client: CoordinatorClient,
+        finder: PeerFinder,
+        gateway: AbstractAsyncContextManager[None],
+    ) -> None:
+        """The round loop with its companions: gossip, peer discovery, the signal watcher."""
+        settings = self.settings
+        async with gateway, trio.open_nursery() as nursery:
+            nursery.start_soon(
+                loop.topics.run_all, node, partial(loop.take_state, via="gossip")
+            )
+            nursery.start_soon(
+                finder.follow,
+                client,
+                settings.bootstrap,
+                partial(loop.take_state, via="poll"),
+            )
+            with trio.CancelScope() as rounds:
+                nursery.start_soon(self._leave_on_signal, rounds)
+                await loop.run()
+            nursery.cancel_scope.cancel()
 
     async def _leave_on_signal(self, rounds: trio.CancelScope) -> None:
         """On SIGTERM or SIGINT, stop the rounds; the node then leaves its current round."""

@@ -26,15 +26,12 @@ from cnode.aggregation import (
     segment_ranges,
     unflatten_segments,
 )
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
     CID,
-    DAG_CBOR,
     BlockStore,
     CheckpointMeta,
     Manifest,
     StorageError,
-    compute_cid,
     load_layer,
     read_manifest,
     save_checkpoint,
@@ -43,6 +40,7 @@ from cnode.storage import (
 from . import limits
 from ._config import TrainingConfig
 from ._exceptions import MalformedUpdateError, PeerUpdateError
+from ._records import RecordKind, record_cid
 from .model import State, state_cid
 
 __all__ = [
@@ -114,35 +112,18 @@ class UpdateHeader:
         )
 
 
-def seal_update_header(identity: Identity, header: UpdateHeader) -> bytes:
-    """The header as a signed envelope (``cnode/update-header/v1``)."""
-    if header.peer != identity.peer_id_str:
-        raise ValueError("an update header is signed by the peer it names")
-    return seal(identity, UPDATE_HEADER_TYPE, header.to_payload())
-
-
-def header_cid(envelope: bytes) -> CID:
-    """The CID a signed header is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, DAG_CBOR)
-
-
-def open_update_header(
-    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
-) -> UpdateHeader:
-    """Verify a signed header's size, signature, run and round; raise PeerUpdateError if bad."""
-    who = signer or "unknown peer"
-    if len(envelope) > limits.MAX_UPDATE_HEADER_BYTES:
-        raise PeerUpdateError(who, f"header of {len(envelope)} bytes > MAX_UPDATE_HEADER_BYTES")
-    try:
-        opened = open_envelope(envelope, expected_type=UPDATE_HEADER_TYPE, expected_signer=signer)
-    except EnvelopeError as exc:
-        raise PeerUpdateError(who, f"bad header envelope: {exc}") from exc
-    header = UpdateHeader.from_payload(opened.payload, opened.signer)
-    if header.run != run:
-        raise PeerUpdateError(opened.signer, f"header is for run {header.run!r}, not {run!r}")
-    if round_ is not None and header.round != round_:
-        raise PeerUpdateError(opened.signer, f"header is for round {header.round}, not {round_}")
-    return header
+UPDATE_HEADERS = RecordKind(
+    UPDATE_HEADER_TYPE,
+    "header",
+    "peer",
+    limits.MAX_UPDATE_HEADER_BYTES,
+    "MAX_UPDATE_HEADER_BYTES",
+    UpdateHeader.from_payload,
+)
+# The header as a signed envelope (``cnode/update-header/v1``); its CID; its checks on opening.
+seal_update_header = UPDATE_HEADERS.seal
+header_cid = record_cid
+open_update_header = UPDATE_HEADERS.open
 
 
 def segment_layer(index: int) -> str:

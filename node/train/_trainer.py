@@ -63,6 +63,7 @@ from .model import (
 )
 from .partition import (
     PartitionResult,
+    PartitionTask,
     aggregate_own_partition,
     apply_partitions,
     seal_partition_result,
@@ -334,16 +335,11 @@ class NodeTrainer:
     ) -> tuple[bytes, PartitionResult]:
         """Aggregate this node's partition of the updates ``headers`` name (their partition's
         segments in the store), store the output and sign the result; return both."""
+        task = PartitionTask(
+            self.run, round_, partition, parts, state_numel(self.state), self.state_cid
+        )
         work = aggregate_own_partition(
-            self.store,
-            {m: h for m, (_, h) in headers.items()},
-            run=self.run,
-            round_=round_,
-            partition=partition,
-            parts=parts,
-            numel=state_numel(self.state),
-            base=self.state_cid,
-            config=self.config,
+            self.store, {m: h for m, (_, h) in headers.items()}, task, self.config
         )
         output = work.output
         if self.attack_name == "wrong_partition" and output is not None:

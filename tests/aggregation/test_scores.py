@@ -18,6 +18,7 @@ from sklearn.datasets import load_digits
 
 from cnode.aggregation import (
     AggregationInputError,
+    EvidenceKind,
     ReputationPolicy,
     Standing,
     TensorSpec,
@@ -221,7 +222,7 @@ def test_blatant_harm_is_recommended_after_3_rounds_without_waiting_for_the_aver
     out = [policy.observe(r, seed, scores, rep, cids[r - 1]) for r in (1, 2, 3)]
     assert [len(o) for o in out] == [0, 0, 1]
     rec = out[2][0]
-    assert rec.peer == "x" and rec.reason.startswith("standing at least BLATANT_SPREADS")
+    assert rec.peer == "x" and rec.kind is EvidenceKind.BLATANT
     assert rec.figures["rounds"] == [1, 2, 3] and rec.figures["update_cids"][0] == "cid-x-1"
     assert all(min(s) <= -100 * limits.BLATANT_SPREADS for s in rec.figures["standings"])
     # One round within the bar resets the count.

@@ -58,9 +58,9 @@ from ..scores import (
 from ._signed import open_signed_record
 
 __all__ = [
-    "CheckpointInfo",
     "ReplayReport",
     "RoundLog",
+    "TrainingCheckpoint",
     "genesis_state",
     "read_checkpoint_info",
     "replay_checkpoint",
@@ -82,7 +82,7 @@ class RoundLog:
 
 
 @dataclass(frozen=True)
-class CheckpointInfo:
+class TrainingCheckpoint:
     """The parts of a checkpoint manifest the training loop uses."""
 
     cid: CID
@@ -147,7 +147,7 @@ def _meta(manifest: Manifest) -> Any:
     return getattr(manifest, "meta", manifest)
 
 
-def read_checkpoint_info(store: BlockStore, cid: CID) -> CheckpointInfo:
+def read_checkpoint_info(store: BlockStore, cid: CID) -> TrainingCheckpoint:
     """Read a checkpoint manifest (blocks must be local) and the training fields it carries."""
     manifest = read_manifest(store, cid)
     meta = _meta(manifest)
@@ -159,7 +159,7 @@ def read_checkpoint_info(store: BlockStore, cid: CID) -> CheckpointInfo:
         training = TrainingConfig.from_dict(extra["training"])
     state = CID.parse(extra["state_cid"]) if isinstance(extra.get("state_cid"), str) else None
     headers = tuple(meta.aggregation.updates) if meta.aggregation is not None else ()
-    return CheckpointInfo(
+    return TrainingCheckpoint(
         cid, meta.run_id, meta.round, meta.parent, state, training, headers, manifest
     )
 

@@ -22,8 +22,8 @@ import trio
 
 from cnode.aggregation import score_seed, validate_update
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo
-from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, StorageError
+from cnode.node.p2p import P2PNode
+from cnode.storage import CID
 
 from .. import limits
 from .._exceptions import (
@@ -47,7 +47,7 @@ from ..scores import (
     seal_score_record,
     targets_of,
 )
-from ._full import UpdateExchange
+from ._fetch import GaveUp, MemberFetcher, with_retries
 
 __all__ = ["PartitionScores", "round_headers"]
 
@@ -87,12 +87,12 @@ class PartitionScores:
         trainer: NodeTrainer,
         node: P2PNode,
         client: CoordinatorClient,
-        updates: UpdateExchange,
+        fetcher: MemberFetcher,
     ) -> None:
         self.trainer = trainer
         self.node = node
         self.client = client
-        self.updates = updates
+        self.fetcher = fetcher
         self._agreed: dict[int, SpreadScores] = {}
         # One measurement at a time: RoundScoring holds one model, loaded per measurement.
         self._model_lock = trio.CapacityLimiter(1)
@@ -170,19 +170,19 @@ class PartitionScores:
 
     async def _fetch_update(self, info: RoundInfo, target: str) -> tuple[CID, UpdateHeader] | str:
         """The target's header and whole update (blocks verified), or why not."""
-        why = "no attempt finished"
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.updates.holders_for(info, target, everyone=attempt > 0)
-            try:
-                got = await self.updates.fetch_header(info, target, holders)
-                if got is None:
-                    return INVALID_PREFIX + "its update header does not open"
-                self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
-                return got
-            except (FetchError, P2PError, StorageError) as exc:
-                why = str(exc)
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-        return f"update not fetched: {why}"[: limits.MAX_REASON_CHARS]
+
+        async def attempt(i: int) -> tuple[CID, UpdateHeader] | str:
+            holders = self.fetcher.holders_for(info, target, everyone=i > 0)
+            got = await self.fetcher.fetch_header(info, target, holders)
+            if got is None:
+                return INVALID_PREFIX + "its update header does not open"
+            self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
+            return got
+
+        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+        if isinstance(got, GaveUp):
+            return f"update not fetched: {got.why}"[: limits.MAX_REASON_CHARS]
+        return got
 
     def _measure(
         self, seed: bytes, target: str, cid: CID, header: UpdateHeader
@@ -301,13 +301,11 @@ class PartitionScores:
         """A member's header block, when it can be had (gossip brought it to most nodes
         already). One that cannot is only not listed: its update has no score anyway (its
         scorers could not fetch it either), so it is left out on every node alike."""
-        why = ""
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.updates.holders_for(info, member, everyone=True)
-            try:
-                await self.updates.fetch_header(info, member, holders)  # stored, even if invalid
-                return
-            except (FetchError, P2PError, StorageError) as exc:
-                why = str(exc)
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-        log.warning("score_header_unavailable", member=member[-8:], error=why)
+
+        async def attempt(_: int) -> None:
+            holders = self.fetcher.holders_for(info, member, everyone=True)
+            await self.fetcher.fetch_header(info, member, holders)  # stored, even if invalid
+
+        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+        if isinstance(got, GaveUp):
+            log.warning("score_header_unavailable", member=member[-8:], error=got.why)

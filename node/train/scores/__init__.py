@@ -13,7 +13,6 @@ from ._records import TargetLosses as TargetLosses
 from ._records import open_score_record as open_score_record
 from ._records import score_record_cid as score_record_cid
 from ._records import seal_score_record as seal_score_record
-from ._reputation_evidence import ReputationVerdict as ReputationVerdict
 from ._reputation_evidence import check_reputation_evidence as check_reputation_evidence
 from ._scoring import RoundScoring as RoundScoring
 from ._scoring import check_recorded_scores as check_recorded_scores

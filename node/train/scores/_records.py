@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from cnode.aggregation import UpdateScore, loss_in_range, record_loss, score_update
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
-from cnode.storage import CID, DAG_CBOR, StorageError, compute_cid
+from cnode.storage import CID, StorageError
 
 from .. import limits
 from .._exceptions import PeerUpdateError
+from .._records import RecordKind, bounded_map, peer_field, reason_field, record_cid
 
 __all__ = [
     "SCORE_RECORD_TYPE",
@@ -139,22 +139,15 @@ class ScoreRecord:
 
 
 def _map(p: Mapping[str, Any], key: str, bad: Any) -> Mapping[str, Any]:
-    value = p[key]
-    if not isinstance(value, Mapping) or len(value) > limits.MAX_SCORE_TARGETS:
-        raise bad(f"{key} must be a map of at most MAX_SCORE_TARGETS entries")
-    return value
+    return bounded_map(p, key, bad, limits.MAX_SCORE_TARGETS, "MAX_SCORE_TARGETS")
 
 
 def _peer(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= limits.MAX_PEER_ID_CHARS:
-        raise bad("a target peer id is not a short string")
-    return value
+    return peer_field(value, bad, "a target peer id")
 
 
 def _reason(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or len(value) > limits.MAX_REASON_CHARS:
-        raise bad("an unscored reason is not a string within MAX_REASON_CHARS")
-    return value
+    return reason_field(value, bad, "an unscored reason")
 
 
 def _losses(member: str, value: object, bad: Any) -> TargetLosses:
@@ -179,37 +172,18 @@ def _losses(member: str, value: object, bad: Any) -> TargetLosses:
     return TargetLosses(header, *nums)
 
 
-def seal_score_record(identity: Identity, record: ScoreRecord) -> bytes:
-    """The record as a signed envelope (``cnode/score-record/v1``)."""
-    if record.peer != identity.peer_id_str:
-        raise ValueError("a score record is signed by the scorer it names")
-    return seal(identity, SCORE_RECORD_TYPE, record.to_payload())
-
-
-def score_record_cid(envelope: bytes) -> CID:
-    """The CID a signed score record is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, DAG_CBOR)
-
-
-def open_score_record(
-    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
-) -> ScoreRecord:
-    """Verify a signed record's size, signature, run and round; PeerUpdateError if bad,
-    :class:`BadScoreRecordError` when the signature verifies and the rest does not."""
-    who = signer or "unknown peer"
-    if len(envelope) > limits.MAX_SCORE_RECORD_BYTES:
-        raise PeerUpdateError(who, f"score record of {len(envelope)} bytes is too large")
-    try:
-        opened = open_envelope(envelope, expected_type=SCORE_RECORD_TYPE, expected_signer=signer)
-    except EnvelopeError as exc:
-        raise PeerUpdateError(who, f"bad score record envelope: {exc}") from exc
-    # From here on the signer is proven: what is wrong is its own doing (ban evidence).
-    try:
-        record = ScoreRecord.from_payload(opened.payload, opened.signer)
-    except PeerUpdateError as exc:
-        raise BadScoreRecordError(opened.signer, exc.reason) from exc
-    if record.run != run:
-        raise BadScoreRecordError(opened.signer, f"score record is for run {record.run[:80]!r}")
-    if round_ is not None and record.round != round_:
-        raise BadScoreRecordError(opened.signer, f"score record is for round {record.round}")
-    return record
+SCORE_RECORDS = RecordKind(
+    SCORE_RECORD_TYPE,
+    "score record",
+    "scorer",
+    limits.MAX_SCORE_RECORD_BYTES,
+    "MAX_SCORE_RECORD_BYTES",
+    ScoreRecord.from_payload,
+    # Once the signature verifies, what is wrong is the signer's own doing: ban evidence.
+    signed_error=BadScoreRecordError,
+)
+# The record as a signed envelope (``cnode/score-record/v1``); its CID; its checks on opening
+# (PeerUpdateError before the signature verifies, BadScoreRecordError after).
+seal_score_record = SCORE_RECORDS.seal
+score_record_cid = record_cid
+open_score_record = SCORE_RECORDS.open

@@ -27,6 +27,7 @@ from typing import Any
 
 from cnode.aggregation import ban_bound, score_seed
 from cnode.aggregation import limits as agg_limits
+from cnode.node.coordinator import ReputationVerdict
 from cnode.storage import CID, StorageError
 
 from .._exceptions import PeerUpdateError
@@ -39,16 +40,7 @@ from ._records import (
 )
 from ._spread import disputed_targets, resolve_scores
 
-__all__ = ["ReputationVerdict", "check_reputation_evidence"]
-
-
-@dataclass(frozen=True)
-class ReputationVerdict:
-    """What the replay of the records found."""
-
-    decided: bool  # False: the records alone cannot decide (the reason says why)
-    correct: bool  # decided and the evidence is what the records give
-    reason: str  # what did not match, or why undecided; "" when correct
+__all__ = ["check_reputation_evidence"]
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any
 
 from cnode.aggregation import (
     BanRecommendation,
+    EvidenceKind,
     UpdateScore,
     admit,
     assign_partitions,
@@ -253,6 +254,7 @@ def bad_record(round_: int, scorer: str, record: CID, why: str) -> BanRecommenda
     return BanRecommendation(
         scorer,
         round_,
+        EvidenceKind.BAD_SCORE_RECORD,
         (BAD_RECORD_REASON + why)[:200],
         str(record),  # the offending signed statement: the coordinator holds its bytes
         {"score_record": str(record)},
@@ -273,6 +275,7 @@ def _wrong_score(
     return BanRecommendation(
         scorer,
         round_,
+        EvidenceKind.WRONG_SCORE,
         f"signed a wrong score of {target[-8:]}: own {got.own} held {got.held}, "
         f"recomputed own {want.own} held {want.held}",
         str(record),  # the offending signed statement is the score record

@@ -16,7 +16,7 @@ import trio
 from cnode.aggregation import BanRecommendation, ReputationPolicy, score_seed
 from cnode.auth import Identity, seal
 from cnode.node.cli._coordinator import check_reputation
-from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, limits
+from cnode.node.coordinator import BanKind, CoordinatorClient, CoordinatorRejected, limits
 from cnode.node.train import ScoreRecord, open_score_record, seal_score_record
 from cnode.node.train.scores import SCORE_RECORD_TYPE, BadScoreRecordError
 from cnode.node.train.scores._records import TargetLosses
@@ -179,8 +179,8 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
         answer = await reporter.report_ban_evidence(true)
         assert answer.banned and answer.reports == 1 and answer.needed == 2
         bans = await reporter.bans()
-        assert [(b.peer, b.by, b.round) for b in bans] == [
-            (attacker, f"checked:{honest[0]}", ROUNDS)
+        assert [(b.peer, b.kind, b.by, b.round) for b in bans] == [
+            (attacker, BanKind.CHECKED, honest[0], ROUNDS)
         ]
         kept = running.server.store.ban_row(attacker)
         assert kept is not None and json.loads(kept["evidence"])["reporters"] == [honest[0]]
@@ -214,7 +214,8 @@ def test_a_disputed_round_leaves_the_report_to_the_majority(
         assert not first.banned and (first.reports, first.needed) == (1, 2)
         second = await clients[honest[1]].report_ban_evidence(true)
         assert second.banned and second.reports == 2
-        assert [b.by for b in await clients[honest[0]].bans()] == ["majority:2 of 3"]
+        bans = await clients[honest[0]].bans()
+        assert [(b.kind, b.by) for b in bans] == [(BanKind.MAJORITY, honest[1])]
         for c in clients.values():
             await c.aclose()
 
@@ -231,6 +232,7 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
     report = {
         "peer": accused,
         "round": 1,
+        "kind": "reputation",
         "reason": "reputation below the ban bound in 3 rounds in a row",
         "update_cid": str(_header(accused, 1)),
         "figures": {"rounds": [1], "reputations": [-1875]},
@@ -249,7 +251,10 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
         answer = await first.report_ban_evidence(report)
         assert (answer.reports, answer.needed, answer.banned) == (1, 2, False)
         answer = await second.report_ban_evidence(report)
-        assert answer.banned and [b.by for b in await first.bans()] == ["majority:2 of 3"]
+        bans = await first.bans()
+        assert answer.banned and [(b.kind, b.by) for b in bans] == [
+            (BanKind.MAJORITY, peers[1].peer_id_str)
+        ]
         for c in clients.values():
             await c.aclose()
 
@@ -287,13 +292,15 @@ def test_an_out_of_range_record_is_evidence_the_coordinator_checks_itself(
             "not the one named",
         )  # fmt: skip
         # A reputation report over that round is replayed (the bad record skipped), no 500.
-        await _refused(reporter, {**true, "reason": "reputation below the ban bound in 3 "
-                       "rounds in a row", "figures": {"rounds": [1]}}, "evidence_refuted",
-                       "rounds")  # fmt: skip
+        await _refused(reporter, {**true, "kind": "reputation", "reason": "reputation below the "
+                       "ban bound in 3 rounds in a row", "figures": {"rounds": [1]}},
+                       "evidence_refuted", "rounds")  # fmt: skip
         answer = await reporter.report_ban_evidence(true)
         assert answer.banned and answer.reports == 1
         bans = await reporter.bans()
-        assert [(b.peer, b.by, b.round) for b in bans] == [(bad, f"checked:{reporter_id}", 1)]
+        assert [(b.peer, b.kind, b.by, b.round) for b in bans] == [
+            (bad, BanKind.CHECKED, reporter_id, 1)
+        ]
         for c in clients.values():
             await c.aclose()
 

@@ -9,7 +9,8 @@ import tomli_w
 
 from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE
-from cnode.node.cli import main
+from cnode.node.cli import build_parser, main
+from cnode.node.cli._demo import demo_settings
 
 
 def _home(tmp_path: Path) -> Path:
@@ -62,7 +63,26 @@ def test_demo_refuses_a_late_joiner_after_the_last_round(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["demo", "--rounds", "3", "--late-after", "3"]) == 1
-    assert "--late-after" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--late-after must be at least 1 and below --rounds (3), not 3" in err
+    assert main(["demo", "--rounds", "1"]) == 1
+    assert "--rounds must be >= 2" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("argv", "late"),
+    [
+        ([], 3),
+        (["--rounds", "5"], 3),
+        (["--rounds", "4"], 2),
+        (["--rounds", "3"], 1),
+        (["--rounds", "2"], 1),
+        (["--rounds", "3", "--late-after", "1"], 1),
+    ],
+)
+def test_the_demos_late_joiner_follows_the_rounds_asked_for(argv: list[str], late: int) -> None:
+    args = build_parser().parse_args(["demo", *argv])
+    assert demo_settings(args).late_after_round == late
 
 
 def test_demo_and_train_refuse_an_unknown_update_codec(

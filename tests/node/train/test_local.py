@@ -28,8 +28,9 @@ from cnode.node.train import (
 
 
 def test_empty_table_gives_the_tiny_default_model() -> None:
-    config = TrainingConfig.from_dict({})
+    config = TrainingConfig.for_run({})
     assert config == TrainingConfig()
+    assert TrainingConfig.from_dict({}) == TrainingConfig(scores=False)  # a record before scores
     state = model_state(build_model(config))
     assert 100_000 < sum(t.numel() for t in state.values()) < 300_000
     assert all(t.dtype == torch.float32 for t in state.values())

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cnode.aggregation import AggregationInputError, score_assignment, score_seed
+from cnode.aggregation import AggregationInputError, EvidenceKind, score_assignment, score_seed
 from cnode.auth import Identity
 from cnode.node.train import limits
 from cnode.node.train.scores._records import ScoreRecord, TargetLosses
@@ -110,7 +110,7 @@ def test_a_dispute_is_recomputed_and_the_wrong_scorer_named() -> None:
     assert target in spread.admitted
     (ban,) = spread.wrong
     assert ban.peer == liar and ban.round == ROUND
-    assert ban.reason.startswith(f"signed a wrong score of {target[-8:]}")
+    assert ban.kind is EvidenceKind.WRONG_SCORE and target[-8:] in ban.reason
     assert ban.update_cid == str(records[liar][0])  # the offending signed record
     assert ban.figures["seed"] == SEED.hex() and ban.figures["target_header"] == str(
         HEADERS[target]
@@ -175,7 +175,7 @@ def test_a_refused_record_says_nothing_and_its_signer_is_named() -> None:
         refused={bad: (cid, why)},
     )  # fmt: skip
     assert [(w.peer, w.update_cid) for w in spread.wrong] == [(bad, str(cid))]
-    assert spread.wrong[0].reason.startswith("signed a score record that does not decode: ")
+    assert spread.wrong[0].kind is EvidenceKind.BAD_SCORE_RECORD
     assert spread.wrong[0].figures == {"score_record": str(cid)}
     assert bad not in spread.to_params()["records"]
     # Its targets keep the score of their other scorer (every member has two).
