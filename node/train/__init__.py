@@ -24,6 +24,9 @@ from ._exceptions import UnreachableError as UnreachableError
 from ._loop import NODE_ATTACKS as NODE_ATTACKS
 from ._loop import TrainSettings as TrainSettings
 from ._loop import run_node as run_node
+from ._memory import MemoryNeed as MemoryNeed
+from ._memory import check_model_fits as check_model_fits
+from ._memory import memory_need as memory_need
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
@@ -85,6 +88,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "HeaderCollector",
     "LocalResult",
     "MalformedUpdateError",
+    "MemoryNeed",
     "MissingUpdatesError",
     "ModelConfig",
     "NODE_ATTACKS",
@@ -115,6 +119,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "aggregate_round",
     "build_model",
     "build_partition_evidence",
+    "check_model_fits",
     "check_partition_evidence",
     "check_reputation_evidence",
     "check_signed_updates",
@@ -125,6 +130,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "input_segments",
     "load_state",
     "load_update",
+    "memory_need",
     "model_numel",
     "model_state",
     "open_partition_result",

@@ -100,6 +100,12 @@ class ModelConfig:
     vocab_size: int = 1024  # must equal the tokenizer's vocabulary
     pretrained: str = ""  # a Hub model "OWNER/NAME@COMMIT"; empty = build from the fields above
 
+    def approx_parameters(self) -> int:
+        """Parameters of the GPT-2 model these fields build (embeddings + 12 d^2 per block),
+        from the fields alone: nothing is allocated."""
+        embd = self.n_embd
+        return (self.vocab_size + self.n_positions) * embd + 12 * self.n_layer * embd**2
+
     def to_gpt2_kwargs(self) -> dict[str, Any]:
         # Dropout off: a round's update then depends on (state, data, seed) only.
         return {
@@ -232,12 +238,11 @@ class TrainingConfig:
                 raise TrainingConfigError("training.model sizes must be positive")
             if m.n_embd % m.n_head:
                 raise TrainingConfigError("training.model.n_embd must be a multiple of n_head")
-            embd = m.n_embd
-            approx = (m.vocab_size + m.n_positions) * embd + 12 * m.n_layer * embd**2
-            if approx > limits.MAX_MODEL_PARAMETERS:
+            approx = m.approx_parameters()
+            if approx > limits.MAX_MODEL_PARAMETERS_CEILING:
                 raise TrainingConfigError(
-                    f"training.model has ~{approx} parameters, over MAX_MODEL_PARAMETERS "
-                    f"({limits.MAX_MODEL_PARAMETERS})"
+                    f"training.model has ~{approx} parameters, over MAX_MODEL_PARAMETERS_CEILING "
+                    f"({limits.MAX_MODEL_PARAMETERS_CEILING})"
                 )
             if d.seq_len > m.n_positions:
                 raise TrainingConfigError("training.data.seq_len must be <= model.n_positions")

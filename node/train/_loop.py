@@ -38,6 +38,7 @@ from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
 from ._membership import leave_round
+from ._memory import check_model_fits
 from ._metrics import NodeMetrics, serve_metrics
 from ._report import Reporter
 from ._round_loop import RoundLoop
@@ -105,6 +106,7 @@ async def run_node(settings: TrainSettings) -> int:
             f"--run {settings.run!r} but the run config is for run {run_config.run!r}"
         )
     training = TrainingConfig.for_run(dict(run_config.training))
+    check_model_fits(training)  # before the model, the data or the network is touched
     login = load_hub_login(settings.home)
     if settings.hf_repo and login is None:
         raise TrainingConfigError(
