@@ -89,6 +89,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="trustless gateway to fetch a checkpoint from when peers cannot (before the Hub; "
         "repeatable)",
     )
+    parser.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where local steps run: auto (a GPU when torch sees one, else the CPU), cpu, cuda, "
+        "cuda:N or mps (default: config.toml's device, else auto). Aggregation, the state and "
+        "its CIDs stay on the CPU whatever this says",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16-mixed"),
+        help="local steps' precision (default: config.toml's precision, else the run's "
+        "training.precision); bf16-mixed autocasts forward and backward, weights stay float32",
+    )
     parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
     parser.add_argument(
         "--attack",
@@ -152,5 +165,7 @@ def _handle(args: argparse.Namespace) -> int:
         announce_addrs=tuple(args.announce_addr),
         gateway=gateway,
         fetch_gateways=tuple(args.fetch_gateway),
+        device=args.device or config.device,
+        precision=args.precision or config.precision,
     )
     return trio.run(run_node, settings)

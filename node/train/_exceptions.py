@@ -21,6 +21,7 @@ from cnode.node._exceptions import NodeError
 __all__ = [
     "BannedError",
     "CatchUpError",
+    "DeviceError",
     "MalformedUpdateError",
     "MissingUpdatesError",
     "OutputsUnavailableError",
@@ -40,6 +41,10 @@ class TrainingError(NodeError):
 
 class TrainingConfigError(TrainingError):
     """Raised when a run's training settings (model, data, steps, aggregator) are unusable."""
+
+
+class DeviceError(TrainingConfigError):
+    """Raised when ``--device`` names a device that is unknown or that torch does not see."""
 
 
 class PeerUpdateError(TrainingError):

@@ -34,6 +34,7 @@ from ._report import Reporter
 from ._round_loop import RoundLoop
 from ._trainer import NodeTrainer
 from .exchange import PartitionedExchange, UpdateExchange
+from .model import Placement
 from .swarm import (
     HeaderCollector,
     KnownBans,
@@ -79,6 +80,8 @@ class TrainSettings:
     gateway: tuple[str, int] | None = None
     # --fetch-gateway URL: trustless gateways tried for a checkpoint after peers, before the Hub
     fetch_gateways: tuple[str, ...] = ()
+    device: str = "auto"  # --device / [node] device (model/_device.py)
+    precision: str = ""  # --precision / [node] precision; "" = the run's training.precision
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -96,9 +99,18 @@ async def run_node(settings: TrainSettings) -> int:
             f"--hf-repo {settings.hf_repo} needs a Hub login: run cnode init --hf-login first"
         )
     bind_context(peer=identity.peer_id_str, run=settings.run)
+    placement = Placement.resolve(settings.device, settings.precision or training.precision)
+    log.info("device_picked", device=str(placement.device), said=placement.said,
+             precision=placement.precision)  # fmt: skip
     store = BlockStore(settings.blocks_dir)
     reporter = Reporter(settings.report, peer=identity.peer_id_str)
-    reporter.event("started", attack=settings.attack, checkpointer=settings.checkpointer)
+    reporter.event(
+        "started",
+        attack=settings.attack,
+        checkpointer=settings.checkpointer,
+        device=str(placement.device),
+        precision=placement.precision,
+    )
     trainer = await trio.to_thread.run_sync(
         partial(
             NodeTrainer,
@@ -107,6 +119,7 @@ async def run_node(settings: TrainSettings) -> int:
             identity=identity,
             store=store,
             attack=settings.attack,
+            placement=placement,
         )
     )
     session = _Session(settings, run_config, identity, store, trainer, reporter, login)

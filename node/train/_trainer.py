@@ -49,6 +49,7 @@ from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_che
 from .model import (
     DATA_ATTACKS,
     LocalResult,
+    Placement,
     Residual,
     State,
     TextData,
@@ -58,8 +59,11 @@ from .model import (
     evaluate,
     load_residual,
     save_residual,
+    split_momentum,
     state_cid,
     train_local,
+    uses_momentum,
+    zero_momentum,
 )
 from .partition import (
     PartitionResult,
@@ -122,14 +126,18 @@ class NodeTrainer:
         identity: Identity,
         store: BlockStore,
         attack: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.config = config
+        # Where local steps run (--device, --precision); the state and all else stay on the CPU.
+        self.placement = placement or Placement(torch.device("cpu"), config.precision)
         self.run = run
         self.identity = identity
         self.peer = identity.peer_id_str
         self.store = store
         self.data = TextData.build(config.data, config.model)
-        self.model = build_model(config)
+        self.model: torch.nn.Module = build_model(config)
+        torch.nn.Module.to(self.model, self.placement.device)  # in place, as modules move
         self.attack_name = attack
         self.train_data = self.data  # data attacks (flipped_tokens, ...) train on corrupted text
         if attack in DATA_ATTACKS:
@@ -142,6 +150,8 @@ class NodeTrainer:
         self.bans = BanPolicy()
         self.state: State = genesis_state(config)
         self.state_cid: CID = state_cid(self.state)
+        # The outer momentum after self.round (nesterov; None for sgd): run state, like self.state.
+        self.momentum: State | None = zero_momentum(self.state) if uses_momentum(config) else None
         self.round = 0  # the last round included in self.state
         self.checkpoint: CID | None = None  # the checkpoint self.state descends from
         self.since_checkpoint: list[RoundLog] = []
@@ -160,7 +170,8 @@ class NodeTrainer:
         info = read_checkpoint_info(self.store, cid)
         if info.run != self.run:
             raise CatchUpError(f"checkpoint {cid} is of run {info.run!r}, not {self.run!r}")
-        tensors, _ = load_checkpoint(self.store, cid)
+        stored, _ = load_checkpoint(self.store, cid)
+        tensors, momentum = split_momentum(stored)
         got = state_cid(tensors)
         if info.state_cid is not None and got != info.state_cid:
             raise CatchUpError(
@@ -168,7 +179,20 @@ class NodeTrainer:
             )
         if set(tensors) != set(self.state):
             raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
+        if uses_momentum(self.config):
+            # A checkpoint stored before any round may hold none: the momentum starts at zeros.
+            if momentum is None and info.round > 0:
+                raise CatchUpError(f"checkpoint {cid} of a nesterov run stores no outer momentum")
+            momentum = momentum if momentum is not None else zero_momentum(tensors)
+            if set(momentum) != set(tensors) or any(
+                momentum[n].shape != t.shape or momentum[n].dtype != torch.float32
+                for n, t in tensors.items()
+            ):
+                raise CatchUpError(f"checkpoint {cid}: its outer momentum does not fit the state")
+        elif momentum is not None:
+            raise CatchUpError(f"checkpoint {cid} stores an outer momentum; the run uses sgd")
         self.state, self.state_cid, self.round = tensors, got, info.round
+        self.momentum = momentum
         self.checkpoint, self.since_checkpoint = cid, []
         if self.config.scores:  # reputations as the checkpoint recorded them
             self.scoring = RoundScoring(
@@ -204,7 +228,13 @@ class NodeTrainer:
         if round_ != self.round + 1:
             raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
         local = train_local(
-            self.model, self.state, self.train_data, self.config, peer_id=self.peer, round_=round_
+            self.model,
+            self.state,
+            self.train_data,
+            self.config,
+            peer_id=self.peer,
+            round_=round_,
+            placement=self.placement,
         )
         began = time.perf_counter()
         delta = local.delta
@@ -288,13 +318,14 @@ class NodeTrainer:
                 self.scoring.admitted_updates(scored, updates),
                 self.scoring.rule_config(),
             )
-        result = aggregate_round(self.state, updates, rule)
+        result = aggregate_round(self.state, updates, rule, self.momentum)
         update_cids = {p: str(headers[p][1].update) for p in [*used, *malformed]}
         records = {**result.aggregation.records, **malformed}
         bans = self.bans.observe(round_, records, update_cids)
         if self.scoring is not None and scored is not None:
             bans += self.scoring.bans(scored, update_cids)
         self.state, self.state_cid, self.round = result.state, result.state_cid, round_
+        self.momentum = result.momentum
         self.since_checkpoint.append(
             RoundLog(
                 round_,
@@ -387,7 +418,9 @@ class NodeTrainer:
             raise StateMismatchError(
                 f"asked to assemble round {round_} on the state of {self.round}"
             )
-        new = apply_partitions(self.store, self.state, outputs, parts=parts, config=self.config)
+        new, momentum = apply_partitions(
+            self.store, self.state, outputs, parts=parts, config=self.config, momentum=self.momentum
+        )
         new_cid = state_cid(new)
         per_partition = []
         update_cids: dict[str, str] = {}
@@ -425,6 +458,7 @@ class NodeTrainer:
             cids += tuple(sorted(scores.records.values(), key=str))
         cids += tuple(sorted(inputs, key=str))
         self.state, self.state_cid, self.round = new, new_cid, round_
+        self.momentum = momentum
         self.since_checkpoint.append(RoundLog(round_, new_cid, cids, params))
         log.info("round_assembled", round=round_, state=str(new_cid), parts=parts)
         nothing = AggregationResult({}, combined, params)
@@ -465,6 +499,7 @@ class NodeTrainer:
         cid = store_checkpoint(
             self.store,
             self.state,
+            momentum=self.momentum,
             run=self.run,
             round_=self.round,
             parent=self.checkpoint,
