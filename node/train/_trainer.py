@@ -53,6 +53,7 @@ from .model import (
     Residual,
     State,
     TextData,
+    adopted_momentum,
     build_model,
     corrupt_data,
     drop_residual,
@@ -179,20 +180,8 @@ class NodeTrainer:
             )
         if set(tensors) != set(self.state):
             raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
-        if uses_momentum(self.config):
-            # A checkpoint stored before any round may hold none: the momentum starts at zeros.
-            if momentum is None and info.round > 0:
-                raise CatchUpError(f"checkpoint {cid} of a nesterov run stores no outer momentum")
-            momentum = momentum if momentum is not None else zero_momentum(tensors)
-            if set(momentum) != set(tensors) or any(
-                momentum[n].shape != t.shape or momentum[n].dtype != torch.float32
-                for n, t in tensors.items()
-            ):
-                raise CatchUpError(f"checkpoint {cid}: its outer momentum does not fit the state")
-        elif momentum is not None:
-            raise CatchUpError(f"checkpoint {cid} stores an outer momentum; the run uses sgd")
+        self.momentum = adopted_momentum(self.config, tensors, momentum, str(cid), info.round)
         self.state, self.state_cid, self.round = tensors, got, info.round
-        self.momentum = momentum
         self.checkpoint, self.since_checkpoint = cid, []
         if self.config.scores:  # reputations as the checkpoint recorded them
             self.scoring = RoundScoring(
@@ -227,15 +216,8 @@ class NodeTrainer:
         """Train on the current state, store the update and the signed header; return them."""
         if round_ != self.round + 1:
             raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
-        local = train_local(
-            self.model,
-            self.state,
-            self.train_data,
-            self.config,
-            peer_id=self.peer,
-            round_=round_,
-            placement=self.placement,
-        )
+        local = train_local(self.model, self.state, self.train_data, self.config, peer_id=self.peer,
+                            round_=round_, placement=self.placement)  # fmt: skip
         began = time.perf_counter()
         delta = local.delta
         if self.attack is not None:

@@ -21,6 +21,7 @@ from ._model import build_model as build_model
 from ._model import load_state as load_state
 from ._model import model_state as model_state
 from ._outer import MOMENTUM_PREFIX as MOMENTUM_PREFIX
+from ._outer import adopted_momentum as adopted_momentum
 from ._outer import join_momentum as join_momentum
 from ._outer import outer_step as outer_step
 from ._outer import outer_step_flat as outer_step_flat

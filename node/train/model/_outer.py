@@ -20,10 +20,12 @@ from collections.abc import Mapping
 import torch
 
 from .._config import TrainingConfig
+from .._exceptions import CatchUpError
 from ._model import State
 
 __all__ = [
     "MOMENTUM_PREFIX",
+    "adopted_momentum",
     "join_momentum",
     "outer_step",
     "outer_step_flat",
@@ -123,3 +125,26 @@ def split_momentum(tensors: Mapping[str, torch.Tensor]) -> tuple[State, State | 
         if n.startswith(MOMENTUM_PREFIX)
     }
     return state, (momentum or None)
+
+
+def adopted_momentum(
+    config: TrainingConfig, state: State, momentum: State | None, cid: str, round_: int
+) -> State | None:
+    """The momentum a node takes over with checkpoint ``cid``'s ``state`` (split_momentum's
+    output), checked against the run's outer optimizer; CatchUpError when it does not fit."""
+    where = f"checkpoint {cid}"
+    if not uses_momentum(config):
+        if momentum is not None:
+            raise CatchUpError(f"{where} stores an outer momentum; the run uses sgd")
+        return None
+    if momentum is None:
+        if round_ > 0:
+            raise CatchUpError(f"{where} of a nesterov run stores no outer momentum")
+        return zero_momentum(state)  # stored before any round: the momentum starts at zeros
+    fits = set(momentum) == set(state) and all(
+        momentum[n].shape == t.shape and momentum[n].dtype == torch.float32
+        for n, t in state.items()
+    )
+    if not fits:
+        raise CatchUpError(f"{where}: its outer momentum does not fit the state")
+    return momentum
