@@ -77,10 +77,10 @@ from .swarm import updates_topic as updates_topic
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_exports.py)
     "BannedError",
     "CatchUpError",
-    "DeviceError",
     "DATA_ATTACKS",
     "DataConfig",
     "DemoSettings",
+    "DeviceError",
     "HeaderCollector",
     "LocalResult",
     "MalformedUpdateError",

@@ -146,7 +146,9 @@ class NodeTrainer:
             attack = None
         # Update attacks only; node attacks (withhold, wrong_partition) act elsewhere.
         self.attack = ATTACKS.get(attack or "")
-        self.scoring = RoundScoring(config, self.data) if config.scores else None
+        self.scoring = (
+            RoundScoring(config, self.data, placement=self.placement) if config.scores else None
+        )
         self._rng = torch.Generator().manual_seed(config.seed + 1)
         self.bans = BanPolicy()
         self.state: State = genesis_state(config)
@@ -185,7 +187,7 @@ class NodeTrainer:
         self.checkpoint, self.since_checkpoint = cid, []
         if self.config.scores:  # reputations as the checkpoint recorded them
             self.scoring = RoundScoring(
-                self.config, self.data, checkpoint_reputation(info.manifest)
+                self.config, self.data, checkpoint_reputation(info.manifest), self.placement
             )
         # Re-synced from a checkpoint: the residual belongs to rounds this state did not see.
         self.residual = None

@@ -1,0 +1,119 @@
+"""Where score losses are computed, and how device differences stay out of the integer scores.
+
+Scores are recomputed by other nodes (every member in a full round, the assigned scorers and
+the disputes' recomputation in a partitioned round, ``verify --replay``), on whatever hardware
+they have. So a score's losses are computed in two arithmetics:
+
+* **fast**: float32 on the node's device (``Placement.device``; the CPU for replay and for a
+  node without a GPU), in eval mode, no autocast. Not bf16 even in a ``bf16-mixed`` run: bf16
+  moves a loss by ~1e-5 relative (bench/score_precision.py), a fifth of a SCORE_UNIT of score,
+  so nearly every score would need the reference;
+* **reference**: float64 on the CPU, as every score was computed before issue 26.
+
+An integer score is ``round(x)`` of a real ``x = (before - after) / before / SCORE_UNIT``. Honest
+fast losses are within SCORE_DEVICE_RTOL (relative) of the reference, so their ``x`` is within
+``BOUNDARY_UNITS = 2 x SCORE_DEVICE_RTOL / SCORE_UNIT`` of the reference's. **The rule**: a node
+takes the fast losses of a target unless one of its two ``x`` (own, held) lies within
+BOUNDARY_UNITS of a rounding boundary (a half-integer), or a fast loss is not finite; then it
+computes the target's four losses in the reference arithmetic and takes those. Both ways give
+the reference's integers: a fast ``x`` farther than BOUNDARY_UNITS from every boundary rounds as
+the reference ``x`` does. So honest nodes agree on every integer (and every decision built on
+them: admission, reputation, bans) whatever their devices, replay on any machine reproduces
+them, and two honest scorers of a partitioned round never dispute. The recorded losses are the
+ones taken (fast or reference): a replay compares them within SCORE_LOSS_RTOL (twice
+SCORE_DEVICE_RTOL: two devices, each within SCORE_DEVICE_RTOL of the reference) and the
+integers exactly. A scorer whose integers differ from the recomputation is still wrong beyond
+any honest device difference (the dispute rule of _spread.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from cnode.aggregation import limits as agg_limits
+
+from .. import limits
+from .._config import TrainingConfig
+from ..model import Placement, build_model, load_state
+
+__all__ = ["BOUNDARY_UNITS", "LossModels", "near_boundary", "settle_needed"]
+
+Losses = tuple[float, float, float, float]  # own_before, own_after, held_before, held_after
+
+# How close (in score units) to a rounding boundary a fast score must be for the reference to
+# settle it: twice the loss error any honest device may make, in units (module docstring).
+BOUNDARY_UNITS = 2 * limits.SCORE_DEVICE_RTOL / agg_limits.SCORE_UNIT
+
+
+def near_boundary(before: float, after: float) -> bool:
+    """Whether ``loss_score(before, after)`` could round otherwise in the reference arithmetic
+    (or the fast losses cannot be scored at all: not finite, or ``before <= 0``)."""
+    if not (math.isfinite(before) and before > 0 and math.isfinite(after)):
+        return True
+    x = (before - after) / before / agg_limits.SCORE_UNIT
+    return abs(x - math.floor(x) - 0.5) < BOUNDARY_UNITS
+
+
+def settle_needed(losses: Losses) -> bool:
+    """Whether a target's fast losses must be replaced by the reference's (the rule above)."""
+    own_before, own_after, held_before, held_after = losses
+    return near_boundary(own_before, own_after) or near_boundary(held_before, held_after)
+
+
+class LossModels:
+    """The run's model in the two arithmetics, built on first use and kept for the next rounds."""
+
+    def __init__(self, config: TrainingConfig, placement: Placement | None = None) -> None:
+        self.config = config
+        self.device = placement.device if placement is not None else torch.device("cpu")
+        self._fast: torch.nn.Module | None = None
+        self._reference: torch.nn.Module | None = None
+        self.settled = 0  # targets the reference settled (for the log and the bench)
+
+    def fast(
+        self,
+        state: Mapping[str, torch.Tensor],
+        update: Mapping[str, torch.Tensor] | None,
+        batches: Sequence[torch.Tensor],
+    ) -> list[float]:
+        """Losses of ``state`` (+ SCORE_STEP x ``update``) on ``batches``: float32, the device."""
+        if self._fast is None:
+            self._fast = build_model(self.config).float().eval()
+            torch.nn.Module.to(self._fast, self.device)
+        return _losses(self._fast, state, update, batches, torch.float32, self.device)
+
+    def reference(
+        self,
+        state: Mapping[str, torch.Tensor],
+        update: Mapping[str, torch.Tensor] | None,
+        batches: Sequence[torch.Tensor],
+    ) -> list[float]:
+        """The same losses in float64 on the CPU: what settles a score near a boundary."""
+        if self._reference is None:
+            self._reference = build_model(self.config).double().eval()
+        return _losses(self._reference, state, update, batches, torch.float64, torch.device("cpu"))
+
+
+def _losses(
+    model: torch.nn.Module,
+    state: Mapping[str, torch.Tensor],
+    update: Mapping[str, torch.Tensor] | None,
+    batches: Sequence[torch.Tensor],
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[float]:
+    # The moved state is made on the CPU in ``dtype`` (SCORE_STEP is a power of two: the scaling
+    # is exact, the add rounds once), then copied to the device with the weights.
+    weights = {k: t.to(dtype) for k, t in state.items()}
+    if update is not None:
+        weights = {k: w + agg_limits.SCORE_STEP * update[k].to(dtype) for k, w in weights.items()}
+    load_state(model, weights)
+    with torch.no_grad():
+        out = []
+        for batch in batches:
+            x = batch.to(device)
+            out.append(model(input_ids=x, labels=x).loss)
+        return [float(v) for v in out]  # one sync at the end
