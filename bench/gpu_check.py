@@ -34,6 +34,7 @@ import logging
 import os
 import statistics
 import sys
+import time
 import types
 from pathlib import Path
 from typing import Any
@@ -67,7 +68,7 @@ def _import_training() -> None:
 def _args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--local-steps", type=int, default=8)
+    parser.add_argument("--local-steps", type=int, default=16)
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--precision", choices=("fp32", "bf16-mixed"), default="bf16-mixed")
     parser.add_argument(
@@ -153,6 +154,7 @@ def main() -> int:
     step_s: dict[str, list[float]] = {name: [] for name in places}
     rule = AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
     agreed = True
+    deltas: dict[str, dict[str, torch.Tensor]] = {}
     for round_ in range(1, args.rounds + 1):
         wire = {}
         for name, place in places.items():
@@ -162,6 +164,7 @@ def main() -> int:
             if place.device.type == "cuda":
                 torch.cuda.synchronize()
             step_s[name].append(local.seconds / config.local_steps)
+            deltas[f"{name}-node"] = local.delta
             segments = flat_segments(local.delta)
             wire[f"{name}-node"] = (
                 [encode_update_tensor(s, config.update_codec) for s in segments],
@@ -197,6 +200,7 @@ def main() -> int:
         )
     torch.set_num_threads(threads["gpu"])
     losses = _loss_spread(state["cpu"], data, config, device, build_model)
+    scores = _score_figures(state["cpu"], deltas, data, config, device, build_model)
     # Round 1 includes CUDA's warm-up (kernel selection, allocator): left out when there are more.
     gpu_s = statistics.median(step_s["gpu"][1:] or step_s["gpu"])
     cpu_s = statistics.median(step_s["cpu"][1:] or step_s["cpu"])
@@ -210,6 +214,7 @@ def main() -> int:
         "cpu_over_gpu": cpu_s / gpu_s,
         "one_state_cid": agreed,
         "held_out_loss": losses,
+        "scores": scores,
     }
     print(
         f"seconds per local step (median of rounds 2..{args.rounds}): gpu {gpu_s:.4f}, "
@@ -219,6 +224,16 @@ def main() -> int:
     print("held-out loss of the final state (difference to CPU float64, relative):")
     for how, value in losses.items():
         print(f"  {how:14s} {value:.8f}  {abs(value - base) / abs(base):.2e}")
+    print("score losses (2 updates x 4 losses, SCORE_SEQUENCES each) against CPU float64:")
+    for how, row in scores["arithmetic"].items():
+        rel, dx, per = row["rel"], row["dx_units"], row["seconds_per_target"]
+        print(f"  {how:16s} max rel loss error {rel:.2e}, max score error {dx:.4f} units, "
+              f"{per:.4f} s per target")  # fmt: skip
+    train_round = gpu_s * config.local_steps
+    for how in (f"{device.type}_float32", "cpu_float64"):
+        per = scores["arithmetic"][how]["seconds_per_target"]
+        print(f"  scoring 4 updates ({how}) {4 * per:.3f} s = {4 * per / train_round:.1%} of the "
+              f"gpu node's local training ({train_round:.3f} s a round)")  # fmt: skip
     print(f"gpu_check: {'PASS: one state CID' if agreed else 'FAIL: the states differ'}")
     if device.type != "cuda":
         print("gpu_check: (ran with the GPU node on the CPU: a try-out, not the GPU check)")
@@ -263,6 +278,81 @@ def _loss_spread(
             x = batch.to(where)
             out[how] = float(model(input_ids=x, labels=x).loss)
     return out
+
+
+def _score_figures(
+    state: dict[str, Any],
+    deltas: dict[str, dict[str, Any]],
+    data: Any,
+    config: Any,
+    device: Any,
+    build_model: Any,
+) -> dict[str, Any]:
+    """A score's four losses of each update in four arithmetics (scores/_settle.py's question)
+    and the seconds per target, the same forward passes as RoundScoring.measure."""
+    import torch
+
+    from cnode.aggregation import draw_indices, score_seed
+    from cnode.aggregation import limits as agg_limits
+    from cnode.node.train.limits import SCORE_SEQUENCES
+    from cnode.node.train.model import load_state
+
+    seed = score_seed(["gpu-check"])
+    n = SCORE_SEQUENCES
+    held = data.eval[torch.tensor(draw_indices(seed, "held", len(data.eval), n))]
+    batches = {}
+    for peer in deltas:
+        shard = data.shard(peer)
+        batches[peer] = [data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]], held]
+    got: dict[str, dict[str, list[float]]] = {}
+    seconds: dict[str, float] = {}
+    for how, where, dtype, bf16 in (
+        ("cpu_float64", "cpu", torch.float64, False),
+        ("cpu_float32", "cpu", torch.float32, False),
+        (f"{device.type}_float32", device, torch.float32, False),
+        (f"{device.type}_bf16_mixed", device, torch.float32, True),
+    ):
+        model = build_model(config).to(dtype).eval()
+        torch.nn.Module.to(model, where)
+        got[how] = {}
+        for rep in range(2):  # the first pass warms the device up; the second is timed
+            began = time.perf_counter()
+            for peer, delta in sorted(deltas.items()):
+                base = {k: t.to(dtype) for k, t in state.items()}
+                moved = {k: base[k] + agg_limits.SCORE_STEP * delta[k].to(dtype) for k in base}
+                out = []
+                for weights in (base, moved):
+                    load_state(model, weights)
+                    with (
+                        torch.no_grad(),
+                        torch.autocast(
+                            torch.device(where).type, dtype=torch.bfloat16, enabled=bf16
+                        ),
+                    ):
+                        out += [model(input_ids=b.to(where), labels=b.to(where)).loss
+                                for b in batches[peer]]  # fmt: skip
+                own_b, held_b, own_a, held_a = (float(v) for v in out)
+                got[how][peer] = [own_b, own_a, held_b, held_a]
+            seconds[how] = (time.perf_counter() - began) / len(deltas)
+            del rep
+    ref = got["cpu_float64"]
+
+    def x(b: float, a: float) -> float:
+        return (b - a) / b / agg_limits.SCORE_UNIT
+
+    rows = {}
+    for how, by_peer in got.items():
+        rel = max(
+            abs(v - r) / abs(r) for p in by_peer for v, r in zip(by_peer[p], ref[p], strict=True)
+        )
+        dx = max(
+            abs(x(g[i], g[i + 1]) - x(r[i], r[i + 1]))
+            for p in by_peer
+            for g, r in [(by_peer[p], ref[p])]
+            for i in (0, 2)
+        )
+        rows[how] = {"rel": rel, "dx_units": dx, "seconds_per_target": seconds[how]}
+    return {"arithmetic": rows}
 
 
 if __name__ == "__main__":
