@@ -21,6 +21,10 @@ SCORE_DEVICE_RTOL = 2e-6
 # What a replay allows between a recorded and a recomputed loss: two devices, each within
 # SCORE_DEVICE_RTOL of the reference. Integer scores are compared exactly.
 SCORE_LOSS_RTOL = 2 * SCORE_DEVICE_RTOL
+# Sequences per forward pass of the fast score losses (scores/_settle.py): batches of a round's
+# scoring go through the model together, up to this many sequences at a time (its logits are
+# this x seq_len x vocabulary floats).
+SCORE_CHUNK_SEQUENCES = 64
 # Bytes of a training corpus read from a local file or downloaded from a Hub dataset.
 MAX_CORPUS_BYTES = 512 * 1024 * 1024
 

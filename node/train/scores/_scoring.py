@@ -139,8 +139,9 @@ class RoundScoring:
     def measure(
         self, seed: bytes, parent: State, peer: str, update: State
     ) -> tuple[float, float, float, float]:
-        """The four losses of one update (own before/after, held before/after), exactly as
-        :meth:`score` takes them: what a scorer of a partitioned round signs."""
+        """The four losses of one update (own before/after, held before/after), as :meth:`score`
+        takes them (the same integers; the fast losses may differ in the last bits, since the
+        batches share other forward passes there): what a scorer of a partitioned round signs."""
         own, held = self._batches(seed, peer)
         own_before, held_before = self.models.fast(parent, None, [own, held])
         own_after, held_after = self.models.fast(parent, update, [own, held])
@@ -156,19 +157,20 @@ class RoundScoring:
             return ScoredRound(round_, b"", {}, (), dict(self.reputation))
         seed = score_seed(str(c) for c in headers.values())
         specs = expected_specs(parent)
-        held_before: float | None = None  # the parent's held-out loss: the same for every peer
+        valid = [p for p in sorted(updates) if validate_update(updates[p], specs) is None]
+        # (an invalid update: aggregate() rejects it with the reason, ban evidence as before)
+        batches = {p: self._batches(seed, p) for p in valid}
+        # Every "before" loss at once (the same weights, the agreed state): the held-out batch
+        # (the same for every peer) and each peer's own batch.
+        held = [batches[p][1] for p in valid[:1]]
+        before = self.models.fast(parent, None, [*held, *(batches[p][0] for p in valid)])
         scores: dict[str, UpdateScore] = {}
-        for peer in sorted(updates):
-            if validate_update(updates[peer], specs) is not None:
-                continue  # aggregate() rejects it with the reason: ban evidence as before
-            own, held = self._batches(seed, peer)
-            if held_before is None:
-                held_before = self.models.fast(parent, None, [held])[0]
-            own_before = self.models.fast(parent, None, [own])[0]
-            own_after, held_after = self.models.fast(parent, updates[peer], [own, held])
-            losses = (own_before, own_after, held_before, held_after)
+        for i, peer in enumerate(valid):
+            own, held_p = batches[peer]
+            own_after, held_after = self.models.fast(parent, updates[peer], [own, held_p])
+            losses = (before[1 + i], own_after, before[0], held_after)
             if settle_needed(losses):
-                losses = self._reference(parent, updates[peer], own, held)
+                losses = self._reference(parent, updates[peer], own, held_p)
             scores[peer] = score_update(peer, *losses)
         self.reputation = update_reputation(
             self.reputation, {p: s.score for p, s in scores.items()}

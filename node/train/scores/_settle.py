@@ -79,11 +79,15 @@ class LossModels:
         update: Mapping[str, torch.Tensor] | None,
         batches: Sequence[torch.Tensor],
     ) -> list[float]:
-        """Losses of ``state`` (+ SCORE_STEP x ``update``) on ``batches``: float32, the device."""
+        """Losses of ``state`` (+ SCORE_STEP x ``update``) on ``batches``: float32, the device.
+        An empty ``batches`` gives [] without a forward pass."""
+        if not batches:
+            return []
         if self._fast is None:
             self._fast = build_model(self.config).float().eval()
             torch.nn.Module.to(self._fast, self.device)
-        return _losses(self._fast, state, update, batches, torch.float32, self.device)
+        return _batched_losses(self._fast, _weights(state, update, torch.float32), batches,
+                               self.device)  # fmt: skip
 
     def reference(
         self,
@@ -94,26 +98,47 @@ class LossModels:
         """The same losses in float64 on the CPU: what settles a score near a boundary."""
         if self._reference is None:
             self._reference = build_model(self.config).double().eval()
-        return _losses(self._reference, state, update, batches, torch.float64, torch.device("cpu"))
+        load_state(self._reference, _weights(state, update, torch.float64))
+        with torch.no_grad():  # one batch per forward pass, the model's own loss, as always
+            return [float(self._reference(input_ids=b, labels=b).loss) for b in batches]
 
 
-def _losses(
-    model: torch.nn.Module,
-    state: Mapping[str, torch.Tensor],
-    update: Mapping[str, torch.Tensor] | None,
-    batches: Sequence[torch.Tensor],
-    dtype: torch.dtype,
-    device: torch.device,
-) -> list[float]:
-    # The moved state is made on the CPU in ``dtype`` (SCORE_STEP is a power of two: the scaling
-    # is exact, the add rounds once), then copied to the device with the weights.
+def _weights(
+    state: Mapping[str, torch.Tensor], update: Mapping[str, torch.Tensor] | None, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    # Made on the CPU in ``dtype`` (SCORE_STEP is a power of two: the scaling is exact, the add
+    # rounds once), then copied to the device with the weights.
     weights = {k: t.to(dtype) for k, t in state.items()}
     if update is not None:
         weights = {k: w + agg_limits.SCORE_STEP * update[k].to(dtype) for k, w in weights.items()}
-    load_state(model, weights)
+    return weights
+
+
+def _batched_losses(
+    model: torch.nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    batches: Sequence[torch.Tensor],
+    device: torch.device,
+) -> list[float]:
+    """Each batch's mean next-token loss (the model's own ``loss``: cross-entropy of the logits
+    of positions 0..T-2 against tokens 1..T-1, mean over the batch's tokens), with the batches
+    run together in forward passes of up to SCORE_CHUNK_SEQUENCES sequences: on a GPU a
+    forward pass of a few sequences costs about what one of many does."""
+    load_state(model, dict(weights))
+    rows = torch.cat(list(batches))
+    sums = []
     with torch.no_grad():
-        out = []
-        for batch in batches:
-            x = batch.to(device)
-            out.append(model(input_ids=x, labels=x).loss)
-        return [float(v) for v in out]  # one sync at the end
+        for start in range(0, rows.shape[0], limits.SCORE_CHUNK_SEQUENCES):
+            x = rows[start : start + limits.SCORE_CHUNK_SEQUENCES].to(device)
+            logits = model(input_ids=x).logits[:, :-1].float()
+            per_token = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none"
+            )
+            sums.append(per_token.view(x.shape[0], -1).sum(dim=1))
+    per_row = torch.cat(sums).cpu()  # one sync
+    out, at = [], 0
+    for batch in batches:
+        n = batch.shape[0]
+        out.append(float(per_row[at : at + n].sum() / (n * (batch.shape[1] - 1))))
+        at += n
+    return out
