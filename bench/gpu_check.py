@@ -61,6 +61,10 @@ def _import_training() -> None:
         package = types.ModuleType("cnode.node.train")
         package.__path__ = [str(ROOT / "node" / "train")]
         sys.modules["cnode.node.train"] = package
+        # Likewise its scores sub-package (its __init__ opens signed records: libp2p keys).
+        scores = types.ModuleType("cnode.node.train.scores")
+        scores.__path__ = [str(ROOT / "node" / "train" / "scores")]
+        sys.modules["cnode.node.train.scores"] = scores
         config = importlib.import_module("cnode.node.train._config")
         package.TrainingConfig = config.TrainingConfig  # type: ignore[attr-defined]
 
@@ -230,10 +234,10 @@ def main() -> int:
         print(f"  {how:16s} max rel loss error {rel:.2e}, max score error {dx:.4f} units, "
               f"{per:.4f} s per target")  # fmt: skip
     train_round = gpu_s * config.local_steps
-    for how in (f"{device.type}_float32", "cpu_float64"):
-        per = scores["arithmetic"][how]["seconds_per_target"]
-        print(f"  scoring 4 updates ({how}) {4 * per:.3f} s = {4 * per / train_round:.1%} of the "
-              f"gpu node's local training ({train_round:.3f} s a round)")  # fmt: skip
+    for how, took in scores["round_of_4"].items():
+        print(f"  scoring a round of 4 updates as RoundScoring.score does, {how}: {took:.3f} s = "
+              f"{took / train_round:.1%} of the gpu node's local training ({train_round:.3f} s "
+              "a round)")  # fmt: skip
     print(f"gpu_check: {'PASS: one state CID' if agreed else 'FAIL: the states differ'}")
     if device.type != "cuda":
         print("gpu_check: (ran with the GPU node on the CPU: a try-out, not the GPU check)")
@@ -336,6 +340,7 @@ def _score_figures(
             seconds[how] = (time.perf_counter() - began) / len(deltas)
             del rep
     ref = got["cpu_float64"]
+    round_of_4 = _round_of_4(state, deltas, data, config, device)
 
     def x(b: float, a: float) -> float:
         return (b - a) / b / agg_limits.SCORE_UNIT
@@ -352,7 +357,40 @@ def _score_figures(
             for i in (0, 2)
         )
         rows[how] = {"rel": rel, "dx_units": dx, "seconds_per_target": seconds[how]}
-    return {"arithmetic": rows}
+    return {"arithmetic": rows, "round_of_4": round_of_4}
+
+
+def _round_of_4(
+    state: dict[str, Any], deltas: dict[str, dict[str, Any]], data: Any, config: Any, device: Any
+) -> dict[str, float]:
+    """Seconds of scoring 4 updates with the node's code (scores/_settle.py's LossModels, the
+    forward passes RoundScoring.score makes): fast on the device, and all in the reference."""
+    import torch
+
+    from cnode.aggregation import draw_indices, score_seed
+    from cnode.node.train.limits import SCORE_SEQUENCES
+    from cnode.node.train.model import Placement
+
+    settle = importlib.import_module("cnode.node.train.scores._settle")
+    seed = score_seed(["gpu-check-round"])
+    n = SCORE_SEQUENCES
+    held = data.eval[torch.tensor(draw_indices(seed, "held", len(data.eval), n))]
+    updates = dict(zip((f"p{i}" for i in range(4)), [*deltas.values()] * 2, strict=True))
+    own = {}
+    for peer in updates:
+        shard = data.shard(peer)
+        own[peer] = data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
+    models = settle.LossModels(config, Placement(device))
+    out = {}
+    for how, losses in ((f"{device.type} float32 (fast)", models.fast),
+                        ("cpu float64 (reference)", models.reference)):  # fmt: skip
+        for _ in range(2):  # the first builds the model and warms the device up
+            began = time.perf_counter()
+            losses(state, None, [held, *own.values()])
+            for peer, update in updates.items():
+                losses(state, update, [own[peer], held])
+            out[how] = time.perf_counter() - began
+    return out
 
 
 if __name__ == "__main__":
