@@ -16,6 +16,9 @@ from ._addrs import is_private_addr as is_private_addr
 from ._addrs import parse_peer_addr as parse_peer_addr
 from ._client import CoordinatorClient as CoordinatorClient
 from ._client import verify_state_envelope as verify_state_envelope
+from ._codes import ERRORS as ERRORS
+from ._codes import ErrorCode as ErrorCode
+from ._codes import ErrorInfo as ErrorInfo
 from ._config import AccessConfig as AccessConfig
 from ._config import NetworkConfig as NetworkConfig
 from ._config import RoundsConfig as RoundsConfig
@@ -55,6 +58,9 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "CoordinatorError",
     "CoordinatorRejected",
     "CoordinatorUnavailable",
+    "ERRORS",
+    "ErrorCode",
+    "ErrorInfo",
     "JoinResult",
     "NetworkConfig",
     "PEER_ONLY_USERNAME",

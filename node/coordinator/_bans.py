@@ -11,6 +11,7 @@ from typing import Any
 import structlog
 
 from . import limits
+from ._codes import ErrorCode as E
 from ._exceptions import RequestRefused
 from ._protocol import BanReport
 from ._reputation import ReputationVerdict
@@ -58,7 +59,7 @@ class BanBook:
 
     def unban(self, peer: str, by: str, now: float) -> None:
         if self.store.db.execute("DELETE FROM bans WHERE peer = ?", (peer,)).rowcount == 0:
-            raise RequestRefused(404, "not_banned", f"peer {peer} is not banned")
+            raise RequestRefused(E.NOT_BANNED, f"peer {peer} is not banned")
         self.store.append_log(now, by, "unban", {"peer": peer})
 
     def parties(self, reporter: str, evidence: dict[str, Any]) -> list[str]:
@@ -68,12 +69,10 @@ class BanBook:
         row = self.store.round_row(n)
         published: list[str] = json.loads(row["members"] or "[]") if row is not None else []
         if reporter not in published:
-            raise RequestRefused(
-                403, "not_member", f"peer {reporter} was not a member of round {n}"
-            )
+            raise RequestRefused(E.NOT_MEMBER, f"peer {reporter} was not a member of round {n}")
         if accused not in published or accused == reporter:
             raise RequestRefused(
-                409, "bad_accused", f"peer {accused} is not another member of round {n}"
+                E.BAD_ACCUSED, f"peer {accused} is not another member of round {n}"
             )
         return published
 
@@ -168,8 +167,7 @@ def _confirmed(verdict: ReputationVerdict | None, n: int) -> bool:
         return False
     if not verdict.correct:
         raise RequestRefused(
-            409,
-            "evidence_refuted",
+            E.EVIDENCE_REFUTED,
             f"the score records of rounds 1..{n} do not give this evidence: {verdict.reason}",
         )
     return True

@@ -5,16 +5,25 @@ See specs/coordinator.md#client.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 
 from . import limits
-from ._exceptions import BadRunState, CoordinatorRejected, CoordinatorUnavailable, RateLimited
+from ._exceptions import (
+    BadRunState,
+    CoordinatorRejected,
+    CoordinatorUnavailable,
+    RateLimited,
+    RunConfigError,
+)
+from ._json import JSONTooDeep, loads_bounded
 from ._protocol import (
     REQUEST_TYPE,
     STATE_TYPE,
@@ -27,7 +36,7 @@ from ._protocol import (
     b64encode,
 )
 
-__all__ = ["HTTP_TIMEOUT", "Core", "map_transport", "verify_state_envelope"]
+__all__ = ["HTTP_TIMEOUT", "Core", "check_url", "map_transport", "verify_state_envelope"]
 
 # Re-join when the access token has less than this many seconds left.
 _TOKEN_REFRESH_S = 60.0
@@ -56,6 +65,7 @@ class Core:
     """What both clients share: request signing, counters, answer decoding. No I/O."""
 
     def __init__(self, url: str, run: str, coordinator: str, identity: Identity) -> None:
+        check_url(url, "coordinator url")
         self.url = url.rstrip("/")
         self.run = run
         self.coordinator = coordinator
@@ -103,7 +113,9 @@ class Core:
     @staticmethod
     def answer(response: httpx.Response) -> dict[str, Any]:
         try:
-            body = response.json()
+            body = loads_bounded(response.content)
+        except JSONTooDeep as exc:  # no coordinator answers this: not worth a retry
+            raise BadRunState(f"coordinator answered {response.status_code} with {exc}") from exc
         except ValueError as exc:
             raise CoordinatorUnavailable(
                 f"coordinator answered {response.status_code} without JSON"
@@ -118,8 +130,7 @@ class Core:
             code = str(body.get("error", "error"))
             message = str(body.get("message", ""))
             if response.status_code == 429:
-                retry = float(response.headers.get("Retry-After", "1"))
-                raise RateLimited(429, code, message, retry)
+                raise RateLimited(429, code, message, _retry_after(response))
             raise CoordinatorRejected(response.status_code, code, message)
         return body
 
@@ -147,6 +158,24 @@ class Core:
             )
         self._last_version = state.version
         return state
+
+
+def _retry_after(response: httpx.Response) -> float:
+    """Seconds of a 429's Retry-After, within [0, CLIENT_RETRY_MAX_S] (1 when absent or not a
+    finite number: the header is the remote's to fill)."""
+    try:
+        wait = float(response.headers.get("Retry-After", "1"))
+    except ValueError:
+        return 1.0
+    return min(max(wait, 0.0), limits.CLIENT_RETRY_MAX_S) if math.isfinite(wait) else 1.0
+
+
+def check_url(url: str, what: str) -> None:
+    """Raise :class:`RunConfigError` unless ``url`` is an http(s) URL with a host: any other
+    scheme (``javascript:``, ``file:``) is refused at once, never retried as an outage."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise RunConfigError(f"{what} {url[:100]!r} is not an http(s) URL")
 
 
 def map_transport(exc: httpx.HTTPError, url: str) -> CoordinatorUnavailable:

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from cnode.auth import PeerIdError, public_key_from_peer_id
+
 from . import limits
 from ._exceptions import RunConfigError
 
@@ -145,6 +147,14 @@ class RunConfig:
         run = self.run
         if not (0 < len(run) <= 64 and all(c.isalnum() or c in "._-" for c in run)):
             raise RunConfigError(f"run id {run!r} must be 1-64 characters of [A-Za-z0-9._-]")
+        if self.coordinator:
+            try:
+                public_key_from_peer_id(self.coordinator)
+            except PeerIdError as exc:
+                raise RunConfigError(f"coordinator: {exc}") from exc
+        where = urlsplit(self.url)
+        if self.url and (where.scheme not in ("http", "https") or not where.netloc):
+            raise RunConfigError(f"url {self.url[:100]!r} is not an http(s) URL")
         r = self.rounds
         if r.min_participants < 1:
             raise RunConfigError("rounds.min_participants must be >= 1")

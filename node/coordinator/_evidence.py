@@ -23,6 +23,7 @@ from aiohttp import web
 from cnode import CnodeError
 
 from . import limits
+from ._codes import ErrorCode as E
 from ._config import RunConfig
 from ._exceptions import BadEvidence, RequestRefused
 from ._http import RateLimitedRefusal, SignedRequest, open_signed_request
@@ -30,7 +31,8 @@ from ._machine import RunMachine
 from ._partitions import PartitionRules
 from ._protocol import Op
 from ._ratelimit import RateLimiter
-from ._requests import parse_wrong_result
+from ._requests import int_text, parse_wrong_result
+from ._slots import EvidenceSlots, read_evidence_body
 from ._store import Store
 
 __all__ = [
@@ -38,16 +40,12 @@ __all__ = [
     "EvidenceChecker",
     "PartitionVerdict",
     "handle_evidence",
-    "read_evidence_body",
 ]
 
 log = structlog.get_logger(__name__)
 
 # The HTTP header carrying the signed `wrong_result` request (base64 envelope).
 EVIDENCE_HEADER = "X-Cnode-Request"
-_READ_CHUNK = 1 << 20
-# Seconds a request waits for a free evidence check before it is told to come back (429).
-_QUEUE_WAIT_S = 1.0
 
 
 class PartitionVerdict(Protocol):
@@ -88,7 +86,7 @@ class CoordinatorServer(Protocol):
     config: RunConfig
     store: Store
     machine: RunMachine
-    evidence_slots: asyncio.Semaphore
+    evidence_slots: EvidenceSlots
     evidence_checker: EvidenceChecker | None
     _request_limit: RateLimiter
 
@@ -102,28 +100,15 @@ class CoordinatorServer(Protocol):
     async def after_change(self) -> None: ...
 
 
-async def read_evidence_body(request: web.Request) -> bytes:
-    """The whole body, at most MAX_EVIDENCE_BYTES (413 beyond, before or while reading)."""
-    bound = limits.MAX_EVIDENCE_BYTES
-    if (request.content_length or 0) > bound:
-        raise RequestRefused(413, "too_large", f"evidence over MAX_EVIDENCE_BYTES ({bound})")
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = await request.content.read(_READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > bound:
-            raise RequestRefused(413, "too_large", f"evidence over MAX_EVIDENCE_BYTES ({bound})")
-        chunks.append(chunk)
-
-
 def _path_ints(request: web.Request) -> tuple[int, int]:
-    try:
-        n, p = int(request.match_info["round"]), int(request.match_info["partition"])
-    except ValueError as exc:
-        raise RequestRefused(400, "bad_request", "round and partition must be integers") from exc
+    n = int_text(request.match_info["round"], "round", 1, limits.MAX_ROUND, "MAX_ROUND")
+    p = int_text(
+        request.match_info["partition"],
+        "partition",
+        0,
+        limits.MAX_ROUND_MEMBERS,
+        "MAX_ROUND_MEMBERS",
+    )
     return n, p
 
 
@@ -131,7 +116,7 @@ def _signed(request: web.Request, run: str) -> SignedRequest:
     envelope = request.headers.get(EVIDENCE_HEADER)
     if envelope is None:
         raise RequestRefused(
-            400, "bad_request", f"the signed wrong_result request goes in {EVIDENCE_HEADER}"
+            E.BAD_REQUEST, f"the signed wrong_result request goes in {EVIDENCE_HEADER}"
         )
     return open_signed_request(envelope.strip(), Op.WRONG_RESULT, run)
 
@@ -144,8 +129,7 @@ async def handle_evidence(server: CoordinatorServer, request: web.Request) -> we
     n, partition, header, output = parse_wrong_result(req.args)
     if (n, partition) != (n_path, p_path):
         raise RequestRefused(
-            400,
-            "bad_request",
+            E.BAD_REQUEST,
             f"the signed request names round {n} partition {partition}, the path "
             f"round {n_path} partition {p_path}",
         )
@@ -161,14 +145,8 @@ async def handle_evidence(server: CoordinatorServer, request: web.Request) -> we
         server.machine.check_not_banned(peer, username)
         server.partitions.evidence_target(peer, n, partition, header)
         server.machine.consume_counter(peer, req.counter)
-    try:
-        await asyncio.wait_for(server.evidence_slots.acquire(), _QUEUE_WAIT_S)
-    except TimeoutError as exc:
-        raise RateLimitedRefusal(5.0) from exc
-    try:
+    async with server.evidence_slots.hold(peer):
         result = await _check(server, request, peer, n, partition, header, output)
-    finally:
-        server.evidence_slots.release()
     await server.after_change()
     return web.json_response({"ok": True, **result})
 
@@ -188,9 +166,9 @@ async def _check(
     checker = server.evidence_checker
     if checker is None:
         raise RequestRefused(
-            409, "no_evidence_checker", "this coordinator was started without an evidence checker"
+            E.NO_EVIDENCE_CHECKER, "this coordinator was started without an evidence checker"
         )
-    car = await read_evidence_body(request)
+    car = await read_evidence_body(request, server.evidence_slots.timing)
     try:
         verdict = await asyncio.to_thread(
             checker,
@@ -202,30 +180,27 @@ async def _check(
             training=server.config.training,
         )
     except BadEvidence as exc:
-        raise RequestRefused(400, "bad_evidence", f"evidence: {exc}") from exc
+        raise RequestRefused(E.BAD_EVIDENCE, f"evidence: {exc}") from exc
     except CnodeError as exc:  # the checker's own failure (a bug, a bad run config): ours
         log.exception("evidence_check_failed", round=n, partition=partition)
         raise RequestRefused(
-            500, "evidence_check_failed", f"the coordinator could not check the evidence: {exc}"
+            E.EVIDENCE_CHECK_FAILED, f"the coordinator could not check the evidence: {exc}"
         ) from exc
     del car
     if verdict.partition != partition:
         raise RequestRefused(
-            400,
-            "bad_evidence",
+            E.BAD_EVIDENCE,
             f"the header is for partition {verdict.partition}, not {partition}",
         )
     if verdict.signer != recorded["peer"]:
         raise RequestRefused(
-            400,
-            "bad_evidence",
+            E.BAD_EVIDENCE,
             f"the header is signed by {verdict.signer}; the result was recorded from "
             f"{recorded['peer']}",
         )
     if verdict.correct:
         raise RequestRefused(
-            409,
-            "result_correct",
+            E.RESULT_CORRECT,
             f"the recomputation of partition {partition} of round {n} gives {verdict.recomputed},"
             f" as the header says: the result is correct (no ban, nothing recorded)",
         )

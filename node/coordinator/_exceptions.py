@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from cnode.node._exceptions import NodeError
 
+from ._codes import ERRORS, ErrorCode
+
 __all__ = [
     "BadEvidence",
     "BadRunState",
@@ -68,13 +70,14 @@ class RequestRefused(CoordinatorError):
     """Raised inside the server when a request must be refused (the requester's fault).
 
     The transaction it escapes from is rolled back, so a refused request changes nothing; the
-    server answers ``status`` with ``{"error": code, "message": message}``.
+    server answers ``status`` with ``{"error": code, "message": message}``. The status is the
+    code's in the registry (``_codes.ERRORS``): no code outside it can be sent.
     """
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
-        self.status = status
-        self.code = code
+        self.code = ErrorCode(code)  # a string outside the registry raises ValueError here
+        self.status = ERRORS[self.code].status
         self.message = message
 
 

@@ -5,22 +5,27 @@ aiohttp and auth exceptions are translated here and only here (specs/coordinator
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from cnode.auth import BadSignature, EnvelopeError, open_envelope
 
 from . import limits
+from ._codes import ERRORS
+from ._codes import ErrorCode as E
 from ._exceptions import RequestRefused
+from ._json import JSONTooDeep, loads_bounded
 from ._protocol import REQUEST_TYPE, Op, b64decode
-from ._requests import require
+from ._requests import require, require_int
 
 __all__ = [
+    "PROTOCOL_LOG",
     "RateLimitedRefusal",
     "SignedRequest",
     "json_errors",
@@ -47,15 +52,17 @@ async def read_signed_request(request: web.Request, run: str) -> SignedRequest:
     op = Op(request.path.rsplit("/", 1)[1])
     if (request.content_length or 0) > limits.MAX_REQUEST_BYTES:
         raise RequestRefused(
-            413, "too_large", f"body over MAX_REQUEST_BYTES ({limits.MAX_REQUEST_BYTES})"
+            E.TOO_LARGE, f"body over MAX_REQUEST_BYTES ({limits.MAX_REQUEST_BYTES})"
         )
     body = await request.read()
     try:
-        outer = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise RequestRefused(400, "malformed_json", f"body is not JSON: {exc}") from exc
+        outer = loads_bounded(body)
+    except JSONTooDeep as exc:
+        raise RequestRefused(E.TOO_DEEP, f"body: {exc}") from exc
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise RequestRefused(E.MALFORMED_JSON, f"body is not JSON: {exc}") from exc
     if not isinstance(outer, dict) or not isinstance(outer.get("envelope"), str):
-        raise RequestRefused(400, "bad_request", 'body must be {"envelope": "<base64>"}')
+        raise RequestRefused(E.BAD_REQUEST, 'body must be {"envelope": "<base64>"}')
     return open_signed_request(outer["envelope"], op, run)
 
 
@@ -63,46 +70,54 @@ def open_signed_request(envelope: str, op: Op, run: str) -> SignedRequest:
     """Decode and verify one base64 ``cnode/request/v1`` envelope for ``op`` of ``run``
     (from a JSON body, or from the ``X-Cnode-Request`` header of an evidence upload)."""
     if len(envelope) > 4 * ((limits.MAX_ENVELOPE_BYTES + 2) // 3):
-        raise RequestRefused(413, "too_large", "envelope over MAX_ENVELOPE_BYTES")
+        raise RequestRefused(E.TOO_LARGE, "envelope over MAX_ENVELOPE_BYTES")
     try:
         data = b64decode(envelope)
     except ValueError as exc:
-        raise RequestRefused(400, "bad_request", f"envelope: {exc}") from exc
+        raise RequestRefused(E.BAD_REQUEST, f"envelope: {exc}") from exc
     if len(data) > limits.MAX_ENVELOPE_BYTES:
-        raise RequestRefused(413, "too_large", "envelope over MAX_ENVELOPE_BYTES")
+        raise RequestRefused(E.TOO_LARGE, "envelope over MAX_ENVELOPE_BYTES")
     try:
         opened = open_envelope(data, expected_type=REQUEST_TYPE)
     except BadSignature as exc:
-        raise RequestRefused(401, "bad_signature", f"request signature: {exc}") from exc
+        raise RequestRefused(E.BAD_SIGNATURE, f"request signature: {exc}") from exc
     except EnvelopeError as exc:
-        raise RequestRefused(400, "bad_envelope", f"request envelope: {exc}") from exc
+        raise RequestRefused(E.BAD_ENVELOPE, f"request envelope: {exc}") from exc
     signer, p = opened.signer, opened.payload
-    counter = require(p, "counter", int)
+    counter = require_int(p, "counter", 0, limits.MAX_COUNTER, "MAX_COUNTER")
     args = require(p, "args", dict)
     if require(p, "run", str) != run:
-        raise RequestRefused(400, "run_mismatch", "the signed request names another run")
+        raise RequestRefused(E.RUN_MISMATCH, "the signed request names another run")
     if require(p, "op", str) != op:
-        raise RequestRefused(
-            400, "wrong_op", f"the signed request is for {p['op']!r}, not {str(op)!r}"
-        )
+        raise RequestRefused(E.WRONG_OP, f"the signed request is for {p['op']!r}, not {str(op)!r}")
     return SignedRequest(op, signer, counter, args, p.get("token"))
 
 
 class RateLimitedRefusal(RequestRefused):
-    """429: this peer's bucket is empty; the answer carries Retry-After."""
+    """429: come back later; the answer carries Retry-After. ``rate_limited`` (this peer's
+    bucket is empty) unless another 429 code names the true cause (``busy``,
+    ``evidence_share``)."""
 
-    def __init__(self, wait: float) -> None:
-        super().__init__(
-            429, "rate_limited", f"too many requests from this peer; retry in {wait:.1f} s"
-        )
+    def __init__(
+        self,
+        wait: float,
+        code: E = E.RATE_LIMITED,
+        message: str = "too many requests from this peer",
+    ) -> None:
+        super().__init__(code, f"{message}; retry in {wait:.1f} s")
         self.retry_after = wait
+
+
+# aiohttp's own refusals (no route, wrong method, body over client_max_size), as registered codes.
+_HTTP_CODES = {404: E.NOT_FOUND, 405: E.METHOD_NOT_ALLOWED, 413: E.TOO_LARGE}
 
 
 @web.middleware
 async def json_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Every refusal becomes ``{"error": code, "message": text}`` with its status."""
+    """Every refusal becomes ``{"error": code, "message": text}`` with its status; every code
+    is one of ``_codes.ErrorCode`` (specs/coordinator.md#status-codes)."""
     try:
         return await handler(request)
     except RequestRefused as exc:
@@ -112,12 +127,32 @@ async def json_errors(
         if exc.status >= 500:
             log.warning("request_failed", code=exc.code, path=request.path)
         return web.json_response(
-            {"error": exc.code, "message": exc.message}, status=exc.status, headers=headers
+            {"error": str(exc.code), "message": exc.message}, status=exc.status, headers=headers
         )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = "too_large" if exc.status == 413 else exc.reason.lower().replace(" ", "_")
+        code = _HTTP_CODES.get(exc.status, E.BAD_REQUEST)  # any other 4xx: the registry's 400
         return web.json_response(
-            {"error": code, "message": exc.text or exc.reason}, status=exc.status
+            {"error": str(code), "message": exc.text or exc.reason}, status=ERRORS[code].status
         )
+
+
+class _OneLineRefusals(logging.Filter):
+    """aiohttp logs a request its parser refuses (a 64 KiB URL, a header over
+    MAX_HEADER_FIELD_BYTES, bytes that are no HTTP) with a traceback, before it answers 400:
+    the sender's fault, so one line at info, without the traceback. Anything else passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError) and (exc.code or 400) < 500:
+            record.msg = "refused a malformed HTTP request: %s %s"
+            record.args = (exc.code, str(exc.message)[:120])
+            record.exc_info = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
+
+
+# The logger aiohttp's connection handler writes to (AppRunner(logger=...)).
+PROTOCOL_LOG = logging.getLogger("cnode.coordinator.http")
+PROTOCOL_LOG.addFilter(_OneLineRefusals())

@@ -24,6 +24,7 @@ from ._admin import (
     UnbanPeer,
 )
 from ._bans import BanBook
+from ._codes import ErrorCode as E
 from ._config import RunConfig
 from ._exceptions import RequestRefused
 from ._partitions import PartitionRules
@@ -61,11 +62,11 @@ class RunMachine:
     def consume_counter(self, peer: str, counter: int) -> None:
         """Refuse a counter not above the last one this peer used (replay or reordering)."""
         if counter < 0:
-            raise RequestRefused(400, "bad_request", "request counter must be >= 0")
+            raise RequestRefused(E.BAD_REQUEST, "request counter must be >= 0")
         last = self.store.last_counter(peer)
         if last is not None and counter <= last:
             raise RequestRefused(
-                409, "replayed", f"request counter {counter} is not above the last one ({last})"
+                E.REPLAYED, f"request counter {counter} is not above the last one ({last})"
             )
         self.store.set_counter(peer, counter)
 
@@ -75,7 +76,7 @@ class RunMachine:
         row = self.store.ban_row(peer) or self.store.user_ban(username)
         if row is not None:
             who = f"peer {peer}" if row["peer"] == peer else f"user {username!r}"
-            raise RequestRefused(403, "banned", f"{who} is banned: {row['reason']}")
+            raise RequestRefused(E.BANNED, f"{who} is banned: {row['reason']}")
 
     def check_may_join(self, peer: str, username: str, orgs: list[str]) -> None:
         self.check_not_banned(peer, username)
@@ -85,7 +86,7 @@ class RunMachine:
         if username and any(s.allowed("org", org) for org in orgs):
             return
         who = f"user {username!r} (peer {peer})" if username else f"peer {peer}"
-        raise RequestRefused(403, "not_allowlisted", f"{who} is not on the allowlist of this run")
+        raise RequestRefused(E.NOT_ALLOWLISTED, f"{who} is not on the allowlist of this run")
 
     def record_join(
         self, peer: str, username: str, now: float, expires: float, addrs: list[str]
@@ -107,7 +108,7 @@ class RunMachine:
         status = s.current_round_row()["status"]
         target = current if status == RoundStatus.OPEN else current + 1
         if s.count_members(target, *_ACTIVE) >= limits.MAX_ROUND_MEMBERS:
-            raise RequestRefused(409, "round_full", f"round {target} has MAX_ROUND_MEMBERS members")
+            raise RequestRefused(E.ROUND_FULL, f"round {target} has MAX_ROUND_MEMBERS members")
         s.put_member(target, peer, username, now)
         s.append_log(now, peer, "join_round", {"round": target})
         self.advance(now)
@@ -117,16 +118,13 @@ class RunMachine:
         current = int(self.store.run_row()["round"])
         if n not in (current, current + 1):
             raise RequestRefused(
-                409,
-                "round_over",
+                E.ROUND_OVER,
                 f"round {n} is not open to changes; the current round is {current}",
             )
         row = self.store.member(n, peer)
         if row is None or row["status"] not in _ACTIVE:
             why = "" if row is None else f" ({row['status']})"
-            raise RequestRefused(
-                409, "not_member", f"peer {peer} is not a member of round {n}{why}"
-            )
+            raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}{why}")
 
     def ready(self, peer: str, n: int, now: float, header: str | None = None) -> None:
         self._own_membership(peer, n)
@@ -141,20 +139,20 @@ class RunMachine:
         """A member of published round ``n`` says whose updates it could not fetch."""
         row = self.store.round_row(n)
         if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
-            raise RequestRefused(409, "round_not_published", f"round {n} has no published list")
+            raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
         if row["parts"]:
             raise RequestRefused(
-                409, "partitioned_round", f"round {n} is partitioned: members report `checked`"
+                E.PARTITIONED_ROUND, f"round {n} is partitioned: members report `checked`"
             )
         members = json.loads(row["members"] or "[]")
         if peer not in members:
-            raise RequestRefused(409, "not_member", f"peer {peer} is not a member of round {n}")
+            raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}")
         if row["status"] == RoundStatus.AGREED:
             return  # decided already (a late or repeated report): the decision stands
         unknown = sorted(set(missing) - set(members))
         if unknown:
             raise RequestRefused(
-                400, "bad_request", f"missing names peers not in round {n}: {unknown[0]}"
+                E.BAD_REQUEST, f"missing names peers not in round {n}: {unknown[0]}"
             )
         self.store.set_member(
             n, peer, missing=json.dumps(sorted(set(missing) - {peer})), collected_at=now
@@ -345,9 +343,7 @@ class RunMachine:
         match action:
             case AllowlistAdd(kind, value):
                 if s.allowlist_size() >= limits.MAX_ALLOWLIST:
-                    raise RequestRefused(
-                        409, "allowlist_full", "allowlist has MAX_ALLOWLIST entries"
-                    )
+                    raise RequestRefused(E.ALLOWLIST_FULL, "allowlist has MAX_ALLOWLIST entries")
                 added = s.allow(kind, value, by, now)
                 s.append_log(now, by, "allowlist_add", {"kind": kind, "value": value})
                 return {"changed": added}
@@ -376,23 +372,20 @@ class RunMachine:
         checkpointers = self.config.access.checkpointers
         row = s.round_row(n)
         if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
-            raise RequestRefused(409, "round_not_published", f"round {n} has no published list")
+            raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
         published = json.loads(row["members"] or "[]")
         if peer not in (checkpointers or published):
-            raise RequestRefused(
-                403, "not_checkpointer", f"peer {peer} may not checkpoint round {n}"
-            )
+            raise RequestRefused(E.NOT_CHECKPOINTER, f"peer {peer} may not checkpoint round {n}")
         if int(row["epoch"]) != record.epoch:
             raise RequestRefused(
-                409, "wrong_epoch", f"round {n} belongs to epoch {row['epoch']}, not {record.epoch}"
+                E.WRONG_EPOCH, f"round {n} belongs to epoch {row['epoch']}, not {record.epoch}"
             )
         latest = s.latest_checkpoint()
         if latest is not None and int(latest["round"]) >= n:
             if int(latest["round"]) == n and latest["manifest"] == record.manifest:
                 return _checkpoint(latest)  # the same result from another member: agreed
             raise RequestRefused(
-                409,
-                "stale_round",
+                E.STALE_ROUND,
                 f"a manifest for round {n} is not newer than the current checkpoint "
                 f"(round {latest['round']}, {latest['manifest']})",
             )

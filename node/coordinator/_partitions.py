@@ -25,6 +25,7 @@ from cnode.storage import DAG_CBOR, compute_cid
 
 from . import limits
 from ._bans import BanBook
+from ._codes import ErrorCode as E
 from ._config import RunConfig
 from ._exceptions import RequestRefused
 from ._protocol import PartitionResultEntry, RoundStatus, ms
@@ -108,15 +109,15 @@ class PartitionRules:
     def _listed(self, peer: str, n: int) -> tuple[sqlite3.Row, list[str], int]:
         row = self.store.round_row(n)
         if row is None or row["status"] not in _LISTED:
-            raise RequestRefused(409, "round_not_published", f"round {n} has no published list")
+            raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
         parts = int(row["parts"] or 0)
         if parts == 0:
             raise RequestRefused(
-                409, "not_partitioned", f"round {n} is not partitioned (full replication)"
+                E.NOT_PARTITIONED, f"round {n} is not partitioned (full replication)"
             )
         members = json.loads(row["members"] or "[]")
         if peer not in members:
-            raise RequestRefused(409, "not_member", f"peer {peer} is not a member of round {n}")
+            raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}")
         return row, members, parts
 
     def result(self, peer: str, n: int, partition: int, header: str, now: float) -> None:
@@ -124,20 +125,19 @@ class PartitionRules:
         row, members, parts = self._listed(peer, n)
         if partition >= parts:
             raise RequestRefused(
-                400, "bad_request", f"partition {partition} is not below parts ({parts})"
+                E.BAD_REQUEST, f"partition {partition} is not below parts ({parts})"
             )
         recorded = self.store.results(n).get(partition)
         if recorded is not None:
             if recorded["peer"] == peer and recorded["header"] == header:
                 return  # the same result again (a resend): already recorded
             raise RequestRefused(
-                409,
-                "result_recorded",
+                E.RESULT_RECORDED,
                 f"partition {partition} of round {n} already has a result: {recorded['header']}"
                 f" from {recorded['peer']}",
             )
         if row["status"] == RoundStatus.AGREED:
-            raise RequestRefused(409, "round_over", f"round {n} is agreed; results are closed")
+            raise RequestRefused(E.ROUND_OVER, f"round {n} is agreed; results are closed")
         aggregator = self.aggregators(n, members, parts)[partition]
         if peer != aggregator:
             self._check_backup(peer, n, members, partition, aggregator, row, now)
@@ -172,8 +172,7 @@ class PartitionRules:
             f"{b} from {ms(start + k * step)} ms since the epoch" for k, b in enumerate(backups)
         )
         raise RequestRefused(
-            409,
-            "not_your_partition",
+            E.NOT_YOUR_PARTITION,
             f"partition {partition} of round {n} is aggregated by {aggregator}; "
             f"after the collect deadline its backups may submit it: {who or 'none'}",
         )
@@ -190,11 +189,11 @@ class PartitionRules:
             if scores[peer] == record:
                 return record  # the same record again (a resend): already recorded
             raise RequestRefused(
-                409, "score_recorded", f"round {n} already has {peer}'s score record {scores[peer]}"
+                E.SCORE_RECORDED, f"round {n} already has {peer}'s score record {scores[peer]}"
             )
         if self._scores_closed(row, members, scores, now):
             raise RequestRefused(
-                409, "scores_closed", f"round {n}'s score records are closed (deadline passed)"
+                E.SCORES_CLOSED, f"round {n}'s score records are closed (deadline passed)"
             )
         self.store.set_member(n, peer, score_record=record, scored_at=now, score_bytes=data)
         self.store.append_log(now, peer, "score", {"round": n, "record": record})
@@ -208,13 +207,12 @@ class PartitionRules:
         bad = [p for p in wrong if p >= parts]
         if bad:
             raise RequestRefused(
-                400, "bad_request", f"field 'wrong' names partition {bad[0]}, not below {parts}"
+                E.BAD_REQUEST, f"field 'wrong' names partition {bad[0]}, not below {parts}"
             )
         missing = sorted(set(range(parts)) - set(self.store.results(n)))
         if missing:
             raise RequestRefused(
-                409,
-                "results_pending",
+                E.RESULTS_PENDING,
                 f"round {n}: partition(s) {missing[:8]} have no result yet; check after all do",
             )
         self.store.set_member(n, peer, checked=json.dumps(wrong), checked_at=now)
@@ -309,14 +307,13 @@ class PartitionRules:
         _row, _members, parts = self._listed(peer, n)
         if partition >= parts:
             raise RequestRefused(
-                400, "bad_request", f"partition {partition} is not below parts ({parts})"
+                E.BAD_REQUEST, f"partition {partition} is not below parts ({parts})"
             )
         recorded = self.store.results(n).get(partition)
         if recorded is None or recorded["header"] != header:
             now_has = "no result" if recorded is None else f"result {recorded['header']}"
             raise RequestRefused(
-                409,
-                "not_recorded",
+                E.NOT_RECORDED,
                 f"header {header} is not the recorded result of partition {partition} of round "
                 f"{n} ({now_has})",
             )

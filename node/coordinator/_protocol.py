@@ -17,6 +17,7 @@ from enum import StrEnum
 from typing import Any
 
 from ._exceptions import BadRunState
+from ._json import loads_bounded
 from ._results import PartitionResultEntry, decode_partitioned, encode_partitioned
 
 __all__ = [
@@ -379,7 +380,7 @@ class RunState:
             raise BadRunState("signed state is not a run record")
         try:
             phase = Phase(_get(p, "phase", str))
-            config = json.loads(_get(p, "config", str))
+            config = loads_bounded(_get(p, "config", str))
         except ValueError as exc:
             raise BadRunState(f"bad phase or config in signed state: {exc}") from exc
         if not isinstance(config, dict):

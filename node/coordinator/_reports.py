@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import limits
+from ._codes import ErrorCode as E
 from ._exceptions import RequestRefused
 from ._requests import _cid, parse_round, require
 from ._store import Store
@@ -40,9 +41,13 @@ def _cid_text(args: Mapping[str, Any], key: str) -> str | None:
 def _number(args: Mapping[str, Any], key: str, *, integer: bool = False) -> float:
     value = args.get(key)
     if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
-        raise RequestRefused(400, "bad_request", f"field {key!r} must be a number")
-    if not math.isfinite(value) or value < 0:
-        raise RequestRefused(400, "bad_request", f"field {key!r} must be finite and >= 0")
+        raise RequestRefused(E.BAD_REQUEST, f"field {key!r} must be a number")
+    # An int is compared exactly (float() of 10**400 would raise OverflowError).
+    finite = isinstance(value, int) or math.isfinite(value)
+    if not finite or not 0 <= value <= limits.MAX_REPORT_NUMBER:
+        raise RequestRefused(
+            E.BAD_REQUEST, f"field {key!r} must be finite, >= 0 and at most MAX_REPORT_NUMBER"
+        )
     return float(value)
 
 
@@ -50,7 +55,7 @@ def parse_report(args: Mapping[str, Any]) -> dict[str, Any]:
     """Check a report's arguments (types, bounds); return the body to store."""
     kind = require(args, "kind", str)
     if kind not in _KINDS:
-        raise RequestRefused(400, "bad_request", f"report kind must be one of {_KINDS}")
+        raise RequestRefused(E.BAD_REQUEST, f"report kind must be one of {_KINDS}")
     body: dict[str, Any] = {"kind": kind, "round": parse_round(args)}
     if kind == "round":
         body["loss"] = _number(args, "loss")
@@ -62,15 +67,15 @@ def parse_report(args: Mapping[str, Any]) -> dict[str, Any]:
     body["bytes"] = int(_number(args, "bytes", integer=True))
     source = require(args, "source", str)
     if source not in ("peers", "hub"):
-        raise RequestRefused(400, "bad_request", "source must be 'peers' or 'hub'")
+        raise RequestRefused(E.BAD_REQUEST, "source must be 'peers' or 'hub'")
     body["source"] = source
     per_holder = require(args, "bytes_per_holder", dict)
     if len(per_holder) > limits.MAX_REPORT_HOLDERS:
-        raise RequestRefused(400, "bad_request", "bytes_per_holder over MAX_REPORT_HOLDERS")
+        raise RequestRefused(E.BAD_REQUEST, "bytes_per_holder over MAX_REPORT_HOLDERS")
     holders: dict[str, int] = {}
     for peer in per_holder:
         if not isinstance(peer, str) or not 0 < len(peer) <= limits.MAX_CID_CHARS:
-            raise RequestRefused(400, "bad_request", "bytes_per_holder keys must be peer ids")
+            raise RequestRefused(E.BAD_REQUEST, "bytes_per_holder keys must be peer ids")
         holders[peer] = int(_number(per_holder, peer, integer=True))
     body["bytes_per_holder"] = holders
     return body
@@ -93,12 +98,12 @@ class ReportBook:
             row = s.round_row(n)
             published = json.loads(row["members"] or "[]") if row is not None else []
             if peer not in published:
-                raise RequestRefused(403, "not_member", f"peer {peer} is no member of round {n}")
+                raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is no member of round {n}")
         else:
             ckpt = s.db.execute("SELECT manifest FROM checkpoints WHERE round = ?", (n,)).fetchone()
             if ckpt is None or ckpt["manifest"] != body["manifest"]:
                 raise RequestRefused(
-                    409, "unknown_checkpoint", f"no checkpoint {body['manifest']} of round {n}"
+                    E.UNKNOWN_CHECKPOINT, f"no checkpoint {body['manifest']} of round {n}"
                 )
         s.db.execute(
             "INSERT OR REPLACE INTO reports VALUES (?, ?, ?, ?, ?)",

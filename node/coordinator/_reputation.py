@@ -21,8 +21,8 @@ from typing import Any, Protocol
 import structlog
 
 from . import limits
-from ._http import RateLimitedRefusal
 from ._protocol import RoundStatus
+from ._slots import EvidenceSlots
 from ._store import Store
 
 __all__ = [
@@ -34,9 +34,6 @@ __all__ = [
 ]
 
 log = structlog.get_logger(__name__)
-
-# Seconds a report waits for a free check before it is told to come back (429), as evidence.
-_QUEUE_WAIT_S = 1.0
 
 # How a node's ReputationPolicy words a reputation ban (aggregation/_scores.py).
 REPUTATION_REASON = "reputation below the ban bound in "
@@ -87,7 +84,7 @@ class CoordinatorServer(Protocol):
     @property
     def machine(self) -> _Machine: ...
 
-    evidence_slots: asyncio.Semaphore
+    evidence_slots: EvidenceSlots
     reputation_checker: ReputationChecker | None
 
     def access(self, peer: str, token: Any, now: float) -> str: ...
@@ -146,11 +143,7 @@ async def reputation_verdict(
             return None
     # The slot first, the records then: what waits for a slot holds no records (at most
     # MAX_EVIDENCE_CHECKS replays' records in memory at once).
-    try:
-        await asyncio.wait_for(server.evidence_slots.acquire(), _QUEUE_WAIT_S)
-    except TimeoutError as exc:
-        raise RateLimitedRefusal(5.0) from exc
-    try:
+    async with server.evidence_slots.hold(peer):
         with server.store.tx():
             rounds = replay_input(server.store, n)
         if isinstance(rounds, str):
@@ -159,8 +152,6 @@ async def reputation_verdict(
         verdict = await asyncio.to_thread(
             checker, rounds, run=server.run, accused=accused, round_=n, figures=evidence["figures"]
         )
-    finally:
-        server.evidence_slots.release()
     if not verdict.decided:
         log.info("reputation_unchecked", peer=accused, round=n, why=verdict.reason)
     return verdict

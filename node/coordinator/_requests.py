@@ -7,6 +7,7 @@ See specs/coordinator.md#messages.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,10 +24,14 @@ from ._admin import (
     LogPage,
     UnbanPeer,
 )
+from ._codes import ErrorCode as E
 from ._exceptions import RequestRefused
+from ._json import json_depth
 from ._protocol import CheckpointRecord, b64decode
 
 __all__ = [
+    "bounded",
+    "int_text",
     "parse_admin",
     "parse_checkpoint",
     "parse_evidence",
@@ -39,6 +44,7 @@ __all__ = [
     "parse_wrong",
     "parse_wrong_result",
     "require",
+    "require_int",
 ]
 
 SCORE_RECORD_TYPE = "cnode/score-record/v1"  # node/train/scores/_records.py
@@ -52,34 +58,58 @@ def require(p: Mapping[str, Any], key: str, typ: type, *, optional: bool = False
     if value is None and optional:
         return None
     if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
-        raise RequestRefused(400, "bad_request", f"field {key!r} must be {typ.__name__}")
+        raise RequestRefused(E.BAD_REQUEST, f"field {key!r} must be {typ.__name__}")
     if isinstance(value, str) and len(value) > limits.MAX_TEXT_CHARS:
-        raise RequestRefused(400, "bad_request", f"field {key!r} over MAX_TEXT_CHARS")
+        raise RequestRefused(E.BAD_REQUEST, f"field {key!r} over MAX_TEXT_CHARS")
     return value
+
+
+def bounded(value: int, name: str, lo: int, hi: int, bound: str) -> int:
+    """``value`` if ``lo <= value <= hi``, else 400 naming ``name`` and the limit ``bound``."""
+    if value < lo:
+        raise RequestRefused(E.BAD_REQUEST, f"{name} must be >= {lo}")
+    if value > hi:
+        raise RequestRefused(E.BAD_REQUEST, f"{name} must be at most {bound} ({hi})")
+    return value
+
+
+def require_int(p: Mapping[str, Any], key: str, lo: int, hi: int, bound: str) -> int:
+    """The int field ``key`` of ``p``, within [lo, hi] (``bound`` names hi's limit)."""
+    return bounded(require(p, key, int), f"field {key!r}", lo, hi, bound)
+
+
+_INT_TEXT = re.compile(r"-?[0-9]+")
+
+
+def int_text(text: str, name: str, lo: int, hi: int, bound: str) -> int:
+    """An integer of a path or query string (ASCII digits only: ``int()`` alone also takes
+    ``1_000``, spaces and other scripts' digits), within [lo, hi]."""
+    if not _INT_TEXT.fullmatch(text):
+        raise RequestRefused(E.BAD_REQUEST, f"{name} must be an integer")
+    if len(text.lstrip("-")) > limits.MAX_INT_DIGITS:
+        raise RequestRefused(E.BAD_REQUEST, f"{name} must be at most {bound} ({hi})")
+    return bounded(int(text), name, lo, hi, bound)
 
 
 def _text(p: Mapping[str, Any], key: str) -> str:
     value: str = require(p, key, str)
     if not value.strip():
-        raise RequestRefused(400, "bad_request", f"field {key!r} is empty")
+        raise RequestRefused(E.BAD_REQUEST, f"field {key!r} is empty")
     return value
 
 
 def _cid(p: Mapping[str, Any], key: str) -> str:
     text = _text(p, key)
     if len(text) > limits.MAX_CID_CHARS:
-        raise RequestRefused(400, "bad_request", f"field {key!r} over MAX_CID_CHARS")
+        raise RequestRefused(E.BAD_REQUEST, f"field {key!r} over MAX_CID_CHARS")
     try:
         return str(CID.parse(text))
     except StorageError as exc:
-        raise RequestRefused(400, "bad_cid", f"field {key!r} is not a CID: {exc}") from exc
+        raise RequestRefused(E.BAD_CID, f"field {key!r} is not a CID: {exc}") from exc
 
 
 def parse_round(args: Mapping[str, Any]) -> int:
-    n: int = require(args, "round", int)
-    if n < 1:
-        raise RequestRefused(400, "bad_request", "round must be >= 1")
-    return n
+    return require_int(args, "round", 1, limits.MAX_ROUND, "MAX_ROUND")
 
 
 def parse_header(args: Mapping[str, Any]) -> str | None:
@@ -91,20 +121,17 @@ def parse_missing(args: Mapping[str, Any]) -> list[str]:
     """The peer ids of a `collected` report: members whose update the sender could not fetch."""
     missing = args.get("missing")
     if not isinstance(missing, list) or not all(isinstance(p, str) for p in missing):
-        raise RequestRefused(400, "bad_request", "field 'missing' must be a list of peer ids")
+        raise RequestRefused(E.BAD_REQUEST, "field 'missing' must be a list of peer ids")
     if len(missing) > limits.MAX_MISSING_REPORT:
-        raise RequestRefused(400, "bad_request", "field 'missing' over MAX_MISSING_REPORT")
+        raise RequestRefused(E.BAD_REQUEST, "field 'missing' over MAX_MISSING_REPORT")
     if any(len(p) > limits.MAX_TEXT_CHARS for p in missing):
-        raise RequestRefused(400, "bad_request", "a peer id in 'missing' is over MAX_TEXT_CHARS")
+        raise RequestRefused(E.BAD_REQUEST, "a peer id in 'missing' is over MAX_TEXT_CHARS")
     return missing
 
 
 def parse_partition(args: Mapping[str, Any]) -> int:
     """A partition index (>= 0; the round's ``parts`` bounds it above, checked by the caller)."""
-    p: int = require(args, "partition", int)
-    if p < 0:
-        raise RequestRefused(400, "bad_request", "field 'partition' must be >= 0")
-    return p
+    return require_int(args, "partition", 0, limits.MAX_ROUND_MEMBERS, "MAX_ROUND_MEMBERS")
 
 
 def parse_result(args: Mapping[str, Any]) -> tuple[int, int, str]:
@@ -120,15 +147,15 @@ def parse_score(args: Mapping[str, Any], peer: str) -> tuple[int, bytes]:
     try:
         data = b64decode(args.get("record"))
     except ValueError as exc:
-        raise RequestRefused(400, "bad_request", f"field 'record' is not base64: {exc}") from exc
+        raise RequestRefused(E.BAD_REQUEST, f"field 'record' is not base64: {exc}") from exc
     if len(data) > limits.MAX_SCORE_RECORD_BYTES:
         raise RequestRefused(
-            413, "too_large", f"score record over MAX_SCORE_RECORD_BYTES ({len(data)} bytes)"
+            E.TOO_LARGE, f"score record over MAX_SCORE_RECORD_BYTES ({len(data)} bytes)"
         )
     try:
         open_envelope(data, expected_type=SCORE_RECORD_TYPE, expected_signer=peer)
     except EnvelopeError as exc:
-        raise RequestRefused(400, "bad_envelope", f"field 'record': {exc}") from exc
+        raise RequestRefused(E.BAD_ENVELOPE, f"field 'record': {exc}") from exc
     return n, data
 
 
@@ -138,11 +165,14 @@ def parse_wrong(args: Mapping[str, Any]) -> list[int]:
     if not isinstance(wrong, list) or not all(
         isinstance(p, int) and not isinstance(p, bool) for p in wrong
     ):
-        raise RequestRefused(400, "bad_request", "field 'wrong' must be a list of partitions")
+        raise RequestRefused(E.BAD_REQUEST, "field 'wrong' must be a list of partitions")
     if len(wrong) > limits.MAX_ROUND_MEMBERS:
-        raise RequestRefused(400, "bad_request", "field 'wrong' over MAX_ROUND_MEMBERS")
-    if len(set(wrong)) != len(wrong) or any(p < 0 for p in wrong):
-        raise RequestRefused(400, "bad_request", "field 'wrong' must name distinct partitions >= 0")
+        raise RequestRefused(E.BAD_REQUEST, "field 'wrong' over MAX_ROUND_MEMBERS")
+    if len(set(wrong)) != len(wrong) or any(not 0 <= p <= limits.MAX_ROUND_MEMBERS for p in wrong):
+        raise RequestRefused(
+            E.BAD_REQUEST,
+            "field 'wrong' must name distinct partitions >= 0 and <= MAX_ROUND_MEMBERS",
+        )
     return sorted(wrong)
 
 
@@ -155,11 +185,11 @@ def parse_wrong_result(args: Mapping[str, Any]) -> tuple[int, int, str, str]:
 
 
 def parse_checkpoint(args: Mapping[str, Any], peer: str) -> CheckpointRecord:
-    epoch: int = require(args, "epoch", int)
+    epoch = require_int(args, "epoch", 0, limits.MAX_EPOCH, "MAX_EPOCH")
     hf_repo = require(args, "hf_repo", str, optional=True)
     hf_revision = require(args, "hf_revision", str, optional=True)
     if (hf_repo is None) != (hf_revision is None):
-        raise RequestRefused(400, "bad_request", "hf_repo and hf_revision go together")
+        raise RequestRefused(E.BAD_REQUEST, "hf_repo and hf_revision go together")
     return CheckpointRecord(
         epoch, parse_round(args), _cid(args, "manifest"), hf_repo, hf_revision, peer, 0
     )
@@ -169,12 +199,15 @@ def parse_evidence(args: Mapping[str, Any]) -> dict[str, Any]:
     """A BanRecommendation payload: {peer, round, reason, update_cid|None, figures}."""
     update = None if args.get("update_cid") is None else _cid(args, "update_cid")
     figures = args.get("figures", "{}")
-    if isinstance(figures, Mapping):
+    if isinstance(figures, Mapping):  # nested at most auth's MAX_CBOR_DEPTH: dumps cannot recurse
         figures = json.dumps(figures, sort_keys=True, default=str)
     if not isinstance(figures, str) or len(figures) > limits.MAX_FIGURES_CHARS:
-        raise RequestRefused(
-            400, "bad_request", "figures must be JSON text within MAX_FIGURES_CHARS"
-        )
+        raise RequestRefused(E.BAD_REQUEST, "figures must be JSON text within MAX_FIGURES_CHARS")
+    # The reputation replay parses it (text that is no JSON is refuted there, 409): bounded
+    # here, so that no parse can recurse past MAX_JSON_DEPTH.
+    depth = json_depth(figures)
+    if depth > limits.MAX_JSON_DEPTH:
+        raise RequestRefused(E.TOO_DEEP, f"field 'figures' nests {depth} deep, over MAX_JSON_DEPTH")
     return {
         "peer": _text(args, "peer"),
         "round": parse_round(args),
@@ -188,11 +221,11 @@ def parse_admin(args: Mapping[str, Any]) -> AdminAction:
     """The typed admin action of a request's ``args`` (400 naming what is wrong)."""
     action = require(args, "action", str)
     if action not in _ADMIN_ACTIONS:
-        raise RequestRefused(400, "bad_request", f"unknown admin action {action[:40]!r}")
+        raise RequestRefused(E.BAD_REQUEST, f"unknown admin action {action[:40]!r}")
     if action in ("allowlist.add", "allowlist.remove"):
         kind = require(args, "kind", str)
         if kind not in _ALLOW_KINDS:
-            raise RequestRefused(400, "bad_request", f"kind must be one of {_ALLOW_KINDS}")
+            raise RequestRefused(E.BAD_REQUEST, f"kind must be one of {_ALLOW_KINDS}")
         value = _text(args, "value")
         if action == "allowlist.add":
             return AllowlistAdd(kind, value)
@@ -203,6 +236,7 @@ def parse_admin(args: Mapping[str, Any]) -> AdminAction:
         return UnbanPeer(_text(args, "peer"))
     if action == "log":
         after = require(args, "after", int, optional=True) or 0
+        bounded(after, "field 'after'", 0, limits.MAX_LOG_SEQ, "MAX_LOG_SEQ")
         limit = require(args, "limit", int, optional=True) or limits.MAX_LOG_PAGE
         return LogPage(after, max(1, min(limit, limits.MAX_LOG_PAGE)))
     return AllowlistList()

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,11 +35,12 @@ from cnode.auth import (
 
 from . import limits
 from ._addrs import AddressError, check_peer_addrs
+from ._codes import ErrorCode as E
 from ._config import RunConfig
 from ._dashboard import Dashboard
 from ._evidence import EvidenceChecker, handle_evidence
 from ._exceptions import RequestRefused, RunConfigError
-from ._http import RateLimitedRefusal, json_errors, read_signed_request
+from ._http import PROTOCOL_LOG, RateLimitedRefusal, json_errors, read_signed_request
 from ._machine import RunMachine
 from ._partitions import PartitionRules
 from ._protocol import (
@@ -54,6 +55,7 @@ from ._ratelimit import RateLimiter
 from ._reports import parse_report
 from ._reputation import ReputationChecker, ReputationVerdict, reputation_verdict
 from ._requests import (
+    int_text,
     parse_admin,
     parse_checkpoint,
     parse_evidence,
@@ -64,14 +66,18 @@ from ._requests import (
     parse_score,
     parse_wrong,
 )
+from ._slots import EvidenceSlots, EvidenceTiming
 from ._store import Store
+from ._waits import UNTIL, RoundWaits
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
 
 log = structlog.get_logger(__name__)
 
-# What a long poll of a round record (GET .../rounds/{n}?wait=S&until=...) may wait for.
-_UNTIL = ("published", "agreed", "results")
+
+def _path_round(request: web.Request) -> int:
+    """The round of a ``.../rounds/{round}`` path: an integer in [1, MAX_ROUND]."""
+    return int_text(request.match_info["round"], "round", 1, limits.MAX_ROUND, "MAX_ROUND")
 
 
 class StateSink(Protocol):
@@ -98,6 +104,8 @@ class ServeSettings:
     # Replays the score records to check a reputation-ban report itself (the training
     # package's); None = reputation reports are counted towards a majority like any other.
     reputation_checker: ReputationChecker | None = None
+    # Waits and rates of evidence checks: the named limits (tests shorten them).
+    evidence_timing: EvidenceTiming = field(default_factory=EvidenceTiming)
 
 
 class CoordinatorServer:
@@ -131,13 +139,12 @@ class CoordinatorServer:
         self._request_limit = RateLimiter(
             limits.REQUEST_BURST, limits.REQUEST_RATE_PER_S, limits.MAX_RATE_BUCKETS
         )
-        # Long polls of round n wait on _published[n] (set once round n is published) or on
-        # _agreed[n] (once its input set is decided): a change wakes only the waiters whose
-        # round it finished (1,000 waiters x every ready would not do).
-        self._published: dict[int, asyncio.Event] = {}
-        self._agreed: dict[int, asyncio.Event] = {}
-        self._results: dict[int, asyncio.Event] = {}  # every partition has a result, or agreed
-        self.evidence_slots = asyncio.Semaphore(limits.MAX_EVIDENCE_CHECKS)
+        self.waits = RoundWaits(self.store)  # long polls of round records
+        self.evidence_slots = EvidenceSlots(
+            limits.MAX_EVIDENCE_CHECKS,
+            limits.MAX_EVIDENCE_CHECKS_PER_PEER,
+            settings.evidence_timing,
+        )
         self.evidence_checker = settings.evidence_checker
         self.reputation_checker = settings.reputation_checker
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
@@ -167,7 +174,10 @@ class CoordinatorServer:
 
     async def start(self) -> str:
         self._runner = web.AppRunner(
-            self.app, access_log=None, max_field_size=limits.MAX_HEADER_FIELD_BYTES
+            self.app,
+            access_log=None,
+            max_field_size=limits.MAX_HEADER_FIELD_BYTES,
+            logger=PROTOCOL_LOG,  # parser refusals in one line, not a traceback
         )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.settings.host, self.settings.port)
@@ -217,23 +227,8 @@ class CoordinatorServer:
     async def after_change(self) -> None:
         await self._after_change()
 
-    def _results_done(self, n: int) -> bool:
-        row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
-            return False
-        parts = int(row["parts"] or 0)
-        return row["status"] == RoundStatus.AGREED or len(self.store.results(n)) >= parts
-
     async def _after_change(self) -> None:
-        for n in [n for n in self._results if self._results_done(n)]:
-            self._results.pop(n).set()
-        current = int(self.store.run_row()["round"])
-        for n in [n for n in self._published if n < current]:
-            self._published.pop(n).set()
-        for n in list(self._agreed):
-            row = self.store.round_row(n)
-            if row is not None and row["status"] == RoundStatus.AGREED:
-                self._agreed.pop(n).set()
+        self.waits.wake()
         if self._gossip is not None:
             self._gossip.changed(self._signed_state)
 
@@ -246,7 +241,7 @@ class CoordinatorServer:
         run = request.match_info["run"]
         if run != self.run:
             raise RequestRefused(
-                404, "unknown_run", f"this coordinator serves run {self.run!r}, not {run[:80]!r}"
+                E.UNKNOWN_RUN, f"this coordinator serves run {self.run!r}, not {run[:80]!r}"
             )
 
     def _signed_state(self) -> bytes:
@@ -266,40 +261,26 @@ class CoordinatorServer:
         """GET a round's score records (unsigned: each is a signed envelope, and the signed
         round record names its CID)."""
         self._check_run(request)
-        try:
-            n = int(request.match_info["round"])
-        except ValueError as exc:
-            raise RequestRefused(400, "bad_request", "round must be a number") from exc
+        n = _path_round(request)
         records = {p: b64encode(b) for p, b in self.store.score_bytes(n).items()}
         return web.json_response({"ok": True, "round": n, "records": records})
 
     async def _round(self, request: web.Request) -> web.Response:
         self._check_run(request)
+        n = _path_round(request)
         try:
-            n = int(request.match_info["round"])
             wait = float(request.query.get("wait", "0"))
         except ValueError as exc:
-            raise RequestRefused(400, "bad_request", "round and wait must be numbers") from exc
+            raise RequestRefused(E.BAD_REQUEST, "wait must be a number") from exc
         until = request.query.get("until", "published")
-        if n < 1 or not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in _UNTIL:
+        if not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in UNTIL:
             raise RequestRefused(
-                400,
-                "bad_request",
+                E.BAD_REQUEST,
                 f"round must be >= 1, wait in [0, {limits.MAX_LONG_POLL_S}] and until one of "
-                f"{', '.join(_UNTIL)}",
+                f"{', '.join(UNTIL)}",
             )
         if n not in self._round_cache and wait > 0:
-            event = None
-            if until == "published" and n >= int(self.store.run_row()["round"]):
-                event = self._published.setdefault(n, asyncio.Event())
-            row = self.store.round_row(n)
-            if until == "agreed" and (row is None or row["status"] != RoundStatus.AGREED):
-                event = self._agreed.setdefault(n, asyncio.Event())
-            if until == "results" and not self._results_done(n):
-                event = self._results.setdefault(n, asyncio.Event())
-            if event is not None:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(event.wait(), wait)
+            await self.waits.wait(n, until, wait)
         cached = self._round_cache.get(n)
         if cached is None:
             info = self.machine.round_info(n)
@@ -313,15 +294,15 @@ class CoordinatorServer:
 
     async def _checkpoints(self, request: web.Request) -> web.Response:
         self._check_run(request)
-        try:
-            after = int(request.query.get("after", "-1"))
-            limit = int(request.query.get("limit", str(limits.MAX_CHECKPOINT_PAGE)))
-        except ValueError as exc:
-            raise RequestRefused(400, "bad_request", "after and limit must be integers") from exc
-        if after < -1 or not 1 <= limit <= limits.MAX_CHECKPOINT_PAGE:
-            raise RequestRefused(
-                400, "bad_request", f"after >= -1 and limit in [1, {limits.MAX_CHECKPOINT_PAGE}]"
-            )
+        query = request.query
+        after = int_text(query.get("after", "-1"), "after", -1, limits.MAX_ROUND, "MAX_ROUND")
+        limit = int_text(
+            query.get("limit", str(limits.MAX_CHECKPOINT_PAGE)),
+            "limit",
+            1,
+            limits.MAX_CHECKPOINT_PAGE,
+            "MAX_CHECKPOINT_PAGE",
+        )
         history = self.machine.checkpoint_history(after, limit)
         envelope = seal(self.identity, STATE_TYPE, history.to_payload())
         return web.json_response({"envelope": b64encode(envelope)})
@@ -362,25 +343,24 @@ class CoordinatorServer:
                 allow_private=self.config.network.allow_private_addrs,
             )
         except AddressError as exc:
-            raise RequestRefused(400, "bad_addr", f"addrs: {exc}") from exc
+            raise RequestRefused(E.BAD_ADDR, f"addrs: {exc}") from exc
         if binding is not None or hf_token is not None:
             if not isinstance(binding, bytes) or not isinstance(hf_token, str):
                 raise RequestRefused(
-                    400, "bad_request", "hf_binding (bytes) and hf_token (string) go together"
+                    E.BAD_REQUEST, "hf_binding (bytes) and hf_token (string) go together"
                 )
             if len(hf_token) > limits.MAX_HF_TOKEN_CHARS:
-                raise RequestRefused(400, "bad_request", "hf_token over MAX_HF_TOKEN_CHARS")
+                raise RequestRefused(E.BAD_REQUEST, "hf_token over MAX_HF_TOKEN_CHARS")
             try:
                 bound = verify_hf_binding(binding)
             except AuthError as exc:
-                raise RequestRefused(401, "bad_binding", f"HF binding: {exc}") from exc
+                raise RequestRefused(E.BAD_BINDING, f"HF binding: {exc}") from exc
             if bound.peer_id != peer:
-                raise RequestRefused(401, "bad_binding", "the HF binding is for another peer")
+                raise RequestRefused(E.BAD_BINDING, "the HF binding is for another peer")
             account = await self._whoami(hf_token)
             if account.username != bound.username:
                 raise RequestRefused(
-                    401,
-                    "hf_user_mismatch",
+                    E.HF_USER_MISMATCH,
                     f"the HF token belongs to "
                     f"{account.username!r}, the binding names {bound.username!r}",
                 )
@@ -406,9 +386,9 @@ class CoordinatorServer:
         try:
             return await asyncio.wait_for(call, limits.HF_WHOAMI_TIMEOUT_S)
         except HFLoginError as exc:
-            raise RequestRefused(401, "hf_login_failed", str(exc)) from exc
+            raise RequestRefused(E.HF_LOGIN_FAILED, str(exc)) from exc
         except TimeoutError as exc:
-            raise RequestRefused(504, "hf_timeout", "the HF Hub did not answer whoami") from exc
+            raise RequestRefused(E.HF_TIMEOUT, "the HF Hub did not answer whoami") from exc
 
     async def _evidence(self, request: web.Request) -> web.Response:
         return await handle_evidence(self, request)
@@ -416,15 +396,15 @@ class CoordinatorServer:
     def access(self, peer: str, token: Any, now: float) -> str:
         """Check ``token`` is this run's access token of ``peer``; return its HF username."""
         if not isinstance(token, bytes):
-            raise RequestRefused(401, "bad_token", "this request needs the access token from join")
+            raise RequestRefused(E.BAD_TOKEN, "this request needs the access token from join")
         try:
             access = verify_access_token(
                 token, coordinator_peer_id=self.peer_id, run=self.run, now=now
             )
         except (TokenError, EnvelopeError) as exc:
-            raise RequestRefused(401, "bad_token", f"access token: {exc}") from exc
+            raise RequestRefused(E.BAD_TOKEN, f"access token: {exc}") from exc
         if access.peer_id != peer:
-            raise RequestRefused(401, "bad_token", "the access token was issued to another peer")
+            raise RequestRefused(E.BAD_TOKEN, "the access token was issued to another peer")
         return "" if access.username == PEER_ONLY_USERNAME else access.username
 
     def _peer_op(
@@ -472,7 +452,7 @@ class CoordinatorServer:
 
     def _admin(self, signer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
         if signer not in self.admins:
-            raise RequestRefused(403, "not_admin", f"peer {signer} is not an admin of this run")
+            raise RequestRefused(E.NOT_ADMIN, f"peer {signer} is not an admin of this run")
         action = parse_admin(args)
         with self.store.tx():
             self.machine.consume_counter(signer, counter)

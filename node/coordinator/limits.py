@@ -11,6 +11,25 @@ from __future__ import annotations
 MAX_REQUEST_BYTES = 64 * 1024
 # Bytes of a decoded request envelope (the base64 inside the JSON decodes to at most this).
 MAX_ENVELOPE_BYTES = 48 * 1024
+# Bounds on every number that enters over HTTP (paths, query strings, signed request fields),
+# checked where it enters, before any query: all stay far below SQLite's INTEGER range (2**63), so
+# no input can overflow a query. Past one: 400 bad_request naming the field and the bound.
+# Rounds and epochs: at one round a second, 2**31 - 1 lasts 68 years.
+MAX_ROUND = 2**31 - 1
+MAX_EPOCH = MAX_ROUND
+# Request counters: the client sends microseconds since the epoch (about 2**51 in 2026); 2**53
+# (the largest integer a JSON double holds exactly) lasts until the year 2255.
+MAX_COUNTER = 2**53
+# Change-log sequence numbers an admin pages from (`log` after=).
+MAX_LOG_SEQ = 2**53
+# Numbers of a node's report (loss, seconds, bytes): finite, >= 0, at most this.
+MAX_REPORT_NUMBER = 2.0**53
+# Digits of an integer in a path or query string (a sign aside): 2**53 has 16.
+MAX_INT_DIGITS = 20
+# Deepest nesting of JSON the coordinator reads (request bodies, ban-evidence figures) and its
+# client reads (answers): real ones nest 3 levels; Python's parser recurses, so 100,000 `[`
+# would raise RecursionError. One bound, one check (``_json.loads_bounded``) on both sides.
+MAX_JSON_DEPTH = 32
 # Characters of a free-text field a peer or admin sends (ban reason, HF repo, revision).
 MAX_TEXT_CHARS = 512
 # Characters of ban-evidence figures, serialized as JSON text.
@@ -32,6 +51,9 @@ MAX_RATE_BUCKETS = 100_000
 
 # Longest a GET .../rounds/{n}?wait=S holds the connection; clients loop for longer waits.
 MAX_LONG_POLL_S = 10.0
+# Distinct rounds long polls may wait on at once (per kind of wait); a poll of another round, or
+# of a round past the next one, just sleeps its wait (no event kept), then answers.
+MAX_POLLED_ROUNDS = 1024
 # Published rounds whose signed answers are kept in memory (the newest; older ones are re-signed).
 ROUND_CACHE = 64
 # Members of one round; joins beyond are refused with 409 round_full.
@@ -117,9 +139,24 @@ MAX_SCORE_RECORD_BYTES = 4096
 # app's client_max_size; beyond it: 413.
 MAX_EVIDENCE_BYTES = 256 * 1024 * 1024
 # Evidence checks (body read + recomputation in a worker thread, or a reputation replay) in
-# progress at once; more wait as 429 with Retry-After. Bounds memory at this many
-# MAX_EVIDENCE_BYTES bodies.
+# progress at once; more wait EVIDENCE_QUEUE_WAIT_S for one, then get 429 busy with Retry-After.
+# Bounds memory at this many MAX_EVIDENCE_BYTES bodies.
 MAX_EVIDENCE_CHECKS = 2
+# Evidence checks one member may hold at once (its share): one more is refused at once with 429
+# evidence_share, so no member can hold every check and starve the others' evidence.
+MAX_EVIDENCE_CHECKS_PER_PEER = 1
+# Seconds a request waits for a free evidence check before 429 busy (Retry-After
+# EVIDENCE_RETRY_AFTER_S).
+EVIDENCE_QUEUE_WAIT_S = 1.0
+EVIDENCE_RETRY_AFTER_S = 5.0
+# An evidence body must arrive within EVIDENCE_BODY_DEADLINE_S, and every EVIDENCE_RATE_WINDOW_S
+# window of it must bring at least EVIDENCE_MIN_RATE_BPS x the window in bytes; else 408
+# too_slow and the check is freed. 256 KiB/s is far below any link a member trains over;
+# MAX_EVIDENCE_BYTES at that rate would take 17 min, so the deadline, not the rate, bounds a
+# whole upload (300 s: 256 MiB needs ~0.9 MB/s).
+EVIDENCE_MIN_RATE_BPS = 256 * 1024
+EVIDENCE_RATE_WINDOW_S = 10.0
+EVIDENCE_BODY_DEADLINE_S = 300.0
 # Seconds a client waits for the answer to its evidence (upload and the coordinator's
 # recomputation of one partition).
 EVIDENCE_READ_TIMEOUT_S = 600.0

@@ -9,6 +9,7 @@ coordinator, never imports the HTTP server, the run state machine or SQLite.
 - :class:`ServeSettings`: what one server serves.
 - :class:`EvidenceChecker`, :class:`PartitionVerdict`, :class:`BadEvidence`: how it recomputes a
   partition result from evidence (the training package provides the function).
+- :class:`EvidenceTiming`: the waits and rates of evidence checks (named limits by default).
 - :class:`ReputationChecker`, :class:`ReputationVerdict`: how it checks a reputation-ban report
   on the score records it holds (the training package provides the function).
 """
@@ -22,12 +23,14 @@ from ._reputation import ReputationChecker as ReputationChecker
 from ._reputation import ReputationVerdict as ReputationVerdict
 from ._server import CoordinatorServer as CoordinatorServer
 from ._server import ServeSettings as ServeSettings
+from ._slots import EvidenceTiming as EvidenceTiming
 
 __all__ = [
     "BadEvidence",
     "CoordinatorProcess",
     "CoordinatorServer",
     "EvidenceChecker",
+    "EvidenceTiming",
     "PartitionVerdict",
     "ReputationChecker",
     "ReputationVerdict",

@@ -264,11 +264,22 @@ def test_join_flood_is_rate_limited(running: Running, peers: list[Identity]) -> 
 
 
 @pytest.mark.parametrize(
-    "query", ["after=x", "after=-2", "limit=0", f"limit={limits.MAX_CHECKPOINT_PAGE + 1}"]
+    ("query", "words"),
+    [
+        ("after=x", "after must be an integer"),
+        ("after=-2", "after must be >= -1"),
+        ("after=1_0", "after must be an integer"),
+        ("after=%D9%A3", "after must be an integer"),  # an Arabic-Indic digit: int() takes it
+        (f"after={2**63}", "after must be at most MAX_ROUND"),
+        (f"after={10**30}", "after must be at most MAX_ROUND"),
+        ("after=" + "9" * 5000, "after must be at most MAX_ROUND"),
+        ("limit=0", "limit must be >= 1"),
+        (f"limit={limits.MAX_CHECKPOINT_PAGE + 1}", "limit must be at most MAX_CHECKPOINT_PAGE"),
+    ],
 )
-def test_bad_checkpoint_history_queries(running: Running, query: str) -> None:
+def test_bad_checkpoint_history_queries(running: Running, query: str, words: str) -> None:
     before = running.state()
     run = running.server.run
     answer = httpx.get(f"{running.url}/v1/runs/{run}/checkpoints?{query}")
-    refused(answer, 400, "bad_request", "after")
+    refused(answer, 400, "bad_request", words)
     assert running.state() == before
