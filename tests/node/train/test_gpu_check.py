@@ -44,3 +44,13 @@ def test_the_check_runs_without_the_network_stack_and_ends_on_one_state_cid(
     assert "gpu_check: PASS: one state CID" in done.stdout
     assert done.stdout.count("SAME (momentum same)") == 2
     assert '"one_state_cid": true' in out.read_text()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is here: the runs would start")
+def test_parity_gpu_skips_without_cuda() -> None:
+    script = ROOT / "bench" / "parity_gpu.py"
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert "parity_gpu: skipped: torch sees no CUDA device" in done.stdout
