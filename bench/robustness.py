@@ -22,8 +22,14 @@ differ by at most one segment, as with real models whose partitions hold many se
 SEGMENT_VALUES. --pre nnm | bucket2 are bench-only experiments (bench/_mixing.py). --codec
 sends every update through an update codec with error feedback (bench/_codec_pass.py).
 
-    nice -n 5 .venv/bin/python bench/robustness.py --mode full,partitioned --json  # ~4 min
-    .venv/bin/python bench/robustness.py --quick    # one seed, 20 rounds, ~12 s
+Adaptive attackers (issue 24; ``ADAPTIVE`` below) know the rule, the shard assignment, the
+held-out split and the round's honest updates, not the seed. Splits: iid, dirichlet0.3,
+dirichlet (alpha 0.5), two_classes. The summary counts honest bans per split and prints each
+adaptive attacker's admission rate and ban rounds, and the honest round-standing distribution.
+
+    flock /tmp/cnode-heavy.lock nice -n 5 .venv/bin/python bench/robustness.py \
+        --aggregators mean,scored_clip --shards iid,dirichlet0.3   # 200 rounds, 3 seeds
+    .venv/bin/python bench/robustness.py --quick    # one seed, 40 rounds, every split, ~1-3 min
     .venv/bin/python bench/robustness.py --codec sparse-topk --aggregators mean,scored_clip
 """
 
@@ -36,6 +42,7 @@ import logging
 import statistics
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +63,9 @@ from cnode.aggregation import (
     aggregate,
     draw_indices,
     flip_labels,
+    limits,
     new_attack,
+    round_standing,
     score_seed,
     score_update,
     scored_config,
@@ -67,6 +76,7 @@ from cnode.aggregation import (
 from cnode.aggregation.limits import SCORE_STEP
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _adaptive import ADAPTIVE, adaptive_update
 from _mixing import aggregate_partitioned, bucket, nnm
 
 N_PEERS = 10
@@ -150,7 +160,8 @@ def make_shards(y: torch.Tensor, kind: str, seed: int) -> list[torch.Tensor]:
                 owned[holders[k]].extend(part.tolist())
         return [torch.tensor(sorted(p)) for p in owned]
     parts: list[list[int]] = [[] for _ in range(N_PEERS)]
-    conc = torch.full((N_PEERS,), DIRICHLET_ALPHA)
+    alpha = float(kind.removeprefix("dirichlet") or DIRICHLET_ALPHA)  # "dirichlet0.3": alpha 0.3
+    conc = torch.full((N_PEERS,), alpha)
     for c in range(CLASSES):
         idx = (y == c).nonzero().flatten()
         idx = idx[torch.randperm(len(idx), generator=g)]
@@ -215,6 +226,10 @@ def accuracy(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> fl
 
 # Reputation ban recommendations seen by the scored rows: (setting, peer, round from 1).
 BANS: dict[str, list[tuple[Setting, str, int]]] = {"honest": [], "attacker": []}
+# Honest peers' round standings (hundredths of a spread), for the false-ban rate.
+STANDINGS: list[int] = []
+# (split, attack) -> per scored attacker-round: admitted?
+ADMITTED: dict[tuple[str, str], list[bool]] = defaultdict(list)
 
 
 def _digest(update: dict[str, torch.Tensor]) -> str:
@@ -242,6 +257,17 @@ def score_round(
     """The round's seed and every update's score (own assigned batch, shared held-out batch)."""
     peers = sorted(updates)
     seed = score_seed([f"{p}:{_digest(updates[p])}" for p in peers])
+    return _score(glob, updates, own, held, seed)
+
+
+def _score(
+    glob: dict[str, torch.Tensor],
+    updates: dict[str, dict[str, torch.Tensor]],
+    own: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    held: tuple[torch.Tensor, torch.Tensor],
+    seed: bytes,
+) -> tuple[bytes, dict[str, UpdateScore]]:
+    peers = sorted(updates)
     ox, oy, hx, hy = [], [], [], []
     for p in peers:
         i = torch.tensor(draw_indices(seed, f"own:{p}", len(own[p][1]), SCORE_BATCH))
@@ -282,7 +308,10 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
     spec = {k: TensorSpec.of(v) for k, v in glob.items()}
     weights = {ids[i]: float(len(shards[i])) for i in range(N_PEERS)}
     absent = s.attack == "absent"  # the f peers simply do not take part: the honest-only ceiling
-    attacks = {a: new_attack(s.attack) for a in attackers} if s.f and not absent else {}
+    adaptive = s.attack in ADAPTIVE
+    attacks = (
+        {a: new_attack(s.attack) for a in attackers} if s.f and not absent and not adaptive else {}
+    )
     g = torch.Generator().manual_seed(5000 + s.seed)
     rng = torch.Generator().manual_seed(6000 + s.seed)
     momenta: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
@@ -290,6 +319,7 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
     prev = None
     reputation: dict[str, int] = {}
     policy = ReputationPolicy()
+    banned: set[str] = set()  # recommended peers leave the swarm (the coordinator bans them)
     for rnd in range(rounds):
         deltas = local_deltas(glob, xs, ys, g)
         if beta > 0:
@@ -301,22 +331,44 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
             if i not in attackers:
                 sent[i], residuals[i] = through_codec(sent[i], residuals[i], CODEC[0])
         honest = [sent[i] for i in range(N_PEERS) if i not in attackers]
-        for a in attackers if not absent else []:
+        if adaptive and attackers:
+            a0 = attackers[0]
+            others = {ids[i]: own[ids[i]] for i in range(N_PEERS) if i not in attackers}
+            bad = adaptive_update(
+                s.attack, glob, sent[a0], honest, own[ids[a0]], others, (xhe, yhe), rng,
+                N_PEERS, s.f, forward=forward, score=_score,
+            )  # fmt: skip
+            if CODEC[0] != "f32":
+                bad = through_codec(bad, None, CODEC[0])[0]
+            for a in attackers:
+                sent[a] = bad
+        for a in attackers if not absent and not adaptive else []:
             sent[a] = attacks[a](honest, sent[a], rng, N_PEERS, s.f)
             if CODEC[0] != "f32":
                 sent[a] = through_codec(sent[a], None, CODEC[0])[0]
         present = [i for i in range(N_PEERS) if not (absent and i in attackers)]
         received = {ids[i]: sent[i] for i in present}
         if s.aggregator in SCORED:
-            valid = {p: u for p, u in received.items() if validate_update(u, spec) is None}
+            valid = {
+                p: u
+                for p, u in received.items()
+                if validate_update(u, spec) is None and p not in banned
+            }
             seed, scores = score_round(glob, valid, own, (xhe, yhe))
-            reputation = update_reputation(reputation, {p: v.score for p, v in scores.items()})
+            standing = round_standing(scores)
+            reputation = update_reputation(reputation, {p: v.round for p, v in standing.items()})
+            for p in scores:
+                if ids.index(p) not in attackers:
+                    STANDINGS.append(standing[p].round)
             for rec in policy.observe(rnd, seed, scores, reputation):
                 bad = ids.index(rec.peer) in attackers
                 BANS["attacker" if bad else "honest"].append((s, rec.peer, rnd + 1))
-            received = {
-                p: received[p] for p in admit({p: v.score for p, v in scores.items()}, reputation)
-            }
+            ok = admit(scores, reputation)
+            for i in attackers:
+                if ids[i] in scores:
+                    ADMITTED[(s.shards, s.attack)].append(ids[i] in ok)
+            received = {p: received[p] for p in ok}
+            banned |= {b[1] for b in BANS["attacker"] + BANS["honest"] if b[0] == s}
             if not received:
                 continue
         use = {p: weights[p] for p in received} if s.aggregator in WEIGHTED else None
@@ -343,9 +395,9 @@ def _or_default(value: object) -> object:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="one seed, 20 rounds")
+    ap.add_argument("--quick", action="store_true", help="one seed, 40 rounds")
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--momentum", type=float, default=0.0, help="worker momentum beta (0 = off)")
     ap.add_argument("--tau-scale", type=float, default=None, help="CenteredClip tau_scale")
     ap.add_argument("--reject-score", type=float, default=None, help="CenteredClip reject_score")
@@ -357,8 +409,8 @@ def main() -> int:
         "--pre", default="none", help="bench-only transform before aggregation: nnm | bucketS"
     )
     ap.add_argument("--aggregators", default="mean,centered_clip,scored_clip", help="or 'all'")
-    ap.add_argument("--attacks", default=",".join(["absent", *sorted(ATTACKS)]))
-    ap.add_argument("--shards", default="iid,dirichlet,two_classes")
+    ap.add_argument("--attacks", default=",".join(["absent", *sorted(ATTACKS), *ADAPTIVE]))
+    ap.add_argument("--shards", default="iid,dirichlet0.3,dirichlet,two_classes")
     ap.add_argument("--f", default="4", help="attacker counts (comma-separated)")
     ap.add_argument("--mode", default="full", help="full | partitioned | full,partitioned")
     ap.add_argument("--json", action="store_true", help="end with one JSON line (default row)")
@@ -371,7 +423,7 @@ def main() -> int:
     torch.set_num_threads(1)
 
     seeds = list(range(1 if args.quick else args.seeds))
-    rounds = 20 if args.quick else args.rounds
+    rounds = 40 if args.quick else args.rounds
     fs = [int(x) for x in args.f.split(",")]
     aggs = AGGREGATORS if args.aggregators == "all" else args.aggregators.split(",")
     attacks = args.attacks.split(",")
@@ -438,11 +490,18 @@ def main() -> int:
         for shards in shard_kinds:
             base = table[(mode, shards, DEFAULT, 0, "none")]
             worst = min(real, key=lambda a: table[(mode, shards, DEFAULT, f, a)])
-            gap = base - table[(mode, shards, DEFAULT, f, worst)]
-            ok &= gap <= 5.0
+            low = table[(mode, shards, DEFAULT, f, worst)]
+            # Issue 24: against the plain mean without attack (iid, Dirichlet), against the
+            # accuracy with the attackers absent (two classes: 8 of 10 classes co-held by them).
+            ref_name, ref = "no-attack", base
+            if "mean" in aggs:
+                ref_name, ref = "plain mean no-attack", table[(mode, shards, "mean", 0, "none")]
+            if shards == "two_classes" and "absent" in attacks:
+                ref_name, ref = "attackers absent", table[(mode, shards, DEFAULT, f, "absent")]
+            ok &= ref - low <= 5.0
             line = (
                 f"{DEFAULT} {mode} {shards} f={f}: no-attack {base:.1f}, worst {worst} "
-                f"{table[(mode, shards, DEFAULT, f, worst)]:.1f}, gap {gap:.1f} (goal <= 5)"
+                f"{low:.1f}, gap to {ref_name} {ref - low:.1f} (goal <= 5)"
             )
             if "mean" in aggs:
                 mean_base = table[(mode, shards, "mean", 0, "none")]
@@ -467,6 +526,27 @@ def main() -> int:
         + f"; attackers {len(BANS['attacker'])}, of them after round 3: {len(late)} "
         f"({', '.join(sorted({b[0].attack for b in BANS['attacker']}))})"
     )
+    for shards in shard_kinds:
+        n_h = sum(1 for b in honest_bans if b[0].shards == shards)
+        print(f"honest peers banned, {shards}: {n_h} (goal 0)")
+    for attack in [a for a in attacks if a in ADAPTIVE]:
+        for shards in shard_kinds:
+            adm = ADMITTED.get((shards, attack), [])
+            rounds_ = sorted(b[2] for b in BANS["attacker"] if b[0].attack == attack
+                             and b[0].shards == shards)  # fmt: skip
+            rate = f"{100 * sum(adm) / len(adm):.0f} %" if adm else "-"
+            print(
+                f"adaptive {attack}, {shards}: admitted {rate} of its scored rounds; "
+                f"banned {len(rounds_)} of {f * len(seeds)} attacker-runs"
+                + (f", rounds {rounds_[0]}..{rounds_[-1]}" if rounds_ else "")
+            )
+    if STANDINGS:
+        q = sorted(STANDINGS)
+        below = sum(1 for x in q if x < limits.BAN_REPUTATION) / len(q)
+        print(
+            f"honest round standings: {len(q)}, 1st percentile {q[len(q) // 100]}, "
+            f"below BAN_REPUTATION {100 * below:.2f} %"
+        )
     print(f"goal met: {ok}; wall {time.perf_counter() - t0:.0f} s")
     if args.json and DEFAULT in aggs:
         mode = modes[0]

@@ -26,6 +26,7 @@ from ._slots import EvidenceSlots
 from ._store import Store
 
 __all__ = [
+    "BAD_RECORD_REASON",
     "REPUTATION_REASON",
     "ReputationChecker",
     "ReputationVerdict",
@@ -37,6 +38,9 @@ log = structlog.get_logger(__name__)
 
 # How a node's ReputationPolicy words a reputation ban (aggregation/_scores.py).
 REPUTATION_REASON = "reputation below the ban bound in "
+# How a node words a scorer whose signed score record does not decode (an out-of-range loss):
+# node/train/scores/_spread.py BAD_RECORD_REASON. Checked on that one record.
+BAD_RECORD_REASON = "signed a score record that does not decode: "
 
 # (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
 ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
@@ -90,6 +94,17 @@ class CoordinatorServer(Protocol):
     def access(self, peer: str, token: Any, now: float) -> str: ...
 
 
+def record_input(store: Store, n: int, accused: str) -> list[ScoredRound] | str:
+    """Round n's closed record of ``accused`` alone, as a bad-record report is checked."""
+    row = store.round_row(n)
+    if row is None or not int(row["parts"] or 0):
+        return f"round {n} was not partitioned: it has no score records"
+    data = store.score_bytes(n).get(accused)
+    if data is None:
+        return f"round {n} holds no score record of {accused}"
+    return [(n, {}, {accused: data})]
+
+
 def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
     """Every round 1..n as the checker replays it, or why the records cannot decide: a round
     that is not agreed or not partitioned (a full round's scores are computed by each node and
@@ -132,7 +147,9 @@ async def reputation_verdict(
     banned already, or the records cannot decide). Who reports whom is checked first, so a
     stranger never costs a replay; the ban book re-checks everything in its transaction."""
     checker = server.reputation_checker
-    if checker is None or not evidence["reason"].startswith(REPUTATION_REASON):
+    reason = evidence["reason"]
+    record = reason.startswith(BAD_RECORD_REASON)
+    if checker is None or not (record or reason.startswith(REPUTATION_REASON)):
         return None
     n, accused = int(evidence["round"]), str(evidence["peer"])
     username = server.access(peer, token, time.time())
@@ -145,7 +162,9 @@ async def reputation_verdict(
     # MAX_EVIDENCE_CHECKS replays' records in memory at once).
     async with server.evidence_slots.hold(peer):
         with server.store.tx():
-            rounds = replay_input(server.store, n)
+            rounds = (
+                record_input(server.store, n, accused) if record else replay_input(server.store, n)
+            )
         if isinstance(rounds, str):
             log.info("reputation_unchecked", peer=accused, round=n, why=rounds)
             return None

@@ -50,8 +50,11 @@ __all__ = ["NODE_ATTACKS", "TrainSettings", "run_node"]
 # update: "withhold" publishes its header and says ready, then serves its update to nobody (an
 # update no member can fetch, which the round's agreed decision must drop on every node) and, as
 # a partition's aggregator, never publishes its result (a backup takes the partition over);
-# "wrong_partition" signs a wrong partition result (caught, recomputed and banned).
-NODE_ATTACKS = ("withhold", "wrong_partition")
+# "wrong_partition" signs a wrong partition result (caught, recomputed and banned);
+# "extreme_scores" signs score records with issue 29's finite but out-of-range losses (5.0,
+# -1e308, 5.0, 4.9: the record is refused and its signer banned on the coordinator's own check);
+# "zero_scores" signs in-range records that state every loss 0 (disputed, recomputed, named).
+NODE_ATTACKS = ("withhold", "wrong_partition", "extreme_scores", "zero_scores")
 
 log = structlog.get_logger(__name__)
 

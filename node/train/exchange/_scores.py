@@ -36,6 +36,7 @@ from .._round import UpdateHeader, expected_specs, load_update
 from .._trainer import NodeTrainer
 from ..scores import (
     INVALID_PREFIX,
+    BadScoreRecordError,
     ScoreRecord,
     SpreadScores,
     TargetLosses,
@@ -56,6 +57,26 @@ log = structlog.get_logger(__name__)
 def round_headers(info: RoundInfo) -> dict[str, str]:
     """The members' header CIDs the round record lists: the score seed's input."""
     return {m: c for m, c in sorted(info.headers.items()) if m in info.members}
+
+
+# The losses the score-record testing aids sign (``--attack``, node/train/_loop.py NODE_ATTACKS).
+_AID_LOSSES = {
+    "extreme_scores": (5.0, -1e308, 5.0, 4.9),  # issue 29: finite, out of range
+    "zero_scores": (0.0, 0.0, 0.0, 0.0),  # in range: a loss of 0 on both sides
+}
+
+
+def _testing_aid(
+    attack: str | None, info: RoundInfo, targets: list[str], scores: dict[str, TargetLosses]
+) -> dict[str, TargetLosses]:
+    """The aid's losses for every target the round lists a header of, fetched or not (so the
+    record it signs does not depend on how fast the fetches were)."""
+    losses = _AID_LOSSES.get(attack or "")
+    if losses is None:
+        return scores
+    return {
+        t: TargetLosses(CID.parse(info.headers[t]), *losses) for t in targets if t in info.headers
+    }
 
 
 class PartitionScores:
@@ -97,6 +118,7 @@ class PartitionScores:
             async with trio.open_nursery() as nursery:
                 for target in targets:
                     nursery.start_soon(self._score_one, info, seed, target, scores, unscored)
+        scores = _testing_aid(self.trainer.attack_name, info, targets, scores)
         record = ScoreRecord(
             self.trainer.run,
             info.round,
@@ -182,7 +204,7 @@ class PartitionScores:
         bad = validate_update(update, expected_specs(trainer.state))
         if bad is not None:
             return (INVALID_PREFIX + bad)[: limits.MAX_REASON_CHARS]
-        return TargetLosses(cid, *scoring.measure(seed, trainer.state, target, update))
+        return TargetLosses.measured(cid, scoring.measure(seed, trainer.state, target, update))
 
     # -- 2 and 3: the closed records, agreed ----------------------------------------------------
 
@@ -197,6 +219,7 @@ class PartitionScores:
         # the same for everyone. The signed round record names each one's CID.
         served = await self.client.score_records(info.round)
         records: dict[str, tuple[CID, ScoreRecord]] = {}
+        refused: dict[str, tuple[CID, str]] = {}
         for scorer, text in sorted(closed.scores.items()):
             if scorer not in closed.members:
                 continue
@@ -215,6 +238,9 @@ class PartitionScores:
                         signer=scorer,
                     ),
                 )  # fmt: skip
+            except BadScoreRecordError as exc:  # signed, and not a record: its signer is named
+                log.warning("score_record_bad", scorer=scorer[-8:], error=exc.reason)
+                refused[scorer] = (cid, exc.reason)
             except PeerUpdateError as exc:  # the same bytes give the same verdict everywhere
                 log.warning("score_record_unusable", scorer=scorer[-8:], error=exc.reason)
         headers = {m: CID.parse(c) for m, c in round_headers(closed).items()}
@@ -247,6 +273,7 @@ class PartitionScores:
             **common,  # type: ignore[arg-type]
             reputation=scoring.reputation,
             recompute=recomputed.__getitem__,
+            refused=refused,
         )
         self._agreed = {info.round: resolved}  # only the current round is ever asked again
         log.info(

@@ -9,6 +9,10 @@ integer scores: every reader derives the integers with ``score_update``, so a re
 state losses and scores that disagree.
 
 Decoding is bounded and typed: anything else raises :class:`PeerUpdateError` naming the field.
+Each loss is a number in [0, MAX_SCORE_LOSS] or "inf" / "nan" (``loss_in_range``), whichever side
+of the update it is on; a record whose signature verifies but whose content does not decode (an
+out-of-range loss, a wrong run or round) raises :class:`BadScoreRecordError`: the signed bytes
+prove their signer sent it, so it is ban evidence (specs/training.md#scores-in-partitioned-rounds).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cnode.aggregation import UpdateScore, score_update
+from cnode.aggregation import UpdateScore, loss_in_range, record_loss, score_update
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import CID, DAG_CBOR, StorageError, compute_cid
 
@@ -27,6 +31,7 @@ from .._exceptions import PeerUpdateError
 
 __all__ = [
     "SCORE_RECORD_TYPE",
+    "BadScoreRecordError",
     "ScoreRecord",
     "TargetLosses",
     "open_score_record",
@@ -35,7 +40,13 @@ __all__ = [
 ]
 
 SCORE_RECORD_TYPE = "cnode/score-record/v1"
-_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+_NON_FINITE = {"inf": math.inf, "nan": math.nan}
+
+
+class BadScoreRecordError(PeerUpdateError):
+    """A score record whose signature verifies but whose content is not a record of this run
+    and round within the limits (an out-of-range loss, say): its signer sent what no honest
+    node sends, and the signed bytes show it."""
 
 
 @dataclass(frozen=True)
@@ -43,10 +54,18 @@ class TargetLosses:
     """What a scorer measured of one target's update (float64 losses, specs/training.md#scores)."""
 
     header: CID  # the target's signed update header (the round record lists the same CID)
-    own_before: float  # loss of the agreed state on the target's own batch (finite, > 0)
-    own_after: float  # loss of state + SCORE_STEP x update on that batch (may be inf/nan)
-    held_before: float  # loss of the agreed state on the held-out batch (finite, > 0)
-    held_after: float  # loss of state + SCORE_STEP x update on that batch (may be inf/nan)
+    # Each loss is in [0, MAX_SCORE_LOSS] or +inf / NaN (loss_in_range):
+    own_before: float  # loss of the agreed state on the target's own batch
+    own_after: float  # loss of state + SCORE_STEP x update on that batch
+    held_before: float  # loss of the agreed state on the held-out batch
+    held_after: float  # loss of state + SCORE_STEP x update on that batch
+
+    @classmethod
+    def measured(cls, header: CID, losses: tuple[float, float, float, float]) -> TargetLosses:
+        """What a scorer signs for four measured losses: each as ``record_loss`` states it (in
+        range, and scoring the same as measured)."""
+        own_before, own_after, held_before, held_after = (record_loss(x) for x in losses)
+        return cls(header, own_before, own_after, held_before, held_after)
 
     def score(self, peer: str) -> UpdateScore:
         """The integer scores these losses give (the same on every reader)."""
@@ -148,14 +167,15 @@ def _losses(member: str, value: object, bad: Any) -> TargetLosses:
         raise bad(f"losses of {who}: bad header CID: {exc}") from exc
     nums = []
     for i, x in enumerate(value[1:]):
-        if isinstance(x, str) and x in _NON_FINITE and i in (1, 3):  # only "after" may blow up
+        if isinstance(x, str) and x in _NON_FINITE:
             nums.append(_NON_FINITE[x])
-        elif isinstance(x, float | int) and not isinstance(x, bool) and math.isfinite(x):
+        elif isinstance(x, float | int) and not isinstance(x, bool) and loss_in_range(float(x)):
             nums.append(float(x))
         else:
-            raise bad(f"losses of {who}: value {i + 1} is not a loss: {str(x)[:20]!r}")
-    if not (nums[0] > 0 and nums[2] > 0):
-        raise bad(f"losses of {who}: a loss before the update must be > 0")
+            raise bad(
+                f"losses of {who}: value {i + 1} is not a loss in [0, MAX_SCORE_LOSS] or "
+                f"'inf' / 'nan': {str(x)[:20]!r}"
+            )
     return TargetLosses(header, *nums)
 
 
@@ -174,7 +194,8 @@ def score_record_cid(envelope: bytes) -> CID:
 def open_score_record(
     envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
 ) -> ScoreRecord:
-    """Verify a signed record's size, signature, run and round; PeerUpdateError if bad."""
+    """Verify a signed record's size, signature, run and round; PeerUpdateError if bad,
+    :class:`BadScoreRecordError` when the signature verifies and the rest does not."""
     who = signer or "unknown peer"
     if len(envelope) > limits.MAX_SCORE_RECORD_BYTES:
         raise PeerUpdateError(who, f"score record of {len(envelope)} bytes is too large")
@@ -182,9 +203,13 @@ def open_score_record(
         opened = open_envelope(envelope, expected_type=SCORE_RECORD_TYPE, expected_signer=signer)
     except EnvelopeError as exc:
         raise PeerUpdateError(who, f"bad score record envelope: {exc}") from exc
-    record = ScoreRecord.from_payload(opened.payload, opened.signer)
+    # From here on the signer is proven: what is wrong is its own doing (ban evidence).
+    try:
+        record = ScoreRecord.from_payload(opened.payload, opened.signer)
+    except PeerUpdateError as exc:
+        raise BadScoreRecordError(opened.signer, exc.reason) from exc
     if record.run != run:
-        raise PeerUpdateError(opened.signer, f"score record is for run {record.run!r}")
+        raise BadScoreRecordError(opened.signer, f"score record is for run {record.run[:80]!r}")
     if round_ is not None and record.round != round_:
-        raise PeerUpdateError(opened.signer, f"score record is for round {record.round}")
+        raise BadScoreRecordError(opened.signer, f"score record is for round {record.round}")
     return record

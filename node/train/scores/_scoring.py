@@ -38,6 +38,7 @@ from cnode.aggregation import (
     UpdateScore,
     admit,
     draw_indices,
+    round_standing,
     score_seed,
     score_update,
     scored_config,
@@ -172,10 +173,11 @@ class RoundScoring:
             if settle_needed(losses):
                 losses = self._reference(parent, updates[peer], own, held_p)
             scores[peer] = score_update(peer, *losses)
+        standing = round_standing(scores)
         self.reputation = update_reputation(
-            self.reputation, {p: s.score for p, s in scores.items()}
+            self.reputation, {p: d.round for p, d in standing.items()}
         )
-        admitted = tuple(admit({p: s.score for p, s in scores.items()}, self.reputation))
+        admitted = tuple(admit(scores, self.reputation))
         return ScoredRound(round_, seed, scores, admitted, dict(self.reputation))
 
     def admitted_updates(

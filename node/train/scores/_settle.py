@@ -51,7 +51,10 @@ BOUNDARY_UNITS = 2 * limits.SCORE_DEVICE_RTOL / agg_limits.SCORE_UNIT
 def near_boundary(before: float, after: float) -> bool:
     """Whether ``loss_score(before, after)`` could round otherwise in the reference arithmetic
     (or the fast losses cannot be scored at all: not finite, or ``before <= 0``)."""
-    if not (math.isfinite(before) and before > 0 and math.isfinite(after)):
+    # loss_score's other edges (SCORE_LOSS_FLOOR, MAX_SCORE_LOSS, non-finite) are boundaries
+    # too: a loss within a factor 2 of one is left to the reference (cross-entropies are ~0.1-10).
+    lo, hi = 2 * agg_limits.SCORE_LOSS_FLOOR, agg_limits.MAX_SCORE_LOSS / 2
+    if not (lo < before < hi and lo < after < hi):
         return True
     x = (before - after) / before / agg_limits.SCORE_UNIT
     return abs(x - math.floor(x) - 0.5) < BOUNDARY_UNITS

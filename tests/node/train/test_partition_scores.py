@@ -113,7 +113,7 @@ def test_spread_scores_agree_name_a_lying_scorer_and_replay_bit_for_bit(tmp_path
     assert len({(s.admitted, tuple(s.reputation.items())) for s in spreads}) == 1
     spread = spreads[0]
     assert attacker not in spread.inputs
-    assert spread.left_out[attacker].startswith("left out by scores: score ")
+    assert spread.left_out[attacker].startswith("left out by scores: ")
     assert honest_target in spread.admitted  # the lie did not keep it out
     assert [b.peer for b in spread.wrong] == [liar]
     assert spread.wrong[0].update_cid == str(records[liar][0])
