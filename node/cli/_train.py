@@ -95,6 +95,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="serve Prometheus metrics at http://HOST:PORT/metrics (rounds, phase seconds, "
         "bytes by peer, updates left out, bans; specs/training.md#metrics); port 0 picks one",
     )
+    parser.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where local steps run: auto (a GPU when torch sees one, else the CPU), cpu, cuda, "
+        "cuda:N or mps (default: config.toml's device, else auto). Aggregation, the state and "
+        "its CIDs stay on the CPU whatever this says",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16-mixed"),
+        help="local steps' precision (default: config.toml's precision, else the run's "
+        "training.precision); bf16-mixed autocasts forward and backward, weights stay float32",
+    )
     parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
     parser.add_argument(
         "--attack",
@@ -172,6 +185,8 @@ def _handle(args: argparse.Namespace) -> int:
         gateway=gateway,
         fetch_gateways=tuple(args.fetch_gateway),
         metrics=metrics,
+        device=args.device or config.device,
+        precision=args.precision or config.precision,
     )
     try:
         return trio.run(run_node, settings)

@@ -11,6 +11,7 @@ from ._config import ModelConfig as ModelConfig
 from ._config import TrainingConfig as TrainingConfig
 from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
+from ._exceptions import DeviceError as DeviceError
 from ._exceptions import MalformedUpdateError as MalformedUpdateError
 from ._exceptions import MissingUpdatesError as MissingUpdatesError
 from ._exceptions import PartitionEvidenceError as PartitionEvidenceError
@@ -85,6 +86,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "DATA_ATTACKS",
     "DataConfig",
     "DemoSettings",
+    "DeviceError",
     "HeaderCollector",
     "LocalResult",
     "MalformedUpdateError",

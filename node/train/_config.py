@@ -138,6 +138,10 @@ class DataConfig:
 # training.partitioned values; "auto" partitions rounds of at least PARTITION_MIN_MEMBERS.
 PARTITION_MODES = ("auto", "always", "never")
 PARTITION_MIN_MEMBERS = 3
+OUTER_OPTIMIZERS = ("sgd", "nesterov")
+# What a [training] table that says outer_optimizer = "nesterov" and not these keys gets: DiLoCo's.
+NESTEROV_DEFAULTS = {"outer_lr": 0.7, "outer_momentum": 0.9}
+PRECISIONS = ("fp32", "bf16-mixed")
 
 
 @dataclass(frozen=True)
@@ -150,7 +154,17 @@ class TrainingConfig:
     local_steps: int = 16  # optimizer steps per round before the update is taken
     batch_size: int = 8  # sequences per step
     lr: float = 3e-3  # AdamW learning rate of the local steps
-    outer_lr: float = 1.0  # state += outer_lr * aggregate(updates)
+    # The outer step (specs/training.md#outer-optimizer): "sgd" is state += outer_lr * aggregate;
+    # "nesterov" is DiLoCo's outer Nesterov momentum, whose buffer is run state (checkpointed,
+    # replayed). A [training] table that names "nesterov" without outer_lr / outer_momentum gets
+    # DiLoCo's 0.7 and 0.9 (NESTEROV_DEFAULTS).
+    outer_optimizer: str = "sgd"
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    # Local steps' arithmetic: "fp32", or "bf16-mixed" (autocast for forward and backward; the
+    # master weights, the optimizer and the update stay float32). The run's default: a node may
+    # override it (`cnode train --precision`), since nothing other nodes check depends on it.
+    precision: str = "fp32"
     checkpoint_every: int = 1  # the checkpointer stores a checkpoint every N rounds
     aggregator: str = "centered_clip"
     aggregator_params: dict[str, Any] = field(default_factory=dict)
@@ -200,6 +214,11 @@ class TrainingConfig:
             del out["update_density"]  # only sparse reads it: other runs keep their bytes
         if not self.scores:  # absent = off, so runs without scores keep their bytes
             del out["scores"]
+        # Likewise the keys added with the outer optimizer and precision, at their old meaning.
+        if self.outer_optimizer == "sgd" and self.outer_momentum == 0.0:
+            del out["outer_optimizer"], out["outer_momentum"]
+        if self.precision == "fp32":
+            del out["precision"]
         return out
 
     @classmethod
@@ -222,6 +241,8 @@ class TrainingConfig:
         if not isinstance(raw, dict):
             raise TrainingConfigError("[training] must be a table")
         raw = dict(raw)
+        if raw.get("outer_optimizer") == "nesterov":
+            raw = {**NESTEROV_DEFAULTS, **raw}
         model = _build(ModelConfig, raw.pop("model", {}), "training.model")
         data = _build(DataConfig, raw.pop("data", {}), "training.data")
         config = _build(cls, raw, "training", model=model, data=data)
@@ -274,6 +295,26 @@ class TrainingConfig:
             )
         if not (self.lr > 0 and self.outer_lr > 0):
             raise TrainingConfigError("training.lr and outer_lr must be > 0")
+        self._check_outer_and_precision()
+
+    def _check_outer_and_precision(self) -> None:
+        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+            raise TrainingConfigError(
+                f"training.outer_optimizer {self.outer_optimizer!r} is not one of "
+                f"{', '.join(OUTER_OPTIMIZERS)}"
+            )
+        if not 0.0 <= self.outer_momentum < 1.0:
+            raise TrainingConfigError(
+                f"training.outer_momentum {self.outer_momentum!r} must be in [0, 1)"
+            )
+        if self.outer_optimizer == "sgd" and self.outer_momentum != 0.0:
+            raise TrainingConfigError(
+                'training.outer_momentum is for outer_optimizer = "nesterov"; "sgd" has none'
+            )
+        if self.precision not in PRECISIONS:
+            raise TrainingConfigError(
+                f"training.precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
 
 
 def _build(cls: type, raw: Any, where: str, **given: Any) -> Any:

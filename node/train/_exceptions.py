@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "BannedError",
     "CatchUpError",
+    "DeviceError",
     "MalformedUpdateError",
     "MissingUpdatesError",
     "OutputsUnavailableError",
@@ -47,6 +48,10 @@ class TrainingError(NodeError):
 
 class TrainingConfigError(TrainingError):
     """Raised when a run's training settings (model, data, steps, aggregator) are unusable."""
+
+
+class DeviceError(TrainingConfigError):
+    """Raised when ``--device`` names a device that is unknown or that torch does not see."""
 
 
 class PeerUpdateError(TrainingError):

@@ -45,6 +45,7 @@ from ._round_loop import RoundLoop
 from ._stop import NodeStopped, StopReason, stop_reason_of
 from ._trainer import NodeTrainer
 from .exchange import MemberFetcher, PartitionedExchange, UpdateExchange
+from .model import Placement
 from .swarm import (
     HeaderCollector,
     KnownBans,
@@ -95,6 +96,8 @@ class TrainSettings:
     fetch_gateways: tuple[str, ...] = ()
     # --metrics HOST:PORT: serve Prometheus metrics there (specs/training.md#metrics)
     metrics: tuple[str, int] | None = None
+    device: str = "auto"  # --device / [node] device (model/_device.py)
+    precision: str = ""  # --precision / [node] precision; "" = the run's training.precision
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -113,9 +116,18 @@ async def run_node(settings: TrainSettings) -> int:
             f"--hf-repo {settings.hf_repo} needs a Hub login: run cnode init --hf-login first"
         )
     bind_context(peer=identity.peer_id_str, run=settings.run)
+    placement = Placement.resolve(settings.device, settings.precision or training.precision)
+    log.info("device_picked", device=str(placement.device), said=placement.said,
+             precision=placement.precision)  # fmt: skip
     store = BlockStore(settings.blocks_dir)
     reporter = Reporter(settings.report, peer=identity.peer_id_str)
-    reporter.event("started", attack=settings.attack, checkpointer=settings.checkpointer)
+    reporter.event(
+        "started",
+        attack=settings.attack,
+        checkpointer=settings.checkpointer,
+        device=str(placement.device),
+        precision=placement.precision,
+    )
     trainer = await trio.to_thread.run_sync(
         partial(
             NodeTrainer,
@@ -124,6 +136,7 @@ async def run_node(settings: TrainSettings) -> int:
             identity=identity,
             store=store,
             attack=settings.attack,
+            placement=placement,
         )
     )
     session = _Session(settings, run_config, identity, store, trainer, reporter, login)

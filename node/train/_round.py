@@ -41,7 +41,7 @@ from . import limits
 from ._config import TrainingConfig
 from ._exceptions import MalformedUpdateError, PeerUpdateError
 from ._records import RecordKind, record_cid
-from .model import State, state_cid
+from .model import State, outer_step, state_cid, uses_momentum, zero_momentum
 
 __all__ = [
     "UPDATE_HEADER_TYPE",
@@ -268,32 +268,34 @@ def expected_specs(state: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
 class RoundResult:
     """The outcome of aggregating one round."""
 
-    state: State  # parent + outer_lr * aggregate
+    state: State  # the outer step of parent and aggregate (model/_outer.py)
     state_cid: CID  # see _state.py
     aggregation: AggregationResult  # per-peer records (distance, clip weight, rejection)
+    momentum: State | None = None  # the outer momentum after the round (nesterov), else None
 
 
 def aggregate_round(
-    parent: State, updates: Mapping[str, State], config: TrainingConfig
+    parent: State,
+    updates: Mapping[str, State],
+    config: TrainingConfig,
+    momentum: State | None = None,
 ) -> RoundResult:
-    """Aggregate the round's updates with the run's rule and apply them to ``parent``.
+    """Aggregate the round's updates with the run's rule and take the outer step from ``parent``
+    (and ``momentum``, the outer momentum before the round; None starts from zeros).
 
-    Deterministic: the aggregation orders peers by id and the apply is one elementwise float32
-    add per layer, so every honest node gets the same bytes.
+    Deterministic: the aggregation orders peers by id and the outer step is a fixed sequence of
+    elementwise float32 ops per layer on the CPU, so every honest node gets the same bytes.
 
     A round whose agreed set is empty (nobody's update was held by a majority of its members)
-    applies nothing: the state stays the parent's, on every node alike.
+    applies nothing: the state and the momentum stay the parent's, on every node alike.
     """
     rule = AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
+    if uses_momentum(config) and momentum is None:
+        momentum = zero_momentum(parent)
     if not updates:
         unchanged = {name: t.clone() for name, t in parent.items()}
         nothing = AggregationResult({}, {}, {"rule": config.aggregator, "accepted": 0})
-        return RoundResult(unchanged, state_cid(unchanged), nothing)
+        return RoundResult(unchanged, state_cid(unchanged), nothing, momentum)
     result = aggregate(updates, expected=expected_specs(parent), config=rule)
-    new: State = {}
-    for name, base in parent.items():
-        step = result.tensors[name].to(torch.float32)
-        if config.outer_lr != 1.0:
-            step = step * config.outer_lr
-        new[name] = (base + step).contiguous()
-    return RoundResult(new, state_cid(new), result)
+    new, new_momentum = outer_step(parent, momentum, result.tensors, config)
+    return RoundResult(new, state_cid(new), result, new_momentum)

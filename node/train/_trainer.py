@@ -48,17 +48,22 @@ from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_che
 from .model import (
     DATA_ATTACKS,
     LocalResult,
+    Placement,
     Residual,
     State,
     TextData,
+    adopted_momentum,
     build_model,
     corrupt_data,
     drop_residual,
     evaluate,
     load_residual,
     save_residual,
+    split_momentum,
     state_cid,
     train_local,
+    uses_momentum,
+    zero_momentum,
 )
 from .partition import (
     PartitionResult,
@@ -125,14 +130,18 @@ class NodeTrainer:
         identity: Identity,
         store: BlockStore,
         attack: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.config = config
+        # Where local steps run (--device, --precision); the state and all else stay on the CPU.
+        self.placement = placement or Placement(torch.device("cpu"), config.precision)
         self.run = run
         self.identity = identity
         self.peer = identity.peer_id_str
         self.store = store
         self.data = TextData.build(config.data, config.model)
-        self.model = build_model(config)
+        self.model: torch.nn.Module = build_model(config)
+        torch.nn.Module.to(self.model, self.placement.device)  # in place, as modules move
         self.attack_name = attack
         self.train_data = self.data  # data attacks (flipped_tokens, ...) train on corrupted text
         if attack in DATA_ATTACKS:
@@ -140,11 +149,15 @@ class NodeTrainer:
             attack = None
         # Update attacks only; node attacks (withhold, wrong_partition) act elsewhere.
         self.attack = ATTACKS.get(attack or "")
-        self.scoring = RoundScoring(config, self.data) if config.scores else None
+        self.scoring = (
+            RoundScoring(config, self.data, placement=self.placement) if config.scores else None
+        )
         self._rng = torch.Generator().manual_seed(config.seed + 1)
         self.bans = BanPolicy()
         self.state: State = genesis_state(config)
         self.state_cid: CID = state_cid(self.state)
+        # The outer momentum after self.round (nesterov; None for sgd): run state, like self.state.
+        self.momentum: State | None = zero_momentum(self.state) if uses_momentum(config) else None
         self.round = 0  # the last round included in self.state
         self.checkpoint: CID | None = None  # the checkpoint self.state descends from
         self.since_checkpoint: list[RoundLog] = []
@@ -163,7 +176,8 @@ class NodeTrainer:
         info = read_checkpoint_info(self.store, cid)
         if info.run != self.run:
             raise CatchUpError(f"checkpoint {cid} is of run {info.run!r}, not {self.run!r}")
-        tensors, _ = load_checkpoint(self.store, cid)
+        stored, _ = load_checkpoint(self.store, cid)
+        tensors, momentum = split_momentum(stored)
         got = state_cid(tensors)
         if info.state_cid is not None and got != info.state_cid:
             raise CatchUpError(
@@ -171,11 +185,12 @@ class NodeTrainer:
             )
         if set(tensors) != set(self.state):
             raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
+        self.momentum = adopted_momentum(self.config, tensors, momentum, str(cid), info.round)
         self.state, self.state_cid, self.round = tensors, got, info.round
         self.checkpoint, self.since_checkpoint = cid, []
         if self.config.scores:  # reputations as the checkpoint recorded them
             self.scoring = RoundScoring(
-                self.config, self.data, checkpoint_reputation(info.manifest)
+                self.config, self.data, checkpoint_reputation(info.manifest), self.placement
             )
         # Re-synced from a checkpoint: the residual belongs to rounds this state did not see.
         self.residual = None
@@ -206,9 +221,8 @@ class NodeTrainer:
         """Train on the current state, store the update and the signed header; return them."""
         if round_ != self.round + 1:
             raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
-        local = train_local(
-            self.model, self.state, self.train_data, self.config, peer_id=self.peer, round_=round_
-        )
+        local = train_local(self.model, self.state, self.train_data, self.config, peer_id=self.peer,
+                            round_=round_, placement=self.placement)  # fmt: skip
         began = time.perf_counter()
         delta = local.delta
         if self.attack is not None:
@@ -291,13 +305,14 @@ class NodeTrainer:
                 self.scoring.admitted_updates(scored, updates),
                 self.scoring.rule_config(),
             )
-        result = aggregate_round(self.state, updates, rule)
+        result = aggregate_round(self.state, updates, rule, self.momentum)
         update_cids = {p: str(headers[p][1].update) for p in [*used, *malformed]}
         records = {**result.aggregation.records, **malformed}
         bans = self.bans.observe(round_, records, update_cids)
         if self.scoring is not None and scored is not None:
             bans += self.scoring.bans(scored, update_cids)
         self.state, self.state_cid, self.round = result.state, result.state_cid, round_
+        self.momentum = result.momentum
         self.since_checkpoint.append(
             RoundLog(
                 round_,
@@ -387,7 +402,9 @@ class NodeTrainer:
             raise StateMismatchError(
                 f"asked to assemble round {round_} on the state of {self.round}"
             )
-        new = apply_partitions(self.store, self.state, outputs, parts=parts, config=self.config)
+        new, momentum = apply_partitions(
+            self.store, self.state, outputs, parts=parts, config=self.config, momentum=self.momentum
+        )
         new_cid = state_cid(new)
         per_partition = []
         update_cids: dict[str, str] = {}
@@ -451,6 +468,7 @@ class NodeTrainer:
             cids += tuple(sorted(scores.records.values(), key=str))
         cids += tuple(sorted(inputs, key=str))
         self.state, self.state_cid, self.round = new, new_cid, round_
+        self.momentum = momentum
         self.since_checkpoint.append(RoundLog(round_, new_cid, cids, params))
         log.info("round_assembled", round=round_, state=str(new_cid), parts=parts)
         nothing = AggregationResult({}, combined, params)
@@ -484,6 +502,7 @@ class NodeTrainer:
         cid = store_checkpoint(
             self.store,
             self.state,
+            momentum=self.momentum,
             run=self.run,
             round_=self.round,
             parent=self.checkpoint,

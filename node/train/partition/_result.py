@@ -49,7 +49,7 @@ from .._config import TrainingConfig
 from .._exceptions import MalformedUpdateError, PeerUpdateError
 from .._records import RecordKind, bounded_map, peer_field, reason_field, record_cid
 from .._round import UpdateHeader, load_segments, open_update_header, segment_layer
-from ..model import State
+from ..model import State, outer_step_flat, uses_momentum, zero_momentum
 
 __all__ = [
     "PARTITION_RESULT_TYPE",
@@ -345,14 +345,21 @@ def apply_partitions(
     *,
     parts: int,
     config: TrainingConfig,
-) -> State:
-    """The new state: ``parent`` plus ``outer_lr`` times each partition's decoded aggregate.
+    momentum: State | None = None,
+) -> tuple[State, State | None]:
+    """The new state and outer momentum: the outer step (model/_outer.py) of ``parent`` and
+    ``momentum`` (None: zeros for nesterov) with each partition's decoded aggregate.
 
     A partition whose output is None (no accepted input, or no result at all) keeps the
-    parent's values. One float32 add per element, as in a full-replication round.
+    parent's values and momentum. The same float32 ops per element as a full-replication round.
     """
-    # A new flat vector (the parent is left intact), updated in place and returned as views.
-    flat = torch.cat([parent[n].reshape(-1).to(torch.float32) for n in sorted(parent)])
+    # New flat vectors (the parent is left intact), updated in place and returned as views.
+    names = sorted(parent)
+    flat = torch.cat([parent[n].reshape(-1).to(torch.float32) for n in names])
+    flat_m = None
+    if uses_momentum(config):
+        given = momentum if momentum is not None else zero_momentum(parent)
+        flat_m = torch.cat([given[n].reshape(-1).to(torch.float32) for n in names])
     numel = flat.numel()
     ranges = segment_ranges(numel)
     for partition, output in sorted(outputs.items()):
@@ -368,13 +375,16 @@ def apply_partitions(
         )
         for i, values in segments.items():
             start, stop = ranges[i]
-            step = values if config.outer_lr == 1.0 else values * config.outer_lr
-            flat[start:stop].add_(step)  # the same float32 add as parent + step, in place
+            outer_step_flat(flat, flat_m, start, stop, values, config)
+    return _unflatten(flat, parent), (None if flat_m is None else _unflatten(flat_m, parent))
+
+
+def _unflatten(flat: torch.Tensor, like: State) -> State:
     out: State = {}
     offset = 0
-    for name in sorted(parent):
-        n = parent[name].numel()
-        out[name] = flat[offset : offset + n].view(parent[name].shape)
+    for name in sorted(like):
+        n = like[name].numel()
+        out[name] = flat[offset : offset + n].view(like[name].shape)
         offset += n
     return out
 

@@ -17,6 +17,10 @@ from ._reputation_evidence import check_reputation_evidence as check_reputation_
 from ._scoring import RoundScoring as RoundScoring
 from ._scoring import check_recorded_scores as check_recorded_scores
 from ._scoring import checkpoint_reputation as checkpoint_reputation
+from ._settle import BOUNDARY_UNITS as BOUNDARY_UNITS
+from ._settle import LossModels as LossModels
+from ._settle import near_boundary as near_boundary
+from ._settle import settle_needed as settle_needed
 from ._spread import BAD_RECORD_REASON as BAD_RECORD_REASON
 from ._spread import INVALID_PREFIX as INVALID_PREFIX
 from ._spread import SpreadScores as SpreadScores
