@@ -29,6 +29,7 @@ class MemoryNeed:
     parameters: int
     training_bytes: int
     round_bytes: int
+    buffers_extra: int = 0  # run state beyond the state itself: the outer momentum, if any
 
     @property
     def peak_bytes(self) -> int:
@@ -37,9 +38,11 @@ class MemoryNeed:
     def describe(self) -> str:
         return (
             f"~{self.parameters / 1e6:,.0f}M parameters need "
-            f"{_gb(self.training_bytes)} to train ({limits.TRAINING_BUFFERS} whole-model "
+            f"{_gb(self.training_bytes)} to train "
+            f"({limits.TRAINING_BUFFERS + self.buffers_extra} whole-model "
             f"buffers) and {_gb(self.round_bytes)} for the round's other phases "
-            f"({limits.ROUND_BUFFERS} buffers), each plus {_gb(limits.NODE_BASE_BYTES)} "
+            f"({limits.ROUND_BUFFERS + self.buffers_extra} buffers), each plus "
+            f"{_gb(limits.NODE_BASE_BYTES)} "
             "for the node"
         )
 
@@ -48,13 +51,16 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def memory_need(parameters: int) -> MemoryNeed:
-    """The peaks :func:`check_model_fits` compares with the machine's available memory."""
+def memory_need(parameters: int, *, momentum: bool = False) -> MemoryNeed:
+    """The peaks :func:`check_model_fits` compares with the machine's available memory; an
+    outer momentum (``nesterov``) is one more whole-model buffer in every phase."""
     model = parameters * _FLOAT32_BYTES
+    extra = 1 if momentum else 0
     return MemoryNeed(
         parameters=parameters,
-        training_bytes=limits.TRAINING_BUFFERS * model + limits.NODE_BASE_BYTES,
-        round_bytes=limits.ROUND_BUFFERS * model + limits.NODE_BASE_BYTES,
+        training_bytes=(limits.TRAINING_BUFFERS + extra) * model + limits.NODE_BASE_BYTES,
+        round_bytes=(limits.ROUND_BUFFERS + extra) * model + limits.NODE_BASE_BYTES,
+        buffers_extra=extra,
     )
 
 
@@ -66,7 +72,7 @@ def check_model_fits(config: TrainingConfig, available: int | None = None) -> Me
     cover it (the ceiling does not either; specs/training.md#memory says so).
     """
     parameters = 0 if config.model.pretrained else config.model.approx_parameters()
-    need = memory_need(parameters)
+    need = memory_need(parameters, momentum=config.outer_optimizer == "nesterov")
     have = psutil.virtual_memory().available if available is None else available
     if need.peak_bytes > have:
         raise TrainingConfigError(

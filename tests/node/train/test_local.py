@@ -14,6 +14,7 @@ from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE
 from cnode.node.cli import main
 from cnode.node.train import (
+    StopReason,
     TextData,
     TrainingConfig,
     TrainingConfigError,
@@ -114,7 +115,9 @@ def test_a_model_over_the_machines_memory_is_refused_at_start_with_the_figures(
     }
     run.write_text(tomli_w.dumps(raw), encoding="utf-8")
     started = time.monotonic()
-    assert main(["train", "--home", str(home), "--run-config", str(run), "--run", "r1"]) == 1
+    assert main(["train", "--home", str(home), "--run-config", str(run), "--run", "r1"]) == (
+        StopReason.CONFIGURATION.exit_code
+    )
     err = capsys.readouterr().err
     assert "does not fit this machine" in err and "to train" in err and "Traceback" not in err
     assert time.monotonic() - started < 10.0
