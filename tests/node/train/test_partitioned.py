@@ -128,7 +128,12 @@ def test_wrong_result_is_proved_wrong_by_its_evidence(tmp_path: Path) -> None:
     ]
     results = _partitioned_round(nodes, 3)
     numel = model_numel(MEAN)
-    training = MEAN.to_dict()
+    # The coordinator reads a run config's table with for_run, where a missing "scores" means
+    # on; these nodes were built with scores off, so their table says so (to_dict leaves an
+    # off "scores" out). Without it the check recomputed with CenteredClip instead of the
+    # mean, which differs from the mean whenever a clip bites: a "wrong" honest result, now
+    # and then, depending on the random identities.
+    training = {**MEAN.to_dict(), "scores": False}
     for p, (cid, result) in results.items():
         car = build_partition_evidence(nodes[0].store, cid, numel=numel)  # type: ignore[arg-type]
         verdict = check_partition_evidence(
