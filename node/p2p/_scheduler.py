@@ -8,13 +8,14 @@ progress for NO_PROGRESS_TIMEOUT_S is abandoned; a holder whose request fails (t
 stream, protocol error, refusal) is dropped for this transfer and its unfinished CIDs go back to
 the queue. A holder that delivers under MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it has a
 request in flight (a trickle, which resets the no-progress timer forever) is dropped too, its
-requests cancelled and their CIDs put back (``_source_rate``). A holder that sends bytes not matching their CID is dropped and reported with the
-evidence. A CID is requested from a second holder only if the first did not deliver it, so
-nothing is fetched twice unless its first copy was bad. End game: a worker with nothing left to
-take moves the unsent tail of a slower holder's request to its own holder (the slower request
-stops once only moved CIDs are left), and takes over everything from a holder
-STEAL_SLOWER_FACTOR times slower once that one has had STEAL_MIN_OBSERVED_S to show its rate
-(cancelling its request, partial block included): one slow holder cannot hold up the end.
+requests cancelled and their CIDs put back (``_source_rate``). A holder that sends bytes not
+matching their CID is dropped and reported with the evidence. A CID is requested from a
+second holder only if the first did not deliver it, so nothing is fetched twice unless its
+first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
+slower holder's request to its own holder (the slower request stops once only moved CIDs are
+left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower once that one
+has had STEAL_MIN_OBSERVED_S to show its rate (cancelling its request, partial block
+included): one slow holder cannot hold up the end.
 
 Holders answer in request order (specs/blocks.md#interaction), and each BLOCK's CID is seen
 before its bytes: so the scheduler knows which block is on the wire, and that every CID passed
@@ -76,9 +77,9 @@ class DirectHolder(Protocol):
     It answers one request like ``request_blocks`` does: blocks in request order, each
     verified against its CID before ``on_block``; ``on_block_start(cid)`` once a block's
     bytes begin to arrive; ``on_frame(n)`` on any progress, with the ``n`` bytes received
-    since the last call (0 for headers: the minimum rate counts them); returns the CIDs it lacks; raises
-    the same errors (BadBlockError, PeerProtocolError, RemoteRefusedError, StreamBroken,
-    DialError).
+    since the last call (0 for headers: the minimum rate counts them); returns the CIDs it
+    lacks; raises the same errors (BadBlockError, PeerProtocolError, RemoteRefusedError,
+    StreamBroken, DialError).
     """
 
     name: str
