@@ -505,7 +505,11 @@ class Transfer:
             try:
                 lacked = await request_blocks(
                     CountedStream(stream, holder.window.add),
-                    request.cids, on_block, on_frame, on_block_start, request.arrived.add
+                    request.cids,
+                    on_block,
+                    on_frame,
+                    on_block_start,
+                    request.arrived.add,
                 )
             except BaseException:
                 # Also on cancellation: tell the holder to stop sending (bounded, shielded).
