@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The JS reference IPFS tools the interop tests run (tests/js/package-lock.json pins them).
 JS_STAMP := tests/js/node_modules/.installed
 
-.PHONY: setup browser test demo lint bench clean
+.PHONY: setup browser test demo lint bench clean gpu-deps
 
 setup: $(STAMP)
 
@@ -48,5 +48,15 @@ demo: setup
 bench: setup
 	for b in bench/*.py; do $(BIN)/python $$b || exit 1; done
 
+# What bench/gpu_check.py needs on a GPU machine beside torch, transformers and tokenizers: the
+# pure-Python wheels of storage and logging, at the versions of this venv (about 2.4 MB). Carry
+# .gpu-deps along and run: PYTHONPATH=.:.gpu-deps python bench/gpu_check.py
+GPU_DEPS := dag-cbor multiformats multiformats-config bases typing-validation structlog
+gpu-deps: setup
+	rm -rf .gpu-deps
+	$(BIN)/pip freeze | grep -i -E '^($(subst $(eval) ,|,$(GPU_DEPS)))==' > .gpu-deps.txt
+	$(BIN)/pip install --quiet --no-deps --target .gpu-deps -r .gpu-deps.txt
+	rm .gpu-deps.txt
+
 clean:
-	rm -rf $(VENV) build *.egg-info tests/js/node_modules
+	rm -rf $(VENV) build *.egg-info tests/js/node_modules .gpu-deps

@@ -15,6 +15,7 @@ from ._attacks import flip_labels as flip_labels
 from ._attacks import new_attack as new_attack
 from ._ban import BanPolicy as BanPolicy
 from ._ban import BanRecommendation as BanRecommendation
+from ._ban import EvidenceKind as EvidenceKind
 from ._codec import CODECS as CODECS
 from ._codec import decode_update_tensor as decode_update_tensor
 from ._codec import encode_update_tensor as encode_update_tensor
@@ -40,12 +41,17 @@ from ._partition import segment_ranges as segment_ranges
 from ._partition import unflatten_segments as unflatten_segments
 from ._partition import verification_choice as verification_choice
 from ._scores import ReputationPolicy as ReputationPolicy
+from ._scores import Standing as Standing
 from ._scores import UpdateScore as UpdateScore
-from ._scores import admission_bar as admission_bar
 from ._scores import admit as admit
 from ._scores import ban_bound as ban_bound
 from ._scores import draw_indices as draw_indices
+from ._scores import left_out_reason as left_out_reason
+from ._scores import loss_in_range as loss_in_range
 from ._scores import loss_score as loss_score
+from ._scores import median_spread as median_spread
+from ._scores import record_loss as record_loss
+from ._scores import round_standing as round_standing
 from ._scores import score_assignment as score_assignment
 from ._scores import score_seed as score_seed
 from ._scores import score_update as score_update
@@ -71,14 +77,15 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "BanPolicy",
     "BanRecommendation",
     "CODECS",
+    "EvidenceKind",
     "NotEnoughUpdatesError",
     "PARTITION_TENSOR",
     "PeerRecord",
     "ReputationPolicy",
+    "Standing",
     "TensorSpec",
     "UpdateEncodingError",
     "UpdateScore",
-    "admission_bar",
     "admit",
     "aggregate",
     "aggregate_partition",
@@ -93,11 +100,16 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "encoded_nbytes",
     "flat_segments",
     "flip_labels",
+    "left_out_reason",
+    "loss_in_range",
     "loss_score",
+    "median_spread",
     "new_attack",
     "partition_count",
     "partition_segments",
+    "record_loss",
     "result_codec",
+    "round_standing",
     "score_assignment",
     "score_seed",
     "score_update",

@@ -52,22 +52,7 @@ def aggregate(
     if not isinstance(config, AggregatorConfig):
         raise AggregationInputError("config must be an AggregatorConfig")
     specs = check_expected(expected)
-    if not isinstance(updates, Mapping):
-        raise AggregationInputError("updates must be a mapping of peer id to update")
-    if len(updates) > limits.MAX_UPDATES:
-        raise AggregationInputError(
-            f"{len(updates)} updates exceed MAX_UPDATES={limits.MAX_UPDATES}"
-        )
-    if any(not isinstance(p, str) for p in updates):
-        raise AggregationInputError("peer ids must be strings")
-    peers = sorted(updates)
-
-    reasons: dict[str, str | None] = {}
-    for peer in peers:
-        reason = check_peer_id(peer) or validate_update(updates[peer], specs)
-        reasons[peer] = reason
-        if reason is not None:
-            log.info("update_rejected", peer=peer, reason=reason)
+    peers, reasons = _validated(updates, specs)
     accepted = [p for p in peers if reasons[p] is None]
     if not accepted:
         raise NotEnoughUpdatesError(f"no valid update among {len(peers)} received")
@@ -89,24 +74,7 @@ def aggregate(
     sq = out.sq_distances if out.sq_distances is not None else stack.sq_distances(out.vector)
     distances = [math.sqrt(d) for d in sq.tolist()]
     typical = statistics.median(distances)
-
-    records: dict[str, PeerRecord] = {}
-    for peer in peers:
-        if reasons[peer] is not None:
-            records[peer] = PeerRecord(peer, None, None, reasons[peer], weight=0.0)
-    for i, peer in enumerate(accepted):
-        d = distances[i]
-        score = d / typical if typical > 0 else (0.0 if d == 0 else math.inf)
-        records[peer] = PeerRecord(
-            peer,
-            d,
-            out.clip_weights[i],
-            None,
-            weight=w[peer],
-            score=score,
-            outlier=score > limits.OUTLIER_SCORE,
-        )
-    records = dict(sorted(records.items()))
+    records = _records(peers, reasons, accepted, distances, out.clip_weights, w, typical)
     params = {
         "aggregator": config.name,
         **out.params,
@@ -123,3 +91,56 @@ def aggregate(
         outliers=sum(r.outlier for r in records.values()),
     )
     return AggregationResult(stack.finish(out.vector), records, params)
+
+
+def _validated(
+    updates: Mapping[str, Mapping[str, torch.Tensor]], specs: Mapping[str, TensorSpec]
+) -> tuple[list[str], dict[str, str | None]]:
+    """The peers sorted by id, and each one's reason for rejection (None: valid). The caller's
+    own mistakes (not a mapping, too many, ids not strings) raise AggregationInputError."""
+    if not isinstance(updates, Mapping):
+        raise AggregationInputError("updates must be a mapping of peer id to update")
+    if len(updates) > limits.MAX_UPDATES:
+        raise AggregationInputError(
+            f"{len(updates)} updates exceed MAX_UPDATES={limits.MAX_UPDATES}"
+        )
+    if any(not isinstance(p, str) for p in updates):
+        raise AggregationInputError("peer ids must be strings")
+    peers = sorted(updates)
+    reasons: dict[str, str | None] = {}
+    for peer in peers:
+        reason = check_peer_id(peer) or validate_update(updates[peer], specs)
+        reasons[peer] = reason
+        if reason is not None:
+            log.info("update_rejected", peer=peer, reason=reason)
+    return peers, reasons
+
+
+def _records(
+    peers: list[str],
+    reasons: Mapping[str, str | None],
+    accepted: list[str],
+    distances: list[float],
+    clip_weights: list[float | None],
+    weights: Mapping[str, float],
+    typical: float,
+) -> dict[str, PeerRecord]:
+    """One PeerRecord per peer, sorted by id: a rejected one with its reason, an accepted one
+    with its distance, clip weight, weight and score (distance / the median distance)."""
+    records: dict[str, PeerRecord] = {}
+    for peer in peers:
+        if reasons[peer] is not None:
+            records[peer] = PeerRecord(peer, None, None, reasons[peer], weight=0.0)
+    for i, peer in enumerate(accepted):
+        d = distances[i]
+        score = d / typical if typical > 0 else (0.0 if d == 0 else math.inf)
+        records[peer] = PeerRecord(
+            peer,
+            d,
+            clip_weights[i],
+            None,
+            weight=weights[peer],
+            score=score,
+            outlier=score > limits.OUTLIER_SCORE,
+        )
+    return dict(sorted(records.items()))

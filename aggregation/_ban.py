@@ -14,13 +14,29 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from . import limits
 from ._exceptions import AggregationInputError
 from ._types import PeerRecord
 
-__all__ = ["BanPolicy", "BanRecommendation"]
+__all__ = ["BanPolicy", "BanRecommendation", "EvidenceKind"]
+
+
+class EvidenceKind(StrEnum):
+    """What a ban recommendation says the accused did: the coordinator decides on this kind
+    (sent as ``kind`` in ``ban_evidence``, specs/coordinator.md#bans), never on the words of
+    the reason."""
+
+    REJECTED = "rejected"  # its update failed validation (NaN/Inf, names, shapes, dtypes)
+    OUTLIER = "outlier"  # an outlier in k of the last m rounds it took part in
+    REPUTATION = "reputation"  # reputation below the ban bound in consecutive scored rounds
+    WRONG_SCORE = "wrong_score"  # it signed a score that the recomputation contradicts
+    BAD_SCORE_RECORD = "bad_score_record"  # it signed a score record that does not decode
+    # Its round standing was at least BLATANT_SPREADS honest spreads below the median in
+    # consecutive scored rounds (left to the majority: the coordinator does not replay it).
+    BLATANT = "blatant"
 
 
 @dataclass(frozen=True)
@@ -29,7 +45,8 @@ class BanRecommendation:
 
     peer: str  # the peer id
     round: int  # the round that triggered the recommendation
-    reason: str  # "rejected: <why>" or "outlier in k of the last m rounds"
+    kind: EvidenceKind  # what the evidence shows: what the coordinator decides on
+    reason: str  # the same in words, for people: "rejected: <why>", "outlier in k of ..."
     update_cid: str | None  # CID of the offending update of that round (None if unknown)
     figures: dict[str, Any] = field(default_factory=dict)  # the numbers behind the reason
 
@@ -38,6 +55,7 @@ class BanRecommendation:
         return {
             "peer": self.peer,
             "round": self.round,
+            "kind": str(self.kind),
             "reason": self.reason,
             "update_cid": self.update_cid,
             "figures": self.figures,
@@ -86,7 +104,12 @@ class BanPolicy:
                 self._recommended.add(peer)
                 out.append(
                     BanRecommendation(
-                        peer, round, f"rejected: {rec.rejected}", cid, {"rejected": rec.rejected}
+                        peer,
+                        round,
+                        EvidenceKind.REJECTED,
+                        f"rejected: {rec.rejected}",
+                        cid,
+                        {"rejected": rec.rejected},
                     )
                 )
                 continue
@@ -99,6 +122,7 @@ class BanPolicy:
                     BanRecommendation(
                         peer,
                         round,
+                        EvidenceKind.OUTLIER,
                         f"outlier in {len(bad)} of the last {len(seen)} rounds",
                         cid,
                         {

@@ -11,18 +11,21 @@ below ``SCORE_UNIT``) makes the same decisions. See specs/aggregation.md "Scores
   ``own`` = relative loss decrease on a batch of p's own assigned data,
   ``held`` = relative loss decrease on a batch of the shared held-out split,
   each ``(L(theta) - L(theta + SCORE_STEP u)) / L(theta)`` clamped to [-1, 1], rounded to an integer
-  number of SCORE_UNITs (1e-4). The round score is ``own + min(held, 0)``: an update must improve
-  its sender's own data, and pays for what it breaks on the shared split, but an honest peer with
-  different data is not asked to improve data it does not hold.
-* **Reputation**: an integer EMA, r <- r + floor((s - r) / REPUTATION_DIVISOR), starting at 0;
-  only scored rounds move it.
-* **Admission**: an update enters the aggregate iff its round score >= ``admission_bar`` (the
-  round's lower median score // ADMIT_MEDIAN_DIVISOR when > 0, else ADMIT_SCORE) and its
-  reputation after this round >= ADMIT_REPUTATION. Admitted updates get equal weight;
-  CenteredClip (``scored_config``) then runs on them with distance rejection off.
-* **Ban evidence**: a peer whose reputation stays below ``ban_bound`` (min(BAN_REPUTATION, median
-  - BAN_MADS x MAD of the round's reputations)) for REPUTATION_BAN_ROUNDS rounds in a row is
-  recommended, with the update CIDs, seeds, bounds and losses of those rounds.
+  number of SCORE_UNITs (1e-4); ``loss_score`` is total (every float pair gives an integer).
+  ``score`` = own + min(held, 0) is kept as a figure; no decision uses it since revision 4.
+* **Standing** (revision 4, issue 24): each component measured in honest spreads from the
+  round's median (``median_spread``, ``round_standing``), clamped to +-STANDING_CLAMP hundredths;
+  the round standing (reputation, bans) is the own standing clamped; the held one is for
+  admission only (attackers at 0 there can set its median and shrink its spread).
+* **Reputation**: an integer EMA of round standings, r <- r + floor((d - r) / REPUTATION_DIVISOR),
+  starting at 0; only scored rounds move it.
+* **Admission**: an update enters the aggregate iff both standings are >= -ADMIT_SPREADS spreads
+  (held-out harm is judged on its own: own-data gain cannot pay for it) and its reputation after
+  this round >= ADMIT_REPUTATION. Admitted updates get equal weight; CenteredClip
+  (``scored_config``) then runs on them with distance rejection off.
+* **Ban evidence**: a peer whose reputation stays below BAN_REPUTATION for
+  REPUTATION_BAN_ROUNDS rounds in a row is recommended, with the update CIDs, seeds, bounds and
+  losses of those rounds.
 """
 
 from __future__ import annotations
@@ -34,18 +37,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import limits
-from ._ban import BanRecommendation
+from ._ban import BanRecommendation, EvidenceKind
 from ._exceptions import AggregationInputError
 from ._types import AggregatorConfig
 
 __all__ = [
     "ReputationPolicy",
+    "Standing",
     "UpdateScore",
-    "admission_bar",
     "admit",
     "ban_bound",
     "draw_indices",
+    "left_out_reason",
+    "loss_in_range",
     "loss_score",
+    "median_spread",
+    "record_loss",
+    "round_standing",
     "score_assignment",
     "score_seed",
     "score_update",
@@ -54,6 +62,7 @@ __all__ = [
 ]
 
 _SEED_DOMAIN = b"cnode/score/v1\n"
+_UNITS = round(1 / limits.SCORE_UNIT)
 
 
 def score_seed(header_cids: Iterable[str]) -> bytes:
@@ -88,16 +97,41 @@ def draw_indices(seed: bytes, purpose: str, population: int, count: int) -> list
 def loss_score(before: float, after: float) -> int:
     """Relative loss decrease (before - after) / before, clamped to [-1, 1], in SCORE_UNITs.
 
-    A non-finite ``after`` (the update blew the model up) scores -1. ``before`` must be finite
-    and > 0 (a cross-entropy of a model that has not memorised its batch).
+    Total: every pair of floats gives an integer (specs/aggregation.md "Scores and reputation",
+    step 4). A ``before`` that is NaN, infinite or above MAX_SCORE_LOSS scores 0 (the state has
+    no usable loss on this batch: nothing to judge the update by); an ``after`` that is NaN or
+    above MAX_SCORE_LOSS scores -1 (the update blew the model up); otherwise both count as at
+    least SCORE_LOSS_FLOOR (zero, negative and denormal losses included), so the quotient is
+    finite and below 1e9 in size before it is clamped.
     """
-    if not (math.isfinite(before) and before > 0):
-        raise AggregationInputError(f"loss before the update must be finite and > 0: {before}")
-    units = round(1 / limits.SCORE_UNIT)
-    if not math.isfinite(after):
+    units = _UNITS
+    if not (math.isfinite(before) and before <= limits.MAX_SCORE_LOSS):
+        return 0
+    if math.isnan(after) or after > limits.MAX_SCORE_LOSS:
         return -units
-    rel = (before - after) / before
+    floor = limits.SCORE_LOSS_FLOOR
+    b, a = max(before, floor), max(after, floor)  # -inf after: the floor
+    rel = (b - a) / b
     return max(-units, min(units, round(rel * units)))
+
+
+def loss_in_range(x: float) -> bool:
+    """True when ``x`` is a loss a score record may state, before or after the update: a finite
+    value in [0, MAX_SCORE_LOSS], or NaN / +inf (a model with no finite loss on the batch, which
+    an honest scorer may measure and the rule scores)."""
+    return math.isnan(x) or x == math.inf or 0.0 <= x <= limits.MAX_SCORE_LOSS
+
+
+def record_loss(x: float) -> float:
+    """A measured loss as a scorer states it: NaN stays NaN, anything above MAX_SCORE_LOSS
+    becomes +inf (it scores the same), a negative value (rounding of a cross-entropy, -0.0)
+    becomes 0.0. The result always passes :func:`loss_in_range`, and ``loss_score`` gives the
+    same integer for it as for ``x``."""
+    if math.isnan(x):
+        return math.nan
+    if x > limits.MAX_SCORE_LOSS:
+        return math.inf
+    return max(0.0, float(x))
 
 
 @dataclass(frozen=True)
@@ -156,15 +190,60 @@ def score_assignment(order: Sequence[str], per_update: int) -> dict[str, list[st
     return {order[i]: [order[(i + j) % n] for j in range(1, k + 1)] for i in range(n)}
 
 
-def update_reputation(previous: Mapping[str, int], scores: Mapping[str, int]) -> dict[str, int]:
-    """Reputations after one round: r + floor((s - r) / REPUTATION_DIVISOR) for scored peers
-    (r = 0 for a peer seen for the first time: it starts neutral), unchanged for the others."""
+def update_reputation(previous: Mapping[str, int], standing: Mapping[str, int]) -> dict[str, int]:
+    """Reputations after one round: r + floor((d - r) / REPUTATION_DIVISOR) for scored peers,
+    ``d`` the round standing (:func:`round_standing`; r = 0 for a peer seen for the first time:
+    it starts neutral), unchanged for the others."""
     out = dict(previous)
-    for peer in sorted(scores):
-        s = int(scores[peer])
+    for peer in sorted(standing):
+        d = int(standing[peer])
         r = previous.get(peer, 0)
-        out[peer] = r + (s - r) // limits.REPUTATION_DIVISOR
+        out[peer] = r + (d - r) // limits.REPUTATION_DIVISOR
     return dict(sorted(out.items()))
+
+
+def median_spread(values: Sequence[int]) -> tuple[int, int]:
+    """(lower median, spread) of one round's scores of one component, in integers.
+
+    spread = max(SPREAD_FLOOR, the (n - fmax)-th smallest |v - median|), fmax = (n - 1) // 2:
+    with at most fmax values from attackers, the median lies between the least and the greatest
+    honest value and the spread between the (n - 2 fmax)-th smallest and the largest honest
+    deviation, whatever the attackers send (specs/aggregation.md "Scores and reputation")."""
+    if not values:
+        return 0, limits.SPREAD_FLOOR
+    ranked = sorted(int(v) for v in values)
+    n = len(ranked)
+    median = ranked[(n - 1) // 2]
+    deviations = sorted(abs(v - median) for v in ranked)
+    return median, max(limits.SPREAD_FLOOR, deviations[n - (n - 1) // 2 - 1])
+
+
+def _standing(value: int, median: int, spread: int) -> int:
+    return (100 * (value - median)) // spread
+
+
+@dataclass(frozen=True)
+class Standing:
+    """One peer's round, in hundredths of an honest spread from the round's median."""
+
+    own: int  # standing of its own-data score (admission)
+    held: int  # standing of its held-out score, judged on its own (admission)
+    # The own standing clamped to +-STANDING_CLAMP: what moves the reputation. Not the held one:
+    # late in training honest held-out scores are noise around 0, and attackers sitting at 0
+    # there (IPM) set its median and shrink its spread (200-round bench: 13 honest bans).
+    round: int
+
+
+def round_standing(scores: Mapping[str, UpdateScore]) -> dict[str, Standing]:
+    """Every scored peer's standing this round (:class:`Standing`, sorted by peer)."""
+    own = median_spread([s.own for s in scores.values()])
+    held = median_spread([s.held for s in scores.values()])
+    out = {}
+    for peer in sorted(scores):
+        a, b = _standing(scores[peer].own, *own), _standing(scores[peer].held, *held)
+        c = limits.STANDING_CLAMP
+        out[peer] = Standing(a, b, max(-c, min(c, a)))
+    return out
 
 
 def scored_config() -> AggregatorConfig:
@@ -175,39 +254,38 @@ def scored_config() -> AggregatorConfig:
     )
 
 
-def admission_bar(scores: Mapping[str, int]) -> int:
-    """The least round score admitted: lower median // ADMIT_MEDIAN_DIVISOR when that median is
-    > 0; ADMIT_SCORE when it is <= 0 (a round where a typical update does not measurably help
-    its own data: only blatant harm and the reputation keep an update out)."""
-    if not scores:
-        return limits.ADMIT_SCORE
-    ranked = sorted(scores.values())
-    median = ranked[(len(ranked) - 1) // 2]
-    return median // limits.ADMIT_MEDIAN_DIVISOR if median > 0 else limits.ADMIT_SCORE
+def left_out_reason(standing: Standing, reputation: int) -> str | None:
+    """Why an update with this standing and reputation (after the round) is not admitted, or
+    None when it is: each component's standing >= -ADMIT_SPREADS spreads (own-data gain cannot
+    pay for held-out harm), reputation >= ADMIT_REPUTATION."""
+    bar = -100 * limits.ADMIT_SPREADS
+    if standing.own < bar:
+        return f"own-data score {standing.own / 100:.2f} spreads from the median (bar {bar // 100})"
+    if standing.held < bar:
+        return (
+            f"held-out score {standing.held / 100:.2f} spreads from the median (bar {bar // 100})"
+        )
+    if reputation < limits.ADMIT_REPUTATION:
+        return f"reputation {reputation} below ADMIT_REPUTATION {limits.ADMIT_REPUTATION}"
+    return None
 
 
-def admit(scores: Mapping[str, int], reputation: Mapping[str, int]) -> list[str]:
-    """The peers whose update enters the aggregate, sorted: round score >= admission_bar(scores)
-    and reputation (after this round) >= ADMIT_REPUTATION."""
-    bar = admission_bar(scores)
-    return sorted(
-        p for p, s in scores.items() if s >= bar and reputation.get(p, 0) >= limits.ADMIT_REPUTATION
-    )
+def admit(scores: Mapping[str, UpdateScore], reputation: Mapping[str, int]) -> list[str]:
+    """The peers whose update enters the aggregate, sorted (see :func:`left_out_reason`;
+    ``reputation`` is after this round)."""
+    standing = round_standing(scores)
+    return sorted(p for p in scores if left_out_reason(standing[p], reputation.get(p, 0)) is None)
 
 
 def ban_bound(reputation: Mapping[str, int]) -> int:
-    """The reputation a peer must stay below to count a round towards a ban, from the reputations
-    of the peers scored this round: min(BAN_REPUTATION, median - BAN_MADS x MAD), median and MAD
-    (median absolute deviation) the lower medians, in integers. With f < n/2 both are set by
-    honest peers, so the bound sits BAN_MADS honest spreads below a typical honest reputation,
-    whatever the scale and the noise of this run's scores."""
-    if not reputation:
-        return limits.BAN_REPUTATION
-    values = sorted(reputation.values())
-    mid = (len(values) - 1) // 2
-    median = values[mid]
-    mad = sorted(abs(v - median) for v in values)[mid]
-    return min(limits.BAN_REPUTATION, median - limits.BAN_MADS * mad)
+    """The reputation a peer must stay below to count a round towards a ban: BAN_REPUTATION
+    (in hundredths of a spread: the reputation is already measured in honest spreads, so the
+    bound needs no statistic of the round; the argument is kept for the evidence's replay)."""
+    del reputation
+    return limits.BAN_REPUTATION
+
+
+BLATANT_REASON = "standing at least BLATANT_SPREADS below the median in "
 
 
 @dataclass
@@ -223,13 +301,16 @@ class _Low:
 class ReputationPolicy:
     """Ban evidence from reputations: below ban_bound(the round's reputations) in
     REPUTATION_BAN_ROUNDS consecutive scored rounds of a peer -> one BanRecommendation (once per
-    peer). Rounds strictly increase."""
+    peer); or, sooner, a round standing at least BLATANT_SPREADS honest spreads below the median
+    (unclamped, own data) in that many consecutive scored rounds (blatant harm: no
+    need to wait for the running average). Rounds strictly increase."""
 
     def __init__(self, rounds: int = limits.REPUTATION_BAN_ROUNDS) -> None:
         if rounds < 1:
             raise AggregationInputError("ReputationPolicy needs rounds >= 1")
         self.rounds = rounds
         self._low: dict[str, list[_Low]] = {}
+        self._blatant: dict[str, list[tuple[int, Standing, UpdateScore, str | None, str]]] = {}
         self._recommended: set[str] = set()
         self._last: int | None = None
 
@@ -248,8 +329,13 @@ class ReputationPolicy:
         cids = update_cids or {}
         bound = ban_bound({p: reputation[p] for p in scores})
         out: list[BanRecommendation] = []
+        standing = round_standing(scores)
         for peer in sorted(scores):
             if peer in self._recommended:
+                continue
+            blatant = self._observe_blatant(round_, seed, peer, standing[peer], scores, cids)
+            if blatant is not None:
+                out.append(blatant)
                 continue
             rep = reputation[peer]
             if rep >= bound:
@@ -265,6 +351,7 @@ class ReputationPolicy:
                 BanRecommendation(
                     peer,
                     round_,
+                    EvidenceKind.REPUTATION,
                     f"reputation below the ban bound in {len(low)} rounds in a row",
                     cids.get(peer),
                     {
@@ -278,3 +365,37 @@ class ReputationPolicy:
                 )
             )
         return out
+
+    def _observe_blatant(
+        self,
+        round_: int,
+        seed: bytes,
+        peer: str,
+        standing: Standing,
+        scores: Mapping[str, UpdateScore],
+        cids: Mapping[str, str],
+    ) -> BanRecommendation | None:
+        if standing.own > -100 * limits.BLATANT_SPREADS:
+            self._blatant.pop(peer, None)
+            return None
+        low = self._blatant.setdefault(peer, [])
+        low.append((round_, standing, scores[peer], cids.get(peer), seed.hex()))
+        if len(low) < self.rounds:
+            return None
+        self._recommended.add(peer)
+        self._low.pop(peer, None)
+        del self._blatant[peer]
+        return BanRecommendation(
+            peer,
+            round_,
+            EvidenceKind.BLATANT,
+            f"{BLATANT_REASON}{len(low)} rounds in a row",
+            cids.get(peer),
+            {
+                "rounds": [x[0] for x in low],
+                "standings": [[x[1].own, x[1].held] for x in low],
+                "update_cids": [x[3] for x in low],
+                "seeds": [x[4] for x in low],
+                "scores": [x[2].to_dict() for x in low],
+            },
+        )

@@ -28,6 +28,7 @@ HF_BINDING_FILE = "hf_binding.cbor"
 DEFAULT_LISTEN = "/ip4/0.0.0.0/tcp/4001"
 DEFAULT_COORDINATOR = "http://127.0.0.1:8470"
 LOG_FORMATS = ("console", "json")
+NODE_PRECISIONS = ("", "fp32", "bf16-mixed")  # "" = the run's training.precision
 _TYPE_NAMES = {str: "a string", int: "an integer", list: "a list of strings"}
 
 
@@ -48,6 +49,10 @@ class NodeConfig:
     log_format: str = "console"
     upload_rate_bytes_per_s: int = 0  # 0 = no cap on serving blocks
     hf_username: str = ""
+    # Where `cnode train` runs its local steps: auto | cpu | cuda | cuda:N | mps (--device).
+    device: str = "auto"
+    # "" = the run's training.precision; "fp32" | "bf16-mixed" overrides it (--precision).
+    precision: str = ""
 
     def blocks_dir(self, home: Path) -> Path:
         path = Path(self.storage_path).expanduser()
@@ -81,6 +86,8 @@ def load_config(home: Path) -> NodeConfig:
         raise ConfigError(f"{path}: log_format must be one of {LOG_FORMATS}")
     if config.upload_rate_bytes_per_s < 0:
         raise ConfigError(f"{path}: upload_rate_bytes_per_s must be >= 0")
+    if config.precision not in NODE_PRECISIONS:
+        raise ConfigError(f"{path}: precision must be one of {NODE_PRECISIONS}")
     return config
 
 

@@ -35,6 +35,8 @@ from ._manifest import (
     check_file_name,
     check_layer_name,
     chunk_count,
+    chunk_length,
+    chunk_offset,
     iter_chunks,
     parse_root,
 )
@@ -74,20 +76,20 @@ def write_stream(
     """
     buf = bytearray(limits.CHUNK_SIZE)
     cids = []
-    left = nbytes
-    while left:
-        want = min(left, limits.CHUNK_SIZE)
+    for index in range(chunk_count(nbytes)):
+        want = chunk_length(nbytes, index)
         view = memoryview(buf)[:want]
         got = 0
         while got < want:
             n = stream.readinto(view[got:])  # type: ignore[attr-defined]
             if not n:
-                raise CheckpointError(f"{what}: file ends {left - got} bytes early")
+                raise CheckpointError(
+                    f"{what}: file ends {nbytes - chunk_offset(index) - got} bytes early"
+                )
             got += n
         if inspect is not None:
             inspect(view)
         cids.append(store.put_new(view, RAW))
-        left -= want
     return tuple(cids)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping
 
-from . import limits
 from ._cid import CID
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
 from ._manifest import (
@@ -21,7 +20,15 @@ from ._manifest import (
     parse_root,
 )
 from ._unixfs import build_view, recorded_root
-from ._walk import BlockReader, ManifestWalk, WalkedLayer, assemble, resolve, walk_manifest
+from ._walk import (
+    BlockReader,
+    ManifestWalk,
+    WalkBounds,
+    WalkedLayer,
+    assemble,
+    resolve,
+    walk_manifest,
+)
 
 __all__ = [
     "ClosureWalk",
@@ -112,7 +119,7 @@ class ClosureWalk:
     (specs/blocks.md#fetching). A ClosureWalk reads each node once: :meth:`start` reads the held
     ones (a resumed fetch), :meth:`arrived` parses a fetched node from the bytes just received,
     and each returns only the blocks that node newly reveals as missing. It enforces the bounds
-    ``walk_manifest`` does (MAX_MANIFEST_NODES, MAX_LAYERS) and ends, once every page is known,
+    ``walk_manifest`` does, through the same ``WalkBounds``, and ends, once every page is known,
     with the UnixFS view the manifest records (as :func:`manifest_closure`).
 
     Safe to call from several threads (one lock): the block exchange stores and reveals in
@@ -128,8 +135,7 @@ class ClosureWalk:
         self._layer_pages: dict[CID, tuple[PartialLayer, ...]] = {}
         self._chunk_pages: dict[CID, tuple[CID, ...]] = {}
         self._unread = 1  # nodes listed but not parsed yet (the root)
-        self._nodes = 1
-        self._layers = 0
+        self._bounds = WalkBounds()
         self._parsed: set[CID] = set()
         self._view_done = False
         self._lock = threading.Lock()
@@ -188,12 +194,7 @@ class ClosureWalk:
         new: list[CID] = []
         for cid in cids:
             if kind != _LEAF:
-                self._nodes += 1
-                if self._nodes > limits.MAX_MANIFEST_NODES:
-                    raise ManifestError(
-                        f"manifest spans more than MAX_MANIFEST_NODES "
-                        f"{limits.MAX_MANIFEST_NODES} nodes"
-                    )
+                self._bounds.page()
             if cid not in self._kinds:
                 self._kinds[cid] = kind
                 self._unread += kind != _LEAF
@@ -201,9 +202,7 @@ class ClosureWalk:
         return new
 
     def _partials(self, partials: tuple[PartialLayer, ...]) -> list[CID]:
-        self._layers += len(partials)
-        if self._layers > limits.MAX_LAYERS:
-            raise ManifestError(f"more than MAX_LAYERS {limits.MAX_LAYERS} layers")
+        self._bounds.add_layers(len(partials))
         out: list[CID] = []
         for p in partials:
             out += self._list(p.chunk_pages, _CHUNK_PAGE)

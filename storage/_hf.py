@@ -37,7 +37,16 @@ from ._checkpoint import read_file, read_manifest, save_layers, write_stream
 from ._cid import CID, DAG_CBOR, compute_cid
 from ._closure import missing_blocks
 from ._exceptions import CARError, CheckpointError, HFFolderError, ManifestError
-from ._manifest import DTYPES, CheckpointMeta, Layer, Manifest, check_layer_name
+from ._manifest import (
+    DTYPES,
+    CheckpointMeta,
+    Layer,
+    Manifest,
+    check_layer_name,
+    chunk_count,
+    chunk_length,
+    chunk_offset,
+)
 from ._unixfs import build_view, recorded_root, safetensors_header
 
 log = structlog.get_logger(__name__)
@@ -325,16 +334,16 @@ def _verified_chunks(
     store: BlockStore, f: Any, nbytes: int, chunks: tuple[CID, ...], what: str
 ) -> None:
     """Read ``nbytes`` from ``f`` in CHUNK_SIZE slices; each must be the next of ``chunks``."""
-    expected = math.ceil(nbytes / limits.CHUNK_SIZE)
+    expected = chunk_count(nbytes)
     if len(chunks) != expected:
         raise HFFolderError(
             f"{what}: {nbytes} bytes make {expected} chunks, the manifest lists {len(chunks)}"
         )
     for index, want in enumerate(chunks):
-        data = f.read(min(limits.CHUNK_SIZE, nbytes - index * limits.CHUNK_SIZE))
+        data = f.read(chunk_length(nbytes, index))
         if compute_cid(data) != want:
             raise HFFolderError(
-                f"{what}: bytes {index * limits.CHUNK_SIZE}.. do not match the manifest's chunk "
+                f"{what}: bytes {chunk_offset(index)}.. do not match the manifest's chunk "
                 f"{want} (the folder does not hold this checkpoint)"
             )
         if not store.has(want):

@@ -91,12 +91,18 @@ def iter_chunks(data: memoryview) -> Iterator[memoryview]:
 
 
 def chunk_count(nbytes: int) -> int:
+    """How many chunks ``nbytes`` bytes are cut into (0 for none)."""
     return math.ceil(nbytes / limits.CHUNK_SIZE)
 
 
+def chunk_offset(index: int) -> int:
+    """Where chunk ``index`` starts in its tensor's (or file's) bytes."""
+    return index * limits.CHUNK_SIZE
+
+
 def chunk_length(nbytes: int, index: int) -> int:
-    """Length of chunk ``index`` of a tensor of ``nbytes`` bytes."""
-    return min(limits.CHUNK_SIZE, nbytes - index * limits.CHUNK_SIZE)
+    """Length of chunk ``index`` of a tensor (or file) of ``nbytes`` bytes."""
+    return min(limits.CHUNK_SIZE, nbytes - chunk_offset(index))
 
 
 # -- dataclasses --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from . import limits
 from ._blockstore import BlockStore
 from ._cid import compute_cid
 from ._exceptions import CheckpointError
-from ._manifest import Layer, chunk_length, iter_chunks
+from ._manifest import Layer, chunk_length, chunk_offset, iter_chunks
 
 TORCH_DTYPES: dict[str, torch.dtype] = {
     "float64": torch.float64,
@@ -101,6 +101,6 @@ def load_layer(store: BlockStore, layer: Layer) -> torch.Tensor:
     if layer.nbytes:
         view = tensor.reshape(-1).view(torch.uint8).numpy().data
         for index, cid in enumerate(layer.chunks):
-            start = index * limits.CHUNK_SIZE
+            start = chunk_offset(index)
             store.readinto(cid, view[start : start + chunk_length(layer.nbytes, index)])
     return tensor

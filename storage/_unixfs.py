@@ -25,7 +25,7 @@ from typing import Any
 from . import limits
 from ._cid import CID, DAG_PB, RAW, compute_cid
 from ._dagpb import PBLink, encode_node, unixfs_directory, unixfs_file
-from ._manifest import DTYPES, FileRef, Layer, chunk_length
+from ._manifest import DTYPES, FileRef, Layer, chunk_length, iter_chunks
 from ._walk import BlockReader, resolve
 
 CONFIG_JSON = "config.json"
@@ -83,7 +83,7 @@ class _Builder:
 
     def raw(self, data: bytes) -> list[tuple[CID, int, int]]:
         """Leaves for bytes cnode writes itself, cut at CHUNK_SIZE (an empty file: one leaf)."""
-        pieces = [data[i : i + limits.CHUNK_SIZE] for i in range(0, len(data), limits.CHUNK_SIZE)]
+        pieces = [bytes(piece) for piece in iter_chunks(memoryview(data))]
         leaves = []
         for piece in pieces or [b""]:
             cid = compute_cid(piece, RAW)

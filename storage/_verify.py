@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from . import _cbor, limits
+from . import _cbor
 from ._blockstore import BlockChecker, BlockStore
 from ._cid import CID, DAG_PB
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError, StorageError
@@ -147,8 +147,7 @@ def verify_checkpoint(
             jobs.setdefault(cid, (chunk_length(p.nbytes, index), p.name))
     for name, ref in root.meta.tokenizer_files.items():
         for index, cid in enumerate(ref.chunks):
-            length = min(limits.CHUNK_SIZE, ref.size - index * limits.CHUNK_SIZE)
-            jobs.setdefault(cid, (length, f"file:{name}"))
+            jobs.setdefault(cid, (chunk_length(ref.size, index), f"file:{name}"))
     if pages_ok and not errors:
         if len(partials) != root.layer_count:
             report.fault(

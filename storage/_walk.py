@@ -73,10 +73,28 @@ class ManifestWalk:
     layers: list[WalkedLayer] = field(default_factory=list)
 
 
-def _too_many_nodes() -> ManifestError:
-    return ManifestError(
-        f"manifest spans more than MAX_MANIFEST_NODES {limits.MAX_MANIFEST_NODES} nodes"
-    )
+class WalkBounds:
+    """The bounds of every walk of one manifest's tree, counted in one place: at most
+    MAX_MANIFEST_NODES nodes (the root and its pages) and MAX_LAYERS layers. ``walk_manifest``
+    and ``ClosureWalk`` (_closure.py) both count through one of these."""
+
+    def __init__(self) -> None:
+        self.nodes = 1  # the root
+        self.layers = 0
+
+    def page(self) -> None:
+        """One more layer or chunk page; ManifestError past MAX_MANIFEST_NODES."""
+        self.nodes += 1
+        if self.nodes > limits.MAX_MANIFEST_NODES:
+            raise ManifestError(
+                f"manifest spans more than MAX_MANIFEST_NODES {limits.MAX_MANIFEST_NODES} nodes"
+            )
+
+    def add_layers(self, count: int) -> None:
+        """``count`` more layers listed; ManifestError past MAX_LAYERS."""
+        self.layers += count
+        if self.layers > limits.MAX_LAYERS:
+            raise ManifestError(f"more than MAX_LAYERS {limits.MAX_LAYERS} layers")
 
 
 def walk_manifest(
@@ -93,32 +111,30 @@ def walk_manifest(
     ``errors`` collects bad layer entries instead of raising, as ``parse_layer_page`` does.
     """
     walk = ManifestWalk(root)
-    nodes = 1
+    bounds = WalkBounds()
     partials = list(root.layers)
+    bounds.add_layers(len(partials))
     for page in root.layer_pages:
-        nodes += 1
-        if nodes > limits.MAX_MANIFEST_NODES:
-            raise _too_many_nodes()
+        bounds.page()
         walk.layer_pages.append(page)
         data = read(page, "page")
         if data is None:
             walk.layer_pages_ok = False
             continue
         try:
-            partials.extend(parse_layer_page(data, errors))
+            found = parse_layer_page(data, errors)
         except ManifestError as exc:
             if on_bad_page is None:
                 raise
             walk.layer_pages_ok = False
             on_bad_page(page, "layer", None, exc)
-        if len(partials) > limits.MAX_LAYERS:
-            raise ManifestError(f"more than MAX_LAYERS {limits.MAX_LAYERS} layers")
+            continue
+        bounds.add_layers(len(found))
+        partials.extend(found)
     for p in partials:
         walked = WalkedLayer(p)
         for page in p.chunk_pages:
-            nodes += 1
-            if nodes > limits.MAX_MANIFEST_NODES:
-                raise _too_many_nodes()
+            bounds.page()
             data = read(page, "page")
             chunks: tuple[CID, ...] | None = None
             if data is not None:

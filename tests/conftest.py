@@ -26,6 +26,7 @@ ONE_SWARM_AT_A_TIME = frozenset(
         "test_late_join",
         "test_netbed",
         "test_partitioned_swarm",
+        "test_score_edges_swarm",
         "test_scored_swarm",
         "test_swarm",
         "test_user_flow",

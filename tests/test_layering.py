@@ -120,6 +120,69 @@ def test_layers_import_only_downwards() -> None:
     assert not found, "imports against the layering:\n" + "\n".join(found)
 
 
+# ``cnode.node.train``'s sub-packages in the order they may import each other: a sub-package
+# imports only those of a lower rank (its own modules aside). ``scores`` and ``partition`` share
+# a rank: neither imports the other. The modules at the top of ``train`` (the round, the trainer,
+# the loop) are outside the order: they join the stages together.
+TRAIN_ORDER = {
+    "model": 0,
+    "scores": 1,
+    "partition": 1,
+    "checkpoint": 2,
+    "swarm": 3,
+    "exchange": 4,
+    "demo": 5,
+}
+_TRAIN = "cnode.node.train"
+
+
+def _train_sub(name: str) -> str | None:
+    """``cnode.node.train.scores._spread`` -> ``scores``; None outside a sub-package."""
+    if not name.startswith(_TRAIN + "."):
+        return None
+    part = name[len(_TRAIN) + 1 :].split(".")[0]
+    return part if part in TRAIN_ORDER else None
+
+
+def train_order_violations(root: Path = ROOT) -> list[str]:
+    """Every import of a train sub-package by one of an equal or lower rank."""
+    out = []
+    for path in sorted((root / "node" / "train").rglob("*.py")):
+        module, package = _module_name(path, root)
+        own = _train_sub(module)
+        if own is None:
+            continue
+        for line, target in _imports(path, package):
+            other = _train_sub(target)
+            if other is not None and other != own and TRAIN_ORDER[other] >= TRAIN_ORDER[own]:
+                out.append(
+                    f"{path.relative_to(root)}:{line}: {module} imports {target} "
+                    f"({own} comes before {other} in TRAIN_ORDER)"
+                )
+    return sorted(set(out))
+
+
+def test_train_sub_packages_import_only_earlier_ones() -> None:
+    found = train_order_violations()
+    assert not found, "train sub-packages against TRAIN_ORDER:\n" + "\n".join(found)
+    subs = {p.name for p in (ROOT / "node" / "train").iterdir() if (p / "__init__.py").exists()}
+    assert subs == set(TRAIN_ORDER), "a train sub-package missing from TRAIN_ORDER (or gone)"
+
+
+def test_the_train_order_check_sees_a_bad_import(tmp_path: Path) -> None:
+    train = tmp_path / "node" / "train"
+    for sub in ("model", "scores", "partition", "exchange"):
+        (train / sub).mkdir(parents=True)
+        (train / sub / "__init__.py").write_text("")
+    (train / "model" / "_a.py").write_text("from ..scores import x\n")
+    (train / "scores" / "_b.py").write_text("from ..partition import y\n")
+    (train / "exchange" / "_c.py").write_text("from ..model import z\nfrom .. import limits\n")
+    found = "\n".join(train_order_violations(tmp_path))
+    assert "cnode.node.train.model._a imports cnode.node.train.scores (model comes before" in found
+    assert "cnode.node.train.scores._b imports cnode.node.train.partition (scores comes" in found
+    assert "exchange._c" not in found
+
+
 def test_the_check_sees_a_bad_import(tmp_path: Path) -> None:
     """The rules fire on a copy of the tree with bad imports added (guards the test itself)."""
     for folder in [*PACKAGES, "bench"]:

@@ -181,5 +181,5 @@ def format_status(state: RunState) -> str:
     lines.append(f"bans: {len(state.bans)}")
     for b in state.bans:
         who = f" ({b.username})" if b.username else ""
-        lines.append(f"  {b.peer}{who}: {b.reason}  [by {b.by}]")
+        lines.append(f"  {b.peer}{who}: {b.reason}  [{b.kind}: {b.decided_by()}]")
     return "\n".join(lines)

@@ -24,6 +24,8 @@ from cnode.node._logging import bind_context
 from cnode.node.coordinator import (
     AccessConfig,
     NetworkConfig,
+    PartitionVerdict,
+    ReputationVerdict,
     RoundsConfig,
     RunConfig,
     load_run_config,
@@ -31,8 +33,6 @@ from cnode.node.coordinator import (
 from cnode.node.coordinator.server import (
     BadEvidence,
     CoordinatorServer,
-    PartitionVerdict,
-    ReputationVerdict,
     ServeSettings,
     StateGossip,
 )

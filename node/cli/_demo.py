@@ -4,10 +4,20 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cnode.node._exceptions import UsageError
 
+if TYPE_CHECKING:
+    from cnode.node.train import DemoSettings
+
 __all__ = ["register"]
+
+# The late joiner starts after this round; in a shorter run, two rounds before the last (at
+# least 1): a node that joins once a round is published lands in the round after the next
+# (DISCO's rule for late comers: the next one's list may be closed already), so it needs two
+# rounds left to play one.
+LATE_AFTER = 3
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -30,7 +40,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--attack", default="gaussian", help="what the attacker sends (default gaussian)"
     )
     parser.add_argument(
-        "--late-after", type=int, default=3, help="start the late joiner after this round"
+        "--late-after",
+        type=int,
+        help=f"start the late joiner after this round (default {LATE_AFTER}, or --rounds - 2 "
+        "when that is smaller, at least 1)",
     )
     parser.add_argument(
         "--codec",
@@ -41,18 +54,36 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.set_defaults(handler=_handle)
 
 
-def _handle(args: argparse.Namespace) -> int:
-    from rich.console import Console
+def demo_settings(args: argparse.Namespace) -> DemoSettings:
+    """The demo's settings from its arguments; UsageError naming the argument that is wrong."""
+    from cnode.node.train import DemoSettings
 
-    from cnode.node.train import DemoSettings, run_demo
-
-    if args.rounds < 2 or not 1 <= args.late_after < args.rounds:
-        raise UsageError("--rounds must be >= 2 and 1 <= --late-after < --rounds")
-    settings = DemoSettings(
+    if args.rounds < 2:
+        raise UsageError(
+            f"--rounds must be >= 2 (a late joiner needs a round to join), not {args.rounds}"
+        )
+    late = max(1, min(LATE_AFTER, args.rounds - 2)) if args.late_after is None else args.late_after
+    if not 1 <= late < args.rounds:
+        raise UsageError(
+            f"--late-after must be at least 1 and below --rounds ({args.rounds}), not {late}"
+        )
+    return DemoSettings(
         workdir=args.workdir,
         rounds=args.rounds,
-        late_after_round=args.late_after,
+        late_after_round=late,
         attack=args.attack,
         codec=args.codec,
     )
+
+
+def _handle(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from cnode.node._children import exit_on_sigterm
+    from cnode.node.train import run_demo
+
+    settings = demo_settings(args)
+    # SIGTERM ends the demo as Ctrl-C does: its finally blocks stop the coordinator and the
+    # nodes (which also end by themselves if the demo is killed outright: _children.py).
+    exit_on_sigterm()
     return run_demo(settings, Console())

@@ -22,12 +22,12 @@ from cnode.storage import CID, BlockStore
 log = structlog.get_logger(__name__)
 
 
-def parse_host_port(text: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:8080`` for IPv6); UsageError if malformed."""
+def parse_host_port(text: str, flag: str = "--gateway") -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:8080`` for IPv6); UsageError naming ``flag`` if malformed."""
     host, sep, port = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise UsageError(f"--gateway must be HOST:PORT (e.g. 127.0.0.1:8080), got {text!r}")
+        raise UsageError(f"{flag} must be HOST:PORT (e.g. 127.0.0.1:8080), got {text!r}")
     return host, int(port)
 
 

@@ -89,6 +89,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="trustless gateway to fetch a checkpoint from when peers cannot (before the Hub; "
         "repeatable)",
     )
+    parser.add_argument(
+        "--metrics",
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (rounds, phase seconds, "
+        "bytes by peer, updates left out, bans; specs/training.md#metrics); port 0 picks one",
+    )
+    parser.add_argument(
+        "--device",
+        metavar="DEVICE",
+        help="where local steps run: auto (a GPU when torch sees one, else the CPU), cpu, cuda, "
+        "cuda:N or mps (default: config.toml's device, else auto). Aggregation, the state and "
+        "its CIDs stay on the CPU whatever this says",
+    )
+    parser.add_argument(
+        "--precision",
+        choices=("fp32", "bf16-mixed"),
+        help="local steps' precision (default: config.toml's precision, else the run's "
+        "training.precision); bf16-mixed autocasts forward and backward, weights stay float32",
+    )
     parser.add_argument("--report", type=Path, metavar="FILE", help="append JSON-line events here")
     parser.add_argument(
         "--attack",
@@ -103,9 +122,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 def _handle(args: argparse.Namespace) -> int:
     import trio
 
+    from cnode import CnodeError
     from cnode.aggregation import ATTACKS
     from cnode.node.p2p import check_gateway_url
-    from cnode.node.train import DATA_ATTACKS, NODE_ATTACKS, TrainSettings, run_node
+    from cnode.node.train import (
+        DATA_ATTACKS,
+        NODE_ATTACKS,
+        NodeStopped,
+        TrainSettings,
+        run_node,
+        stop_reason_of,
+    )
 
     home = args.home or default_home()
     config = load_config(home)
@@ -127,6 +154,11 @@ def _handle(args: argparse.Namespace) -> int:
         from ._gateway import parse_host_port
 
         gateway = parse_host_port(args.gateway)
+    metrics = None
+    if args.metrics is not None:
+        from ._gateway import parse_host_port
+
+        metrics = parse_host_port(args.metrics, "--metrics")
     for url in args.fetch_gateway:
         try:
             check_gateway_url(url)
@@ -152,5 +184,16 @@ def _handle(args: argparse.Namespace) -> int:
         announce_addrs=tuple(args.announce_addr),
         gateway=gateway,
         fetch_gateways=tuple(args.fetch_gateway),
+        metrics=metrics,
+        device=args.device or config.device,
+        precision=args.precision or config.precision,
     )
-    return trio.run(run_node, settings)
+    try:
+        return trio.run(run_node, settings)
+    except (CnodeError, OSError) as exc:
+        # One reason of the closed set, its evidence, and its exit status
+        # (specs/training.md#why-a-node-stops).
+        reason = stop_reason_of(exc)
+        evidence = exc.evidence if isinstance(exc, NodeStopped) else f"{type(exc).__name__}: {exc}"
+        print(f"cnode: stopped ({reason.value}): {evidence}", file=sys.stderr)
+        return reason.exit_code

@@ -14,6 +14,9 @@ from ._addrs import AddressError as AddressError
 from ._addrs import check_peer_addrs as check_peer_addrs
 from ._addrs import is_private_addr as is_private_addr
 from ._addrs import parse_peer_addr as parse_peer_addr
+from ._ban_records import BanKind as BanKind
+from ._ban_records import BanRecord as BanRecord
+from ._ban_records import BanReport as BanReport
 from ._client import CoordinatorClient as CoordinatorClient
 from ._client import verify_state_envelope as verify_state_envelope
 from ._codes import ERRORS as ERRORS
@@ -36,8 +39,6 @@ from ._gossip import run_state_validator as run_state_validator
 from ._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
 from ._protocol import REQUEST_TYPE as REQUEST_TYPE
 from ._protocol import STATE_TYPE as STATE_TYPE
-from ._protocol import BanRecord as BanRecord
-from ._protocol import BanReport as BanReport
 from ._protocol import CheckpointRecord as CheckpointRecord
 from ._protocol import JoinResult as JoinResult
 from ._protocol import PartitionResultEntry as PartitionResultEntry
@@ -46,11 +47,14 @@ from ._protocol import RoundInfo as RoundInfo
 from ._protocol import RoundStatus as RoundStatus
 from ._protocol import RunState as RunState
 from ._sync_client import SyncCoordinatorClient as SyncCoordinatorClient
+from ._verdicts import PartitionVerdict as PartitionVerdict
+from ._verdicts import ReputationVerdict as ReputationVerdict
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",
     "AddressError",
     "BadRunState",
+    "BanKind",
     "BanRecord",
     "BanReport",
     "CheckpointRecord",
@@ -65,9 +69,11 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "NetworkConfig",
     "PEER_ONLY_USERNAME",
     "PartitionResultEntry",
+    "PartitionVerdict",
     "Phase",
     "REQUEST_TYPE",
     "RateLimited",
+    "ReputationVerdict",
     "RequestRefused",
     "RoundInfo",
     "RoundStatus",

@@ -1,6 +1,8 @@
 """Bans: by an admin, on a reputation report the score records confirm, or by a strict
-majority of a round's other members reporting the same evidence (specs/coordinator.md#bans).
-Runs inside the caller's transaction like RunMachine."""
+majority of a round's other members reporting the same evidence (specs/coordinator.md#bans); the
+partition book bans on its own recomputation. Every ban records its ``BanKind``, every report its
+``EvidenceKind``: decisions match on those, never on the words of a reason. Runs inside the
+caller's transaction like RunMachine."""
 
 from __future__ import annotations
 
@@ -10,20 +12,20 @@ from typing import Any
 
 import structlog
 
+from cnode.aggregation import EvidenceKind
+
 from . import limits
+from ._ban_records import BanKind, BanReport
 from ._codes import ErrorCode as E
 from ._exceptions import RequestRefused
-from ._protocol import BanReport
-from ._reputation import ReputationVerdict
 from ._store import Store
+from ._verdicts import ReputationVerdict
 
 __all__ = ["BanBook"]
 
 log = structlog.get_logger(__name__)
 
 _ACTIVE = ("joined", "ready")
-# The reason BanPolicy gives a repeated outlier ("outlier in k of the last m rounds").
-_OUTLIER = "outlier in "
 
 
 class BanBook:
@@ -36,6 +38,7 @@ class BanBook:
     def ban(
         self,
         peer: str,
+        kind: BanKind,
         reason: str,
         by: str,
         now: float,
@@ -43,18 +46,21 @@ class BanBook:
         round_: int | None = None,
         evidence: dict[str, Any] | None = None,
     ) -> None:
+        """Ban ``peer``; ``by`` is the peer id whose request this acts on (see BanKind)."""
         s = self.store
         s.db.execute(
-            "INSERT OR REPLACE INTO bans VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (peer, s.peer_username(peer), reason, round_, json.dumps(evidence), by, now),
+            "INSERT OR REPLACE INTO bans (peer, username, reason, round, evidence, by, at, kind) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (peer, s.peer_username(peer), reason, round_, json.dumps(evidence), by, now, kind),
         )
         current = int(s.run_row()["round"])
         for n in (current, current + 1):
             row = s.member(n, peer)
             if row is not None and row["status"] in _ACTIVE:
                 s.set_member(n, peer, status="banned")
-        s.append_log(now, by, "ban", {"peer": peer, "reason": reason, "round": round_})
-        log.info("ban", peer=peer, reason=reason, by=by)
+        detail = {"peer": peer, "kind": str(kind), "reason": reason, "round": round_, "by": by}
+        s.append_log(now, by, "ban", detail)
+        log.info("ban", peer=peer, kind=str(kind), reason=reason, by=by)
         self.advance(now)
 
     def unban(self, peer: str, by: str, now: float) -> None:
@@ -96,68 +102,51 @@ class BanBook:
         if s.ban_row(accused) is not None:
             return BanReport(accused, n, 0, needed, True)
         checked = _confirmed(verdict, n)
+        kind = evidence["kind"]
         s.db.execute(
-            "INSERT OR REPLACE INTO ban_reports VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (
-                n,
-                accused,
-                reporter,
-                evidence["reason"],
-                evidence["update_cid"],
-                evidence["figures"],
-                now,
-            ),
-        )
-        s.append_log(
-            now,
-            reporter,
-            "ban_evidence",
-            {"round": n, "peer": accused, "reason": evidence["reason"]},
-        )
-        if evidence["reason"].startswith(_OUTLIER):
+            "INSERT OR REPLACE INTO ban_reports "
+            "(round, accused, reporter, reason, update_cid, figures, at, kind) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (n, accused, reporter, evidence["reason"], evidence["update_cid"],
+             evidence["figures"], now, kind),
+        )  # fmt: skip
+        detail = {"round": n, "peer": accused, "kind": str(kind), "reason": evidence["reason"]}
+        s.append_log(now, reporter, "ban_evidence", detail)
+        if kind == EvidenceKind.OUTLIER:
             # Members that joined at different rounds reach "k of the last m rounds" at
             # different rounds: outlier reports about the same peer add up over the window.
             rows = s.db.execute(
-                "SELECT DISTINCT reporter FROM ban_reports WHERE accused = ? AND reason LIKE ? "
+                "SELECT DISTINCT reporter FROM ban_reports WHERE accused = ? AND kind = ? "
                 "AND round > ? AND round <= ? ORDER BY reporter",
-                (accused, _OUTLIER + "%", n - limits.BAN_REPORT_WINDOW, n),
+                (accused, kind, n - limits.BAN_REPORT_WINDOW, n),
             ).fetchall()
-        else:
+        else:  # the same kind of evidence about the same update of the same round
             rows = s.db.execute(
-                "SELECT reporter FROM ban_reports WHERE round = ? AND accused = ? AND reason = ? "
+                "SELECT reporter FROM ban_reports WHERE round = ? AND accused = ? AND kind = ? "
                 "AND update_cid IS ? ORDER BY reporter",
-                (n, accused, evidence["reason"], evidence["update_cid"]),
+                (n, accused, kind, evidence["update_cid"]),
             ).fetchall()
         reporters = [str(r[0]) for r in rows]
-        if checked:
+        decided = BanKind.CHECKED if checked else None
+        if decided is None and len(reporters) >= needed:
+            decided = BanKind.MAJORITY
+        if decided is not None:
             self.ban(
                 accused,
+                decided,
                 evidence["reason"],
-                f"checked:{reporter}",
+                reporter,
                 now,
                 round_=n,
                 evidence={
+                    "kind": str(kind),
                     "update_cid": evidence["update_cid"],
-                    "reporters": [reporter],
+                    "reporters": [reporter] if checked else reporters,
+                    "others": len(published) - 1,  # the round's other members
                     "figures": evidence["figures"],
                 },
             )
-            return BanReport(accused, n, len(reporters), needed, True)
-        banned = len(reporters) >= needed
-        if banned:
-            self.ban(
-                accused,
-                evidence["reason"],
-                f"majority:{len(reporters)} of {len(published) - 1}",
-                now,
-                round_=n,
-                evidence={
-                    "update_cid": evidence["update_cid"],
-                    "reporters": reporters,
-                    "figures": evidence["figures"],
-                },
-            )
-        return BanReport(accused, n, len(reporters), needed, banned)
+        return BanReport(accused, n, len(reporters), needed, decided is not None)
 
 
 def _confirmed(verdict: ReputationVerdict | None, n: int) -> bool:

@@ -23,12 +23,12 @@ import structlog
 from cnode.auth import Identity
 
 from . import limits
+from ._ban_records import BanRecord, BanReport
 from ._client_core import HTTP_TIMEOUT, Core, map_transport, verify_state_envelope
 from ._config import RunConfig
 from ._exceptions import BadRunState, CoordinatorRejected, CoordinatorUnavailable, RateLimited
 from ._protocol import (
-    BanRecord,
-    BanReport,
+    EVIDENCE_HEADER,
     CheckpointRecord,
     JoinResult,
     Op,
@@ -148,13 +148,23 @@ class CoordinatorClient:
         return await self._retrying(str(op), lambda: self._post_once(op, args, token=token))
 
     async def _post_once(self, op: Op, args: Mapping[str, Any], *, token: bool) -> dict[str, Any]:
-        for attempt in range(2):
+        async def send() -> httpx.Response:
             async with self._lock:
                 body = self._core.request_body(op, args, with_token=token)
                 try:
-                    response = await self._http.post(self._core.path(str(op)), json=body)
+                    return await self._http.post(self._core.path(str(op)), json=body)
                 except httpx.HTTPError as exc:
                     raise map_transport(exc, self._core.url) from exc
+
+        return await self._resend_if_replayed(send)
+
+    async def _resend_if_replayed(
+        self, send: Callable[[], Awaitable[httpx.Response]]
+    ) -> dict[str, Any]:
+        """The answer to ``send()`` (which signs a fresh request each call), sent once more when
+        the coordinator refused it as ``replayed`` (``_ClientCore.retry_replayed``)."""
+        for attempt in range(2):
+            response = await send()
             try:
                 return self._core.answer(response)
             except CoordinatorRejected as exc:
@@ -269,34 +279,27 @@ class CoordinatorClient:
         args["output"] = str(output)
         tail = f"rounds/{round}/partitions/{partition}/evidence"
 
-        async def once() -> dict[str, Any]:
-            for attempt in range(2):
-                # Signed under the lock, sent outside it: the upload and the recomputation may
-                # take minutes, and this client's other requests must not wait for them (the
-                # coordinator takes the counter before it reads the body; losing that race to a
-                # later request is the `replayed` case, resent once).
-                async with self._lock:
-                    body = self._core.request_body(Op.WRONG_RESULT, args, with_token=True)
-                try:
-                    response = await self._http.post(
-                        self._core.path(tail),
-                        content=car,
-                        headers={
-                            "X-Cnode-Request": body["envelope"],
-                            "Content-Type": "application/vnd.ipld.car",
-                        },
-                        timeout=_EVIDENCE_TIMEOUT,
-                    )
-                except httpx.HTTPError as exc:
-                    raise map_transport(exc, self._core.url) from exc
-                try:
-                    return self._core.answer(response)
-                except CoordinatorRejected as exc:
-                    if not self._core.retry_replayed(exc, attempt):
-                        raise
-            raise AssertionError("unreachable: the second attempt returns or raises")
+        async def send() -> httpx.Response:
+            # Signed under the lock, sent outside it: the upload and the recomputation may take
+            # minutes, and this client's other requests must not wait for them (the coordinator
+            # takes the counter before it reads the body; losing that race to a later request
+            # is the `replayed` case, resent once).
+            async with self._lock:
+                body = self._core.request_body(Op.WRONG_RESULT, args, with_token=True)
+            try:
+                return await self._http.post(
+                    self._core.path(tail),
+                    content=car,
+                    headers={
+                        EVIDENCE_HEADER: body["envelope"],
+                        "Content-Type": "application/vnd.ipld.car",
+                    },
+                    timeout=_EVIDENCE_TIMEOUT,
+                )
+            except httpx.HTTPError as exc:
+                raise map_transport(exc, self._core.url) from exc
 
-        return await self._retrying(str(Op.WRONG_RESULT), once)
+        return await self._retrying(str(Op.WRONG_RESULT), lambda: self._resend_if_replayed(send))
 
     async def wait_results(self, round: int) -> RoundInfo:
         """Wait until every partition of ``round`` has a recorded result, or the round is

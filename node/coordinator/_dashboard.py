@@ -267,7 +267,7 @@ class Dashboard:
         for b in rows:
             evidence = json.loads(b["evidence"] or "null") or {}
             reports = s.db.execute(
-                "SELECT round, reporter, reason, update_cid, figures, at FROM ban_reports "
+                "SELECT round, reporter, kind, reason, update_cid, figures, at FROM ban_reports "
                 "WHERE accused = ? ORDER BY round, reporter LIMIT ?",
                 (b["peer"], limits.DASHBOARD_EVIDENCE),
             ).fetchall()
@@ -275,9 +275,12 @@ class Dashboard:
                 {
                     "peer": b["peer"],
                     "username": b["username"],
+                    "kind": b["kind"],
                     "reason": b["reason"],
                     "round": b["round"],
                     "by": b["by"],
+                    "by_username": s.peer_username(b["by"]) if b["by"] else "",
+                    "others": evidence.get("others"),  # majority bans: the round's other members
                     "at_ms": _ms(b["at"]),
                     "update_cid": evidence.get("update_cid"),
                     "figures": evidence.get("figures"),
@@ -285,6 +288,7 @@ class Dashboard:
                         {
                             "round": r["round"],
                             "reporter": r["reporter"],
+                            "kind": r["kind"],
                             "reason": r["reason"],
                             "update_cid": r["update_cid"],
                             "figures": r["figures"],

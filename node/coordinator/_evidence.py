@@ -29,38 +29,20 @@ from ._exceptions import BadEvidence, RequestRefused
 from ._http import RateLimitedRefusal, SignedRequest, open_signed_request
 from ._machine import RunMachine
 from ._partitions import PartitionRules
-from ._protocol import Op
+from ._protocol import EVIDENCE_HEADER, Op
 from ._ratelimit import RateLimiter
 from ._requests import int_text, parse_wrong_result
 from ._slots import EvidenceSlots, read_evidence_body
 from ._store import Store
+from ._verdicts import PartitionVerdict
 
 __all__ = [
-    "EVIDENCE_HEADER",
     "EvidenceChecker",
-    "PartitionVerdict",
     "handle_evidence",
 ]
 
 log = structlog.get_logger(__name__)
 
-# The HTTP header carrying the signed `wrong_result` request (base64 envelope).
-EVIDENCE_HEADER = "X-Cnode-Request"
-
-
-class PartitionVerdict(Protocol):
-    """What a recomputation found (``cnode.node.train.PartitionVerdict``)."""
-
-    @property
-    def signer(self) -> str: ...  # who signed the partition result header
-    @property
-    def partition(self) -> int: ...  # the partition the header is for
-    @property
-    def claimed(self) -> str: ...  # output CID the header names
-    @property
-    def recomputed(self) -> str: ...  # output CID of the recomputation
-    @property
-    def correct(self) -> bool: ...  # claimed == recomputed
 
 
 class EvidenceChecker(Protocol):
@@ -79,8 +61,10 @@ class EvidenceChecker(Protocol):
     ) -> PartitionVerdict: ...
 
 
-class CoordinatorServer(Protocol):
-    """What the evidence handler uses of the server (``_server.CoordinatorServer``)."""
+class _Server(Protocol):
+    """What the evidence handler uses of ``_server.CoordinatorServer`` (not imported: it
+    imports this module, and an import cycle, even for types only, is refused by
+    tests/test_layering.py)."""
 
     run: str
     config: RunConfig
@@ -121,7 +105,7 @@ def _signed(request: web.Request, run: str) -> SignedRequest:
     return open_signed_request(envelope.strip(), Op.WRONG_RESULT, run)
 
 
-async def handle_evidence(server: CoordinatorServer, request: web.Request) -> web.Response:
+async def handle_evidence(server: _Server, request: web.Request) -> web.Response:
     """Check who sends it and what it names, read the CAR, recompute, ban when wrong."""
     server._check_run(request)
     n_path, p_path = _path_ints(request)
@@ -152,7 +136,7 @@ async def handle_evidence(server: CoordinatorServer, request: web.Request) -> we
 
 
 async def _check(
-    server: CoordinatorServer,
+    server: _Server,
     request: web.Request,
     peer: str,
     n: int,

@@ -23,13 +23,13 @@ from ._admin import (
     LogPage,
     UnbanPeer,
 )
+from ._ban_records import BanKind
 from ._bans import BanBook
 from ._codes import ErrorCode as E
 from ._config import RunConfig
 from ._exceptions import RequestRefused
 from ._partitions import PartitionRules
 from ._protocol import (
-    BanRecord,
     CheckpointHistory,
     CheckpointRecord,
     Phase,
@@ -39,6 +39,7 @@ from ._protocol import (
     ms,
 )
 from ._store import Store
+from ._views import SignedViews, checkpoint_record
 
 __all__ = ["RunMachine"]
 
@@ -56,6 +57,7 @@ class RunMachine:
         self.coordinator = coordinator
         self.bans = BanBook(store, self.advance)
         self.partitions = PartitionRules(store, config, self.bans, self.advance, self._log)
+        self.views = SignedViews(store, config, coordinator, self.partitions)
 
     # -- replay -------------------------------------------------------------------------------
 
@@ -337,9 +339,9 @@ class RunMachine:
 
     # -- administration -----------------------------------------------------------------------
 
-    def admin(self, action: AdminAction, by: str, now: float) -> dict[str, Any]:
-        """Apply one admin action (the caller checked the signer is an admin)."""
-        s = self.store
+    def admin(self, action: AdminAction, signer: str, now: float) -> dict[str, Any]:
+        """Apply one admin action (the caller checked ``signer`` is an admin)."""
+        s, by = self.store, f"admin:{signer}"  # the change log's actor
         match action:
             case AllowlistAdd(kind, value):
                 if s.allowlist_size() >= limits.MAX_ALLOWLIST:
@@ -354,7 +356,7 @@ class RunMachine:
             case AllowlistList():
                 return {"allowlist": s.allowlist()}
             case BanPeer(peer, reason):
-                self.bans.ban(peer, reason, by, now)
+                self.bans.ban(peer, BanKind.ADMIN, reason, signer, now)
                 return {}
             case UnbanPeer(peer):
                 self.bans.unban(peer, by, now)
@@ -383,7 +385,7 @@ class RunMachine:
         latest = s.latest_checkpoint()
         if latest is not None and int(latest["round"]) >= n:
             if int(latest["round"]) == n and latest["manifest"] == record.manifest:
-                return _checkpoint(latest)  # the same result from another member: agreed
+                return checkpoint_record(latest)  # the same result from another member: agreed
             raise RequestRefused(
                 E.STALE_ROUND,
                 f"a manifest for round {n} is not newer than the current checkpoint "
@@ -395,82 +397,15 @@ class RunMachine:
         )
         s.append_log(now, peer, "checkpoint", {"round": n, "manifest": record.manifest})
         self.advance(now)
-        return _checkpoint(s.latest_checkpoint())
+        return checkpoint_record(s.latest_checkpoint())
 
-    # -- signed views ---------------------------------------------------------------------------
+    # -- signed views (``_views.SignedViews``) -----------------------------------------------
 
     def round_info(self, n: int) -> RoundInfo:
-        s = self.store
-        run = s.run_row()
-        row = s.round_row(n)
-        joined = s.count_members(n, "joined", "ready")
-        ready = s.count_members(n, "ready")
-        if row is None:
-            return RoundInfo(
-                self.config.run, n, int(run["epoch"]), RoundStatus.FUTURE, [], joined, ready, None
-            )
-        status = RoundStatus(row["status"])
-        listed = status in (RoundStatus.PUBLISHED, RoundStatus.AGREED)
-        members = json.loads(row["members"]) if listed else []
-        headers = {k: v for k, v in s.headers(n).items() if k in members}
-        shown = members if listed else s.members(n, *_ACTIVE)
-        return RoundInfo(
-            self.config.run,
-            n,
-            int(row["epoch"]),
-            status,
-            members,
-            joined,
-            ready,
-            ms(row["deadline"]) if status is RoundStatus.CLOSED else None,
-            headers,
-            addrs=s.peer_addrs(shown),
-            collect_deadline_ms=ms(row["collect_deadline"]) if listed else None,
-            agreed=json.loads(row["agreed"]) if status is RoundStatus.AGREED else None,
-            excluded=json.loads(row["excluded"] or "{}") if listed else {},
-            **(self.partitions.info(n, row) if listed else {}),
-        )
+        return self.views.round_info(n)
 
     def checkpoint_history(self, after: int, limit: int) -> CheckpointHistory:
-        """Every recorded checkpoint of a round after ``after`` (a page of at most ``limit``)."""
-        rows = self.store.checkpoint_rows(after, limit)
-        return CheckpointHistory(self.config.run, after, [_checkpoint(r) for r in rows])
+        return self.views.checkpoint_history(after, limit)
 
     def run_state(self, now: float) -> RunState:
-        s = self.store
-        run = s.run_row()
-        n = int(run["round"])
-        latest = s.latest_checkpoint()
-        bans = [
-            BanRecord(
-                b["peer"], b["username"], b["reason"], b["round"], b["by"], int(b["at"] * 1000)
-            )
-            for b in s.ban_rows()
-        ]
-        return RunState(
-            run=self.config.run,
-            coordinator=self.coordinator,
-            version=s.version(),
-            at_ms=int(now * 1000),
-            config=self.config.public_dict(),
-            phase=Phase(run["phase"]),
-            phase_until_ms=ms(run["phase_until"]),
-            epoch=int(run["epoch"]),
-            round=self.round_info(n),
-            last_round=self.round_info(n - 1) if n > 1 else None,
-            waiting=run["waiting"],
-            checkpoint=None if latest is None else _checkpoint(latest),
-            bans=bans,
-        )
-
-
-def _checkpoint(row: Any) -> CheckpointRecord:
-    return CheckpointRecord(
-        int(row["epoch"]),
-        int(row["round"]),
-        str(row["manifest"]),
-        row["hf_repo"],
-        row["hf_revision"],
-        str(row["submitter"]),
-        int(float(row["at"]) * 1000),
-    )
+        return self.views.run_state(now)

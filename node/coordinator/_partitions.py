@@ -24,6 +24,7 @@ from cnode.aggregation import limits as aggregation_limits
 from cnode.storage import DAG_CBOR, compute_cid
 
 from . import limits
+from ._ban_records import BanKind
 from ._bans import BanBook
 from ._codes import ErrorCode as E
 from ._config import RunConfig
@@ -92,17 +93,27 @@ class PartitionRules:
     def _scores_closed(
         row: sqlite3.Row, members: list[str], scores: dict[str, str], now: float
     ) -> bool:
-        """No score record is taken any more: every member sent one, the score deadline
-        passed, or the round is agreed. The score deadline is SCORE_CLOSE_MARGIN_S before the
-        collect deadline, or a quarter of the collect window before it when that is shorter
-        (short windows: the scorers need most of it)."""
+        """No score record is taken any more: every member sent one, or the round is agreed,
+        or the score deadline passed *and* the swarm had its time (specs/coordinator.md
+        #scores). The nominal score deadline is SCORE_CLOSE_MARGIN_S before the collect
+        deadline, or a quarter of the collect window before it when that is shorter. Past it,
+        records still missing keep the records open: with a strict majority of members in, for
+        SCORE_LATE_WINDOWS more nominal windows; without, until a majority is in, at most
+        SCORE_CLOSE_MAX_S past the nominal deadline. A loaded machine or slow link delays the
+        scores (and the ban they may carry), it does not change them. The verdict only moves
+        from open to closed: ``now`` grows, and records are only added while open."""
         if row["status"] == RoundStatus.AGREED or set(members) <= set(scores):
             return True
         end, start = row["collect_deadline"], row["published_at"]
         if end is None or start is None:
             return False
-        margin = min(limits.SCORE_CLOSE_MARGIN_S, (float(end) - float(start)) / 4)
-        return now >= float(end) - margin
+        window = float(end) - float(start)
+        deadline = float(end) - min(limits.SCORE_CLOSE_MARGIN_S, window / 4)
+        if now >= deadline + limits.SCORE_CLOSE_MAX_S:
+            return True
+        majority = 2 * len(set(scores) & set(members)) > len(members)
+        late = limits.SCORE_LATE_WINDOWS * max(deadline - float(start), 0.0)
+        return majority and now >= deadline + late
 
     # -- ops ------------------------------------------------------------------------------------
 
@@ -353,9 +364,10 @@ class PartitionRules:
         if self.store.ban_row(signer) is None:
             self.bans.ban(
                 signer,
+                BanKind.PARTITION,
                 f"wrong partition result: round {n} partition {partition}: header names "
                 f"{claimed or 'no output'}, recomputation gives {recomputed or 'no output'}",
-                f"evidence:{reporter}",
+                reporter,
                 now,
                 round_=n,
                 evidence={

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
+from cnode.node._children import die_with_parent
+
 from ._exceptions import CoordinatorUnavailable
 
 __all__ = ["CoordinatorProcess"]
@@ -88,7 +90,10 @@ class CoordinatorProcess:
         if self.p2p_listen:
             cmd += ["--p2p-listen", self.p2p_listen]
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap()
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT)
+        # It ends with whoever started it, even a parent killed with SIGKILL (_children.py).
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+        )
         give_up = time.monotonic() + SPAWN_READY_S
         while not self.ready_file.exists():
             if self.proc.poll() is not None or time.monotonic() > give_up:

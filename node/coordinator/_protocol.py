@@ -16,16 +16,19 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from ._ban_records import BanRecord
 from ._exceptions import BadRunState
+from ._fields import optional as _opt
+from ._fields import required as _get
+from ._fields import strings as _strs
 from ._json import loads_bounded
 from ._results import PartitionResultEntry, decode_partitioned, encode_partitioned
 
 __all__ = [
+    "EVIDENCE_HEADER",
     "PEER_ONLY_USERNAME",
     "REQUEST_TYPE",
     "STATE_TYPE",
-    "BanRecord",
-    "BanReport",
     "CheckpointHistory",
     "CheckpointRecord",
     "JoinResult",
@@ -40,6 +43,9 @@ __all__ = [
 ]
 
 REQUEST_TYPE = "cnode/request/v1"
+# The HTTP header carrying the signed `wrong_result` request (base64 envelope), whose body is
+# the evidence CAR (specs/coordinator.md#evidence-of-a-wrong-result).
+EVIDENCE_HEADER = "X-Cnode-Request"
 STATE_TYPE = "cnode/run-state/v1"
 # The username inside access tokens of peers admitted by peer id alone (tokens need one). "~" is
 # not allowed in Hugging Face usernames, so it can never name a real account.
@@ -99,25 +105,6 @@ def b64decode(text: Any) -> bytes:
 
 def _ms(t: float | None) -> int | None:
     return None if t is None else int(t * 1000)
-
-
-def _get(payload: Mapping[str, Any], key: str, typ: type | tuple[type, ...]) -> Any:
-    value = payload.get(key)
-    if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
-        raise BadRunState(f"signed state field {key!r} is missing or has the wrong type")
-    return value
-
-
-def _opt(payload: Mapping[str, Any], key: str, typ: type) -> Any:
-    value = payload.get(key)
-    return None if value is None else _get(payload, key, typ)
-
-
-def _strs(payload: Mapping[str, Any], key: str) -> list[str]:
-    value = _get(payload, key, list)
-    if not all(isinstance(v, str) for v in value):
-        raise BadRunState(f"signed state field {key!r} must be a list of strings")
-    return list(value)
 
 
 def _headers(payload: Mapping[str, Any]) -> dict[str, str]:
@@ -209,39 +196,6 @@ class CheckpointHistory:
             _get(p, "run", str),
             _get(p, "after", int),
             [CheckpointRecord.from_payload(r) for r in records],
-        )
-
-
-@dataclass(frozen=True)
-class BanRecord:
-    """A banned peer, with the reason shown in ``cnode status``."""
-
-    peer: str  # banned peer id
-    username: str  # its HF username ("" if it joined by peer id)
-    reason: str  # human-readable reason
-    round: int | None  # the round of the evidence, if any
-    by: str  # "admin:<peer id>", "majority:<n> of <m>" or "checked:<reporter>" (records replayed)
-    at_ms: int  # when the ban took effect
-
-    def to_payload(self) -> dict[str, Any]:
-        return {
-            "peer": self.peer,
-            "username": self.username,
-            "reason": self.reason,
-            "round": self.round,
-            "by": self.by,
-            "at_ms": self.at_ms,
-        }
-
-    @classmethod
-    def from_payload(cls, p: Mapping[str, Any]) -> BanRecord:
-        return cls(
-            _get(p, "peer", str),
-            _get(p, "username", str),
-            _get(p, "reason", str),
-            _opt(p, "round", int),
-            _get(p, "by", str),
-            _get(p, "at_ms", int),
         )
 
 
@@ -436,36 +390,6 @@ class JoinResult:
             _get(j, "peer", str),
             _get(j, "username", str),
             _get(j, "expires_at_ms", int),
-        )
-
-
-@dataclass(frozen=True)
-class BanReport:
-    """The answer to ban evidence: how many members reported the same evidence, and the outcome."""
-
-    accused: str
-    round: int
-    reports: int  # distinct members of the round who reported this same evidence
-    needed: int  # reports needed: a strict majority of the round's other members
-    banned: bool  # the accused is banned (now or before)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "accused": self.accused,
-            "round": self.round,
-            "reports": self.reports,
-            "needed": self.needed,
-            "banned": self.banned,
-        }
-
-    @classmethod
-    def from_json(cls, j: Mapping[str, Any]) -> BanReport:
-        return cls(
-            _get(j, "accused", str),
-            _get(j, "round", int),
-            _get(j, "reports", int),
-            _get(j, "needed", int),
-            _get(j, "banned", bool),
         )
 
 

@@ -20,45 +20,13 @@ from typing import Any, Protocol
 
 import structlog
 
+from cnode.aggregation import EvidenceKind
+
 from . import limits
 from ._protocol import RoundStatus
 from ._slots import EvidenceSlots
 from ._store import Store
-
-__all__ = [
-    "REPUTATION_REASON",
-    "ReputationChecker",
-    "ReputationVerdict",
-    "replay_input",
-    "reputation_verdict",
-]
-
-log = structlog.get_logger(__name__)
-
-# How a node's ReputationPolicy words a reputation ban (aggregation/_scores.py).
-REPUTATION_REASON = "reputation below the ban bound in "
-
-# (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
-ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
-
-
-class ReputationVerdict(Protocol):
-    """What the replay found (``cnode.node.train.ReputationVerdict``)."""
-
-    @property
-    def decided(self) -> bool: ...  # False: the records alone cannot decide
-    @property
-    def correct(self) -> bool: ...  # decided, and the figures are what the records give
-    @property
-    def reason(self) -> str: ...  # what did not match, or why undecided
-
-
-class ReputationChecker(Protocol):
-    """Replay rounds 1..``round_`` and compare the accused's figures with the records."""
-
-    def __call__(
-        self, rounds: Sequence[ScoredRound], *, run: str, accused: str, round_: int, figures: str
-    ) -> ReputationVerdict: ...
+from ._verdicts import ReputationVerdict
 
 
 class _Bans(Protocol):
@@ -75,8 +43,9 @@ class _Machine(Protocol):
     def check_not_banned(self, peer: str, username: str = "") -> None: ...
 
 
-class CoordinatorServer(Protocol):
-    """What the check uses of the server (``_server.CoordinatorServer``)."""
+class _Server(Protocol):
+    """What the check uses of ``_server.CoordinatorServer`` (not imported: it imports this
+    module, and an import cycle, even for types only, is refused by tests/test_layering.py)."""
 
     run: str
     store: Store
@@ -88,6 +57,38 @@ class CoordinatorServer(Protocol):
     reputation_checker: ReputationChecker | None
 
     def access(self, peer: str, token: Any, now: float) -> str: ...
+
+
+__all__ = [
+    "ReputationChecker",
+    "record_input",
+    "replay_input",
+    "reputation_verdict",
+]
+
+log = structlog.get_logger(__name__)
+
+# (round, member -> its listed update header CID, scorer -> its signed score record's bytes)
+ScoredRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
+
+
+class ReputationChecker(Protocol):
+    """Replay rounds 1..``round_`` and compare the accused's figures with the records."""
+
+    def __call__(
+        self, rounds: Sequence[ScoredRound], *, run: str, accused: str, round_: int, figures: str
+    ) -> ReputationVerdict: ...
+
+
+def record_input(store: Store, n: int, accused: str) -> list[ScoredRound] | str:
+    """Round n's closed record of ``accused`` alone, as a bad-record report is checked."""
+    row = store.round_row(n)
+    if row is None or not int(row["parts"] or 0):
+        return f"round {n} was not partitioned: it has no score records"
+    data = store.score_bytes(n).get(accused)
+    if data is None:
+        return f"round {n} holds no score record of {accused}"
+    return [(n, {}, {accused: data})]
 
 
 def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
@@ -126,13 +127,14 @@ def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
 
 
 async def reputation_verdict(
-    server: CoordinatorServer, peer: str, token: Any, evidence: dict[str, Any]
+    server: _Server, peer: str, token: Any, evidence: dict[str, Any]
 ) -> ReputationVerdict | None:
     """The replay's verdict on a reputation report, or None (not one, no checker, the accused
     banned already, or the records cannot decide). Who reports whom is checked first, so a
     stranger never costs a replay; the ban book re-checks everything in its transaction."""
     checker = server.reputation_checker
-    if checker is None or not evidence["reason"].startswith(REPUTATION_REASON):
+    record = evidence["kind"] == EvidenceKind.BAD_SCORE_RECORD
+    if checker is None or not (record or evidence["kind"] == EvidenceKind.REPUTATION):
         return None
     n, accused = int(evidence["round"]), str(evidence["peer"])
     username = server.access(peer, token, time.time())
@@ -145,7 +147,9 @@ async def reputation_verdict(
     # MAX_EVIDENCE_CHECKS replays' records in memory at once).
     async with server.evidence_slots.hold(peer):
         with server.store.tx():
-            rounds = replay_input(server.store, n)
+            rounds = (
+                record_input(server.store, n, accused) if record else replay_input(server.store, n)
+            )
         if isinstance(rounds, str):
             log.info("reputation_unchecked", peer=accused, round=n, why=rounds)
             return None

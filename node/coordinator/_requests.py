@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from cnode.aggregation import EvidenceKind
 from cnode.auth import EnvelopeError, open_envelope
 from cnode.storage import CID, StorageError
 
@@ -51,6 +52,7 @@ SCORE_RECORD_TYPE = "cnode/score-record/v1"  # node/train/scores/_records.py
 
 _ADMIN_ACTIONS = ("allowlist.add", "allowlist.remove", "allowlist.ls", "ban", "unban", "log")
 _ALLOW_KINDS = ("user", "peer", "org")
+_EVIDENCE_KINDS = tuple(str(k) for k in EvidenceKind)
 
 
 def require(p: Mapping[str, Any], key: str, typ: type, *, optional: bool = False) -> Any:
@@ -196,7 +198,10 @@ def parse_checkpoint(args: Mapping[str, Any], peer: str) -> CheckpointRecord:
 
 
 def parse_evidence(args: Mapping[str, Any]) -> dict[str, Any]:
-    """A BanRecommendation payload: {peer, round, reason, update_cid|None, figures}."""
+    """A BanRecommendation payload: {peer, round, kind, reason, update_cid|None, figures}."""
+    kind = require(args, "kind", str)
+    if kind not in _EVIDENCE_KINDS:
+        raise RequestRefused(E.BAD_REQUEST, f"kind must be one of {_EVIDENCE_KINDS}")
     update = None if args.get("update_cid") is None else _cid(args, "update_cid")
     figures = args.get("figures", "{}")
     if isinstance(figures, Mapping):  # nested at most auth's MAX_CBOR_DEPTH: dumps cannot recurse
@@ -211,6 +216,7 @@ def parse_evidence(args: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "peer": _text(args, "peer"),
         "round": parse_round(args),
+        "kind": EvidenceKind(kind),
         "reason": _text(args, "reason"),
         "update_cid": update,
         "figures": figures,

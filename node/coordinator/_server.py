@@ -42,6 +42,7 @@ from ._evidence import EvidenceChecker, handle_evidence
 from ._exceptions import RequestRefused, RunConfigError
 from ._http import PROTOCOL_LOG, RateLimitedRefusal, json_errors, read_signed_request
 from ._machine import RunMachine
+from ._metrics import CoordinatorMetrics
 from ._partitions import PartitionRules
 from ._protocol import (
     PEER_ONLY_USERNAME,
@@ -53,7 +54,7 @@ from ._protocol import (
 )
 from ._ratelimit import RateLimiter
 from ._reports import parse_report
-from ._reputation import ReputationChecker, ReputationVerdict, reputation_verdict
+from ._reputation import ReputationChecker, reputation_verdict
 from ._requests import (
     int_text,
     parse_admin,
@@ -68,6 +69,7 @@ from ._requests import (
 )
 from ._slots import EvidenceSlots, EvidenceTiming
 from ._store import Store
+from ._verdicts import ReputationVerdict
 from ._waits import UNTIL, RoundWaits
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
@@ -171,6 +173,8 @@ class CoordinatorServer:
         )
         self.dashboard = Dashboard(self.store, self.machine, self.run, self.peer_id)
         self.dashboard.install(self.app)  # GET / and the JSON it polls (read-only)
+        self.metrics = CoordinatorMetrics(self.store)
+        self.metrics.install(self.app)  # GET /metrics, and every answer counted
 
     async def start(self) -> str:
         self._runner = web.AppRunner(
@@ -456,4 +460,4 @@ class CoordinatorServer:
         action = parse_admin(args)
         with self.store.tx():
             self.machine.consume_counter(signer, counter)
-            return self.machine.admin(action, f"admin:{signer}", time.time())
+            return self.machine.admin(action, signer, time.time())

@@ -18,73 +18,9 @@ from typing import Any
 from ._config import RunConfig
 from ._exceptions import RunConfigError
 from ._protocol import Phase, RoundStatus
+from ._schema import SCHEMA_VERSION, create_or_migrate
 
 __all__ = ["SCHEMA_VERSION", "Store"]
-
-SCHEMA_VERSION = 3
-
-# Columns added since schema 1 (a database of an older version gains them on open, empty):
-# peer addresses (discovery) and the per-round input-set decision (schema 2); partitioned rounds:
-# the partition count, the backup steps announced, the verify deadline and each member's
-# `checked` report (schema 3; the `results` table is created when missing). See
-# specs/coordinator.md#state.
-_ADDED_COLUMNS = (
-    ("peers", "addrs", "TEXT"),
-    ("members", "missing", "TEXT"),
-    ("members", "collected_at", "REAL"),
-    ("rounds", "collect_deadline", "REAL"),
-    ("rounds", "agreed_at", "REAL"),
-    ("rounds", "agreed", "TEXT"),
-    ("rounds", "excluded", "TEXT"),
-    ("rounds", "parts", "INTEGER"),
-    ("rounds", "backup_steps", "INTEGER"),
-    ("rounds", "verify_deadline", "REAL"),
-    ("members", "checked", "TEXT"),
-    ("members", "checked_at", "REAL"),
-    # Scores in partitioned rounds (issue 12): each member's score record CID and when it came.
-    ("members", "score_record", "TEXT"),
-    ("members", "scored_at", "REAL"),
-    ("members", "score_bytes", "BLOB"),
-)
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS run (
-    id INTEGER PRIMARY KEY CHECK (id = 1),
-    phase TEXT NOT NULL, phase_until REAL, epoch INTEGER NOT NULL, round INTEGER NOT NULL,
-    waiting TEXT);
-CREATE TABLE IF NOT EXISTS rounds (
-    round INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, status TEXT NOT NULL,
-    opened_at REAL, closed_at REAL, deadline REAL, published_at REAL, members TEXT);
-CREATE TABLE IF NOT EXISTS members (
-    round INTEGER NOT NULL, peer TEXT NOT NULL, username TEXT NOT NULL, status TEXT NOT NULL,
-    joined_at REAL NOT NULL, ready_at REAL, header TEXT, PRIMARY KEY (round, peer));
-CREATE TABLE IF NOT EXISTS peers (
-    peer TEXT PRIMARY KEY, username TEXT NOT NULL, joined_at REAL NOT NULL, token_expires REAL);
-CREATE TABLE IF NOT EXISTS checkpoints (
-    round INTEGER PRIMARY KEY, epoch INTEGER NOT NULL, manifest TEXT NOT NULL, hf_repo TEXT,
-    hf_revision TEXT, submitter TEXT NOT NULL, at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS allowlist (
-    kind TEXT NOT NULL, value TEXT NOT NULL, added_by TEXT NOT NULL, at REAL NOT NULL,
-    PRIMARY KEY (kind, value));
-CREATE TABLE IF NOT EXISTS bans (
-    peer TEXT PRIMARY KEY, username TEXT NOT NULL, reason TEXT NOT NULL, round INTEGER,
-    evidence TEXT, by TEXT NOT NULL, at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS ban_reports (
-    round INTEGER NOT NULL, accused TEXT NOT NULL, reporter TEXT NOT NULL, reason TEXT NOT NULL,
-    update_cid TEXT, figures TEXT, at REAL NOT NULL, PRIMARY KEY (round, accused, reporter));
-CREATE TABLE IF NOT EXISTS results (
-    round INTEGER NOT NULL, partition INTEGER NOT NULL, peer TEXT NOT NULL, header TEXT NOT NULL,
-    replaced TEXT, by TEXT, at REAL NOT NULL, PRIMARY KEY (round, partition));
-CREATE TABLE IF NOT EXISTS counters (peer TEXT PRIMARY KEY, last INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS log (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, actor TEXT NOT NULL,
-    kind TEXT NOT NULL, detail TEXT NOT NULL);
-CREATE TRIGGER IF NOT EXISTS log_no_update BEFORE UPDATE ON log
-    BEGIN SELECT RAISE(ABORT, 'the change log is append-only'); END;
-CREATE TRIGGER IF NOT EXISTS log_no_delete BEFORE DELETE ON log
-    BEGIN SELECT RAISE(ABORT, 'the change log is append-only'); END;
-"""
 
 
 class Store:
@@ -105,17 +41,7 @@ class Store:
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.execute("PRAGMA busy_timeout=5000")
-        self.db.executescript(_SCHEMA)
-        self._add_columns()
-
-    def _add_columns(self) -> None:
-        for table, column, kind in _ADDED_COLUMNS:
-            have = {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}
-            if column not in have:
-                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-        if self.meta("schema") not in (None, str(SCHEMA_VERSION)):
-            version = (str(SCHEMA_VERSION),)
-            self.db.execute("UPDATE meta SET value = ? WHERE key = 'schema'", version)
+        create_or_migrate(self.db)
 
     def close(self) -> None:
         self.db.close()

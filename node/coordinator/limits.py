@@ -130,6 +130,12 @@ MAX_PARTITION_BACKUPS = 3
 # the collect deadline (when aggregators stop fetching and aggregate), or until every member has
 # reported one; then the round's score records are closed and every node reads the same set.
 SCORE_CLOSE_MARGIN_S = 5.0
+# Past that nominal score deadline, missing records delay the close (a loaded scorer is late, not
+# wrong): with a strict majority of members' records in, for this many more nominal score windows
+# (publish -> nominal deadline); without a majority, until there is one, at most
+# SCORE_CLOSE_MAX_S past the nominal deadline (the node's SCORES_WAIT_S is longer).
+SCORE_LATE_WINDOWS = 1.0
+SCORE_CLOSE_MAX_S = 40.0
 # A signed score record sent with op `score` (its bytes are kept and served to every member, so
 # one that its scorer will not serve over libp2p is still the same for everyone); the node's
 # own bound is equal (node/train/limits.py).

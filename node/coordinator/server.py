@@ -7,20 +7,19 @@ coordinator, never imports the HTTP server, the run state machine or SQLite.
 - :class:`CoordinatorProcess`: ``cnode coordinator serve`` in its own process.
 - :class:`StateGossip`: its libp2p node that gossips the signed state.
 - :class:`ServeSettings`: what one server serves.
-- :class:`EvidenceChecker`, :class:`PartitionVerdict`, :class:`BadEvidence`: how it recomputes a
-  partition result from evidence (the training package provides the function).
+- :class:`EvidenceChecker`, :class:`BadEvidence`: how it recomputes a partition result from
+  evidence (the training package provides the function, which returns a
+  ``cnode.node.coordinator.PartitionVerdict``).
 - :class:`EvidenceTiming`: the waits and rates of evidence checks (named limits by default).
-- :class:`ReputationChecker`, :class:`ReputationVerdict`: how it checks a reputation-ban report
-  on the score records it holds (the training package provides the function).
+- :class:`ReputationChecker`: how it checks a reputation-ban report on the score records it
+  holds (the training package provides the function; a ``ReputationVerdict``).
 """
 
 from ._evidence import EvidenceChecker as EvidenceChecker
-from ._evidence import PartitionVerdict as PartitionVerdict
 from ._exceptions import BadEvidence as BadEvidence
 from ._gossip import StateGossip as StateGossip
 from ._process import CoordinatorProcess as CoordinatorProcess
 from ._reputation import ReputationChecker as ReputationChecker
-from ._reputation import ReputationVerdict as ReputationVerdict
 from ._server import CoordinatorServer as CoordinatorServer
 from ._server import ServeSettings as ServeSettings
 from ._slots import EvidenceTiming as EvidenceTiming
@@ -31,9 +30,7 @@ __all__ = [
     "CoordinatorServer",
     "EvidenceChecker",
     "EvidenceTiming",
-    "PartitionVerdict",
     "ReputationChecker",
-    "ReputationVerdict",
     "ServeSettings",
     "StateGossip",
 ]

@@ -15,10 +15,10 @@ Trio callers::
 from . import limits as limits
 from ._admission import PeerAdmission as PeerAdmission
 from ._announce import PAYLOAD_TYPE as ANNOUNCE_PAYLOAD_TYPE
+from ._announce import AnnounceKind as AnnounceKind
 from ._announce import Announcement as Announcement
 from ._announce import EnvelopeValidator as EnvelopeValidator
 from ._announce import HolderTable as HolderTable
-from ._announce import Kind as AnnounceKind
 from ._announce import announce_topic as announce_topic
 from ._announce import announcement_validator as announcement_validator
 from ._bridge import TrioPortal as TrioPortal
@@ -45,13 +45,14 @@ from ._gateway_client import GatewayHolder as GatewayHolder
 from ._gateway_client import check_gateway_url as check_gateway_url
 from ._gateway_client import gateway_client as gateway_client
 from ._node import P2PNode as P2PNode
-from ._node import open_p2p_node as open_p2p_node
+from ._open import open_p2p_node as open_p2p_node
 from ._scheduler import DirectHolder as DirectHolder
 from ._scheduler import FetchProgress as FetchProgress
 from ._scheduler import FetchReport as FetchReport
 from ._settings import P2PSettings as P2PSettings
 from ._settings import check_peer_address as check_peer_address
 from ._subscription import Subscription as Subscription
+from ._traffic import Traffic as Traffic
 from ._wire import ADMIT_PROTOCOL_ID as ADMIT_PROTOCOL_ID
 from ._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
 
@@ -86,6 +87,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "StreamBroken",
     "Subscription",
     "TokenBucket",
+    "Traffic",
     "TrioPortal",
     "announce_topic",
     "announcement_validator",

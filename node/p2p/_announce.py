@@ -34,7 +34,7 @@ def announce_topic(run: str) -> str:
     return f"/cnode/run/{run}/announce/1"
 
 
-class Kind(enum.StrEnum):
+class AnnounceKind(enum.StrEnum):
     """What an announcement says (specs/announce.md#messages)."""
 
     HOLD = "hold"  # I hold manifest `cid` (all its blocks, or only `layers`)
@@ -47,7 +47,7 @@ class Announcement:
     """The payload of a ``cnode/announce/v1`` envelope."""
 
     run: str  # the run id; announcements of other runs are dropped
-    kind: Kind
+    kind: AnnounceKind
     counter: int  # strictly increasing per signer and run (replay protection)
     at: int  # signer's clock, unix seconds; more than MAX_ANNOUNCE_SKEW_S off is dropped
     cid: CID | None = None  # HOLD/UPDATE: the manifest's CID; DEPARTURE: absent
@@ -82,11 +82,11 @@ class Announcement:
         if type(counter) is not int or counter < 0 or type(at) is not int:
             raise RejectedMessage("malformed: counter and at must be integers")
         try:
-            kind = Kind(str(payload.get("kind")))
+            kind = AnnounceKind(str(payload.get("kind")))
         except ValueError as exc:
             raise RejectedMessage(f"malformed: unknown kind {payload.get('kind')!r}") from exc
         cid = None
-        if kind is not Kind.DEPARTURE:
+        if kind is not AnnounceKind.DEPARTURE:
             text = payload.get("cid")
             if not isinstance(text, str):
                 raise RejectedMessage(f"malformed: {kind} needs a cid")
@@ -96,7 +96,7 @@ class Announcement:
                 raise RejectedMessage(f"malformed: {exc}") from exc
         layers = payload.get("layers")
         if layers is not None:
-            if kind is not Kind.HOLD or not isinstance(layers, list):
+            if kind is not AnnounceKind.HOLD or not isinstance(layers, list):
                 raise RejectedMessage("malformed: layers only in hold, as a list")
             if len(layers) > limits.MAX_ANNOUNCED_LAYERS or not all(
                 isinstance(n, str) and len(n) <= limits.MAX_ANNOUNCE_STRING for n in layers
@@ -104,7 +104,7 @@ class Announcement:
                 raise RejectedMessage("malformed: too many or bad layer names")
             layers = tuple(layers)
         rnd = payload.get("round")
-        if (kind is Kind.UPDATE) != (type(rnd) is int) or (rnd is not None and rnd < 0):
+        if (kind is AnnounceKind.UPDATE) != (type(rnd) is int) or (rnd is not None and rnd < 0):
             raise RejectedMessage("malformed: round belongs to update, as an integer >= 0")
         return cls(run, kind, counter, at, cid, layers, rnd)
 
@@ -200,7 +200,7 @@ class HolderTable:
         )
 
     def apply(self, signer: str, ann: Announcement) -> None:
-        if ann.kind is Kind.DEPARTURE:
+        if ann.kind is AnnounceKind.DEPARTURE:
             self.forget(signer)
             return
         assert ann.cid is not None  # checked by from_payload

@@ -1,6 +1,6 @@
 """The node: one libp2p host with block exchange, fetch scheduler and announcements.
 
-:func:`open_p2p_node` is the whole public surface for trio callers (the training loop, the CLI).
+:func:`open_p2p_node` (``_open.py``) runs one for trio callers (the training loop, the CLI);
 asyncio callers (the coordinator) reach it through :mod:`._bridge`.
 """
 
@@ -8,33 +8,28 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import multiaddr
 import structlog
 import trio
-from libp2p import new_host
-from libp2p.abc import INetStream
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
-from libp2p.tools.anyio_service import background_trio_service
 
 from cnode.auth import Opened, seal
 from cnode.storage import CID, BlockStore, ClosureWalk
 
 from . import _defects, limits
-from ._admission import PeerAdmission, present_token, serve_admit
+from ._admission import PeerAdmission, present_token
 from ._announce import (
     PAYLOAD_TYPE,
+    AnnounceKind,
     Announcement,
     EnvelopeValidator,
     HolderTable,
-    Kind,
     announce_topic,
     announcement_validator,
 )
@@ -42,7 +37,6 @@ from ._bucket import TokenBucket
 from ._exceptions import (
     AnnouncementError,
     DialError,
-    ListenError,
     NotAdmittedError,
     P2PError,
     PeerProtocolError,
@@ -79,6 +73,7 @@ class P2PNode:
         self.store = store
         self.settings = settings
         self.server = server
+        self.traffic = server.traffic  # bytes by peer, both ways: the node's /metrics
         self._host = host
         self._pubsub = pubsub
         self._nursery = nursery
@@ -194,7 +189,7 @@ class P2PNode:
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])
-        report = transfer.report(root)
+        report = self.traffic.fetched(transfer.report(root))
         log.info(
             "fetch_done",
             root=str(root),
@@ -230,7 +225,7 @@ class P2PNode:
         )
         if wanted:
             await transfer.fetch_synced(wanted)
-        return transfer.report(cids[0])
+        return self.traffic.fetched(transfer.report(cids[0]))
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
         """``holders`` plus all that announced ``cids`` (partial holders too); if none, every
@@ -329,7 +324,7 @@ class P2PNode:
         self._counter = max(self._counter + 1, time.time_ns())
         return self._counter
 
-    async def _announce(self, kind: Kind, **fields: Any) -> None:
+    async def _announce(self, kind: AnnounceKind, **fields: Any) -> None:
         run = self.settings.run_id
         if run is None:
             raise AnnouncementError("announcements need P2PSettings.run_id")
@@ -347,16 +342,16 @@ class P2PNode:
         self._holding.move_to_end(root)
         while len(self._holding) > limits.MAX_REANNOUNCED_HOLDS:
             self._holding.popitem(last=False)
-        await self._announce(Kind.HOLD, cid=root, layers=held)
+        await self._announce(AnnounceKind.HOLD, cid=root, layers=held)
 
     async def announce_update(self, update: CID, round: int) -> None:
         """Tell the run we hold update ``update`` for round ``round``."""
-        await self._announce(Kind.UPDATE, cid=update, round=round)
+        await self._announce(AnnounceKind.UPDATE, cid=update, round=round)
 
     async def announce_departure(self) -> None:
         """Tell the run we are leaving (peers forget us as a holder; we stop re-announcing)."""
         self._holding.clear()
-        await self._announce(Kind.DEPARTURE)
+        await self._announce(AnnounceKind.DEPARTURE)
 
     async def _reannounce_holds(self) -> None:
         # Gossipsub keeps no history: a peer that joins after an announcement never sees it.
@@ -369,7 +364,7 @@ class P2PNode:
                     log.info("hold_no_longer_announced", manifest=str(root), reason="not in store")
                     continue
                 try:
-                    await self._announce(Kind.HOLD, cid=root, layers=layers)
+                    await self._announce(AnnounceKind.HOLD, cid=root, layers=layers)
                 except P2PError as exc:
                     log.info("reannounce_failed", manifest=str(root), error=str(exc))
 
@@ -380,120 +375,3 @@ class P2PNode:
         async with self.subscribe(announce_topic(run), validator) as sub:
             async for opened in sub:
                 self._table.apply(opened.signer, Announcement.from_payload(opened.payload))
-
-
-@asynccontextmanager
-async def open_p2p_node(
-    identity: NodeIdentity,
-    store: BlockStore,
-    settings: P2PSettings,
-    *,
-    allow: Callable[[str], bool],
-    admission: PeerAdmission | None = None,
-) -> AsyncIterator[P2PNode]:
-    """Run a node for the duration of the ``async with`` block (trio only).
-
-    Args:
-        identity: the node's key (``cnode.auth.Identity``); its peer id is the host's.
-        store: blocks served to others and filled by ``fetch``.
-        settings: listen addresses, bootstrap peers, upload cap, run id.
-        allow: ``allow(peer_id) -> bool``: who may fetch blocks from us and whose
-            announcements we accept (e.g. not banned).
-        admission: in a run, the access-token policy: peers must also show a valid token
-            (``/cnode/admit/1.0.0``) before they fetch, and this node shows its own to every
-            holder before it fetches. None: ``allow`` alone decides (``cnode checkpoint serve``).
-
-    Resource handling: the host, pubsub, and every background task live in a nursery that
-    closes with the block; a departure is announced (best effort, 1 s) on the way out.
-    An error raised in the block comes out as itself when it is the only one (not wrapped in
-    an ExceptionGroup); py-libp2p's shutdown race is dropped.
-    Error handling: ListenError for a listen address that is malformed or already in use;
-    bootstrap peers that cannot be reached are logged and skipped.
-    """
-    _defects.remove_dial_delay()
-    _defects.bound_stream_resets()
-    _defects.fit_yamux_frames()
-    _defects.buffer_tcp_reads()
-    _defects.batch_window_updates()
-    _defects.pipeline_protocol_select()
-    key_pair = identity.key_pair()
-    host = new_host(
-        key_pair=key_pair,
-        sec_opt=_defects.secure_transports(key_pair),
-        muxer_opt=_defects.muxers(),
-    )
-    _defects.release_inbound_slots(host.get_network())
-    _defects.switch_off_auto_connector(host.get_network())
-    may_fetch = allow
-    if admission is not None:
-        may_fetch = lambda peer: allow(peer) and admission.allow(peer)  # noqa: E731
-    server = BlockServer(
-        store,
-        allow=may_fetch,
-        bucket=TokenBucket(settings.upload_rate_bytes_per_s),
-        corrupt_for_tests=settings.corrupt_uploads_for_tests,
-    )
-    host.set_stream_handler(
-        TProtocol(PROTOCOL_ID), _defects.guard_handler(PROTOCOL_ID, server.handle)
-    )
-    if admission is not None:
-
-        async def handle_admit(raw: INetStream) -> None:
-            stream = Libp2pStream(raw, str(raw.muxed_conn.peer_id))
-            try:
-                await serve_admit(stream, stream.peer, admission)
-                await stream.close()
-            except StreamBroken:
-                await stream.reset()
-
-        host.set_stream_handler(
-            TProtocol(ADMIT_PROTOCOL_ID), _defects.guard_handler(ADMIT_PROTOCOL_ID, handle_admit)
-        )
-    router = _defects.gossipsub_router()
-    pubsub = Pubsub(host, router, strict_signing=True)
-    try:
-        addrs = [multiaddr.Multiaddr(a) for a in settings.listen]
-    except (ValueError, multiaddr.exceptions.Error) as exc:
-        raise ListenError(f"bad listen address in {settings.listen}: {exc}") from exc
-    _defects.refuse_shared_port(addrs)
-    to_raise: BaseException | None = None
-    try:
-        async with (
-            host.run(addrs),
-            background_trio_service(pubsub),
-            background_trio_service(router),
-            trio.open_nursery() as nursery,
-        ):
-            await pubsub.wait_until_ready()
-            node = P2PNode(identity, store, settings, host, pubsub, server, nursery, admission)
-            log.info("p2p_node_started", peer=node.peer_id[-8:], listen=node.listen_addrs)
-            for address in settings.bootstrap:
-                try:
-                    with trio.fail_after(10):
-                        await node.connect(address)
-                except (DialError, trio.TooSlowError) as exc:
-                    log.warning("bootstrap_peer_unreachable", address=address, error=str(exc))
-            if settings.run_id is not None:
-                nursery.start_soon(node._follow_announcements, settings.run_id, allow)
-                nursery.start_soon(node._reannounce_holds)
-            try:
-                yield node
-            finally:
-                if settings.run_id is not None:
-                    with trio.CancelScope(shield=True), trio.move_on_after(1):
-                        try:
-                            await node.announce_departure()
-                        except P2PError as exc:
-                            log.info("departure_not_announced", error=str(exc))
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        # Trio wraps every error in groups; py-libp2p adds a shutdown race (defect 8).
-        to_raise = _defects.clean_group(group)
-        if to_raise is None:
-            log.info("p2p_teardown_race_ignored")
-    finally:
-        # py-libp2p leaves its TCP listeners open when host.run ends (defect 7).
-        with trio.CancelScope(shield=True), trio.move_on_after(2):
-            await _defects.close_listeners(host.get_network())
-    if to_raise is not None:
-        raise to_raise

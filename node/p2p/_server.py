@@ -22,6 +22,7 @@ from . import limits
 from ._bucket import TokenBucket
 from ._exceptions import FrameTooLargeError, PeerProtocolError, StreamBroken, first_error
 from ._stream import Libp2pStream
+from ._traffic import Traffic
 from ._wire import Block, End, Error, FrameReader, Lacking, Request, Status
 
 log = structlog.get_logger(__name__)
@@ -58,6 +59,7 @@ class BlockServer:
         self._open: collections.Counter[str] = collections.Counter()
         self.bytes_sent = 0
         self.requests_served = 0
+        self.traffic = Traffic()  # bytes by peer: served here, fetched by the node (/metrics)
 
     async def handle(self, raw: INetStream) -> None:
         peer = str(raw.muxed_conn.peer_id)
@@ -150,7 +152,7 @@ class BlockServer:
     async def _send_block(self, stream: Libp2pStream, header: bytes, data: bytes) -> None:
         if not self.bucket.rate:  # uncapped: one write, yamux cuts it into frames itself
             await stream.write(header + data)
-            self.bytes_sent += len(header) + len(data)
+            self._sent(stream.peer, len(header) + len(data))
             return
         view = memoryview(data)
         first = limits.SEND_PIECE - len(header)
@@ -160,4 +162,8 @@ class BlockServer:
             piece = view[start : start + limits.SEND_PIECE]
             await self.bucket.take(len(piece))
             await stream.write(bytes(piece))
-        self.bytes_sent += len(header) + len(data)
+        self._sent(stream.peer, len(header) + len(data))
+
+    def _sent(self, peer: str, nbytes: int) -> None:
+        self.bytes_sent += nbytes
+        self.traffic.served(peer, nbytes)

@@ -26,7 +26,7 @@ _HEADER = struct.Struct(">BI")
 HEADER_SIZE = _HEADER.size
 
 
-class Kind(enum.IntEnum):
+class FrameKind(enum.IntEnum):
     """Frame kinds (specs/blocks.md#messages)."""
 
     REQUEST = 1  # C -> S: the CIDs C wants, in the order it prefers them
@@ -92,7 +92,7 @@ def _decode_cids(body: bytes, what: str) -> tuple[CID, ...]:
     return tuple(out)
 
 
-def _frame(kind: Kind, body: bytes) -> bytes:
+def _frame(kind: FrameKind, body: bytes) -> bytes:
     return _HEADER.pack(kind, len(body)) + body
 
 
@@ -103,7 +103,7 @@ class Request:
     cids: tuple[CID, ...]
 
     def encode(self) -> bytes:
-        return _frame(Kind.REQUEST, _encode_cids(self.cids))
+        return _frame(FrameKind.REQUEST, _encode_cids(self.cids))
 
     @classmethod
     def decode(cls, body: bytes) -> Request:
@@ -124,7 +124,7 @@ class Block:
     def header(cid: CID, size: int) -> bytes:
         """Frame header and CID prefix; the block's ``size`` bytes follow (sent streaming)."""
         raw = bytes(cid)
-        return _HEADER.pack(Kind.BLOCK, 1 + len(raw) + size) + bytes([len(raw)]) + raw
+        return _HEADER.pack(FrameKind.BLOCK, 1 + len(raw) + size) + bytes([len(raw)]) + raw
 
     def encode(self) -> bytes:
         return self.header(self.cid, len(self.data)) + self.data
@@ -161,7 +161,7 @@ class Lacking:
     cids: tuple[CID, ...]
 
     def encode(self) -> bytes:
-        return _frame(Kind.LACKING, _encode_cids(self.cids))
+        return _frame(FrameKind.LACKING, _encode_cids(self.cids))
 
     @classmethod
     def decode(cls, body: bytes) -> Lacking:
@@ -173,7 +173,7 @@ class End:
     """Every requested CID has been answered."""
 
     def encode(self) -> bytes:
-        return _frame(Kind.END, b"")
+        return _frame(FrameKind.END, b"")
 
     @classmethod
     def decode(cls, body: bytes) -> End:
@@ -191,7 +191,7 @@ class Error:
 
     def encode(self) -> bytes:
         text = self.text.encode("utf-8")[: limits.MAX_ERROR_TEXT]
-        return _frame(Kind.ERROR, bytes([self.status]) + text)
+        return _frame(FrameKind.ERROR, bytes([self.status]) + text)
 
     @classmethod
     def decode(cls, body: bytes) -> Error:
@@ -211,7 +211,7 @@ class Admit:
     token: bytes
 
     def encode(self) -> bytes:
-        return _frame(Kind.ADMIT, self.token)
+        return _frame(FrameKind.ADMIT, self.token)
 
     @classmethod
     def decode(cls, body: bytes) -> Admit:
@@ -227,7 +227,7 @@ class Admitted:
     expires_at: int
 
     def encode(self) -> bytes:
-        return _frame(Kind.ADMITTED, struct.pack(">Q", self.expires_at))
+        return _frame(FrameKind.ADMITTED, struct.pack(">Q", self.expires_at))
 
     @classmethod
     def decode(cls, body: bytes) -> Admitted:
@@ -237,21 +237,21 @@ class Admitted:
 
 
 Frame = Request | Block | Lacking | End | Error | Admit | Admitted
-_DECODERS: dict[Kind, Callable[[bytes], Frame]] = {
-    Kind.REQUEST: Request.decode,
-    Kind.BLOCK: Block.decode,
-    Kind.LACKING: Lacking.decode,
-    Kind.END: End.decode,
-    Kind.ERROR: Error.decode,
-    Kind.ADMIT: Admit.decode,
-    Kind.ADMITTED: Admitted.decode,
+_DECODERS: dict[FrameKind, Callable[[bytes], Frame]] = {
+    FrameKind.REQUEST: Request.decode,
+    FrameKind.BLOCK: Block.decode,
+    FrameKind.LACKING: Lacking.decode,
+    FrameKind.END: End.decode,
+    FrameKind.ERROR: Error.decode,
+    FrameKind.ADMIT: Admit.decode,
+    FrameKind.ADMITTED: Admitted.decode,
 }
 
 
 def decode_frame(kind: int, body: bytes) -> Frame:
     """The message for one frame; PeerProtocolError for an unknown kind or a bad body."""
     try:
-        decoder = _DECODERS[Kind(kind)]
+        decoder = _DECODERS[FrameKind(kind)]
     except ValueError as exc:
         raise PeerProtocolError(f"unknown frame kind {kind}") from exc
     return decoder(body)
@@ -294,11 +294,11 @@ class FrameReader:
         kind, length = _HEADER.unpack_from(self._buf)
         if length > max_body:
             raise FrameTooLargeError(f"frame of {length} bytes exceeds the limit {max_body}")
-        if on_block_cid is not None and kind == Kind.BLOCK:
+        if on_block_cid is not None and kind == FrameKind.BLOCK:
             cid = await self._peek_block_cid(length)
             if cid is not None:
                 on_block_cid(cid)
-        if kind == Kind.BLOCK and len(self._buf) < HEADER_SIZE + length:
+        if kind == FrameKind.BLOCK and len(self._buf) < HEADER_SIZE + length:
             return await self._read_block(length)
         if not await self._fill(HEADER_SIZE + length):
             raise PeerProtocolError("stream ended inside a frame")

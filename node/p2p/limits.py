@@ -131,3 +131,7 @@ GATEWAY_MAX_CAR_BLOCKS = 4_000_000
 GATEWAY_STOP_S = 10.0
 # Gateway client: largest CAR body accepted for one block (dag-scope=block): header + one section.
 GATEWAY_MAX_BLOCK_CAR = 64 * 1024 + MAX_BLOCK_SIZE + 64
+
+# Distinct peers the node's traffic counters keep apart (``_traffic.Traffic``, its /metrics);
+# the rest are counted together as "other", so peer ids from the network cannot grow them.
+MAX_TRAFFIC_PEERS = 256

@@ -11,6 +11,7 @@ from ._config import ModelConfig as ModelConfig
 from ._config import TrainingConfig as TrainingConfig
 from ._exceptions import BannedError as BannedError
 from ._exceptions import CatchUpError as CatchUpError
+from ._exceptions import DeviceError as DeviceError
 from ._exceptions import MalformedUpdateError as MalformedUpdateError
 from ._exceptions import MissingUpdatesError as MissingUpdatesError
 from ._exceptions import PartitionEvidenceError as PartitionEvidenceError
@@ -20,9 +21,13 @@ from ._exceptions import RoundStalledError as RoundStalledError
 from ._exceptions import StateMismatchError as StateMismatchError
 from ._exceptions import TrainingConfigError as TrainingConfigError
 from ._exceptions import TrainingError as TrainingError
+from ._exceptions import UnreachableError as UnreachableError
 from ._loop import NODE_ATTACKS as NODE_ATTACKS
 from ._loop import TrainSettings as TrainSettings
 from ._loop import run_node as run_node
+from ._memory import MemoryNeed as MemoryNeed
+from ._memory import check_model_fits as check_model_fits
+from ._memory import memory_need as memory_need
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
@@ -30,6 +35,9 @@ from ._round import header_cid as header_cid
 from ._round import load_update as load_update
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
+from ._stop import NodeStopped as NodeStopped
+from ._stop import StopReason as StopReason
+from ._stop import stop_reason_of as stop_reason_of
 from ._trainer import NodeTrainer as NodeTrainer
 from .checkpoint import ReplayInputs as ReplayInputs
 from .checkpoint import ReplayReport as ReplayReport
@@ -53,7 +61,6 @@ from .model import state_cid_from_layers as state_cid_from_layers
 from .model import train_local as train_local
 from .partition import PARTITION_RESULT_TYPE as PARTITION_RESULT_TYPE
 from .partition import PartitionResult as PartitionResult
-from .partition import PartitionVerdict as PartitionVerdict
 from .partition import build_partition_evidence as build_partition_evidence
 from .partition import check_partition_evidence as check_partition_evidence
 from .partition import input_segments as input_segments
@@ -64,7 +71,6 @@ from .partition import recompute_partition as recompute_partition
 from .partition import seal_partition_result as seal_partition_result
 from .partition import state_numel as state_numel
 from .scores import SCORE_RECORD_TYPE as SCORE_RECORD_TYPE
-from .scores import ReputationVerdict as ReputationVerdict
 from .scores import RoundScoring as RoundScoring
 from .scores import ScoreRecord as ScoreRecord
 from .scores import check_reputation_evidence as check_reputation_evidence
@@ -80,38 +86,42 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "DATA_ATTACKS",
     "DataConfig",
     "DemoSettings",
+    "DeviceError",
     "HeaderCollector",
     "LocalResult",
     "MalformedUpdateError",
+    "MemoryNeed",
     "MissingUpdatesError",
     "ModelConfig",
     "NODE_ATTACKS",
+    "NodeStopped",
     "NodeTrainer",
     "PARTITION_RESULT_TYPE",
     "PartitionEvidenceError",
     "PartitionResult",
-    "PartitionVerdict",
     "PeerUpdateError",
     "ReplayInputs",
     "ReplayMismatchError",
     "ReplayReport",
-    "ReputationVerdict",
     "RoundScoring",
     "RoundStalledError",
     "SCORE_RECORD_TYPE",
     "ScoreRecord",
     "SignedUpdates",
     "StateMismatchError",
+    "StopReason",
     "TextData",
     "TrainSettings",
     "TrainingConfig",
     "TrainingConfigError",
     "TrainingError",
     "UPDATE_HEADER_TYPE",
+    "UnreachableError",
     "UpdateHeader",
     "aggregate_round",
     "build_model",
     "build_partition_evidence",
+    "check_model_fits",
     "check_partition_evidence",
     "check_reputation_evidence",
     "check_signed_updates",
@@ -122,6 +132,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "input_segments",
     "load_state",
     "load_update",
+    "memory_need",
     "model_numel",
     "model_state",
     "open_partition_result",
@@ -139,6 +150,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "state_cid",
     "state_cid_from_layers",
     "state_numel",
+    "stop_reason_of",
     "store_checkpoint",
     "train_local",
     "updates_topic",

@@ -100,6 +100,12 @@ class ModelConfig:
     vocab_size: int = 1024  # must equal the tokenizer's vocabulary
     pretrained: str = ""  # a Hub model "OWNER/NAME@COMMIT"; empty = build from the fields above
 
+    def approx_parameters(self) -> int:
+        """Parameters of the GPT-2 model these fields build (embeddings + 12 d^2 per block),
+        from the fields alone: nothing is allocated."""
+        embd = self.n_embd
+        return (self.vocab_size + self.n_positions) * embd + 12 * self.n_layer * embd**2
+
     def to_gpt2_kwargs(self) -> dict[str, Any]:
         # Dropout off: a round's update then depends on (state, data, seed) only.
         return {
@@ -132,6 +138,10 @@ class DataConfig:
 # training.partitioned values; "auto" partitions rounds of at least PARTITION_MIN_MEMBERS.
 PARTITION_MODES = ("auto", "always", "never")
 PARTITION_MIN_MEMBERS = 3
+OUTER_OPTIMIZERS = ("sgd", "nesterov")
+# What a [training] table that says outer_optimizer = "nesterov" and not these keys gets: DiLoCo's.
+NESTEROV_DEFAULTS = {"outer_lr": 0.7, "outer_momentum": 0.9}
+PRECISIONS = ("fp32", "bf16-mixed")
 
 
 @dataclass(frozen=True)
@@ -144,7 +154,17 @@ class TrainingConfig:
     local_steps: int = 16  # optimizer steps per round before the update is taken
     batch_size: int = 8  # sequences per step
     lr: float = 3e-3  # AdamW learning rate of the local steps
-    outer_lr: float = 1.0  # state += outer_lr * aggregate(updates)
+    # The outer step (specs/training.md#outer-optimizer): "sgd" is state += outer_lr * aggregate;
+    # "nesterov" is DiLoCo's outer Nesterov momentum, whose buffer is run state (checkpointed,
+    # replayed). A [training] table that names "nesterov" without outer_lr / outer_momentum gets
+    # DiLoCo's 0.7 and 0.9 (NESTEROV_DEFAULTS).
+    outer_optimizer: str = "sgd"
+    outer_lr: float = 1.0
+    outer_momentum: float = 0.0
+    # Local steps' arithmetic: "fp32", or "bf16-mixed" (autocast for forward and backward; the
+    # master weights, the optimizer and the update stay float32). The run's default: a node may
+    # override it (`cnode train --precision`), since nothing other nodes check depends on it.
+    precision: str = "fp32"
     checkpoint_every: int = 1  # the checkpointer stores a checkpoint every N rounds
     aggregator: str = "centered_clip"
     aggregator_params: dict[str, Any] = field(default_factory=dict)
@@ -166,10 +186,11 @@ class TrainingConfig:
     # #verification): more catches a lying aggregator sooner and costs about one update of
     # traffic per member each.
     verify_partitions: int = limits.VERIFY_PARTITIONS
-    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). On for
-    # a run whose run config does not say (for_run); a recorded config (a checkpoint's
-    # extra.training) without the key is of a run from before scores: off (from_dict).
-    scores: bool = False
+    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). On: what
+    # a run gets unless its run config says `scores = false` (for_run). A recorded config (a
+    # checkpoint's extra.training) without the key is of a run from before scores: from_dict
+    # reads it as off, so old checkpoints replay as they were made.
+    scores: bool = True
 
     @property
     def samples_per_round(self) -> int:
@@ -193,23 +214,35 @@ class TrainingConfig:
             del out["update_density"]  # only sparse reads it: other runs keep their bytes
         if not self.scores:  # absent = off, so runs without scores keep their bytes
             del out["scores"]
+        # Likewise the keys added with the outer optimizer and precision, at their old meaning.
+        if self.outer_optimizer == "sgd" and self.outer_momentum == 0.0:
+            del out["outer_optimizer"], out["outer_momentum"]
+        if self.precision == "fp32":
+            del out["precision"]
         return out
 
     @classmethod
     def for_run(cls, raw: dict[str, Any]) -> TrainingConfig:
-        """Build from a run config's ``[training]`` table, where ``scores`` is on unless the
-        table says ``scores = false`` (the default of new runs since issue 12)."""
-        if not isinstance(raw, dict):
-            raise TrainingConfigError("[training] must be a table")
-        return cls.from_dict({"scores": True, **raw})
+        """Build from a run config's ``[training]`` table: an absent key takes the dataclass
+        default (``scores`` on); unknown keys are an error."""
+        return cls._parse(raw)
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainingConfig:
-        """Build from a table as recorded (a checkpoint's ``extra.training``): an absent key
-        takes the dataclass default (``scores`` off); unknown keys are an error."""
+        """Build from a table as recorded (a checkpoint's ``extra.training``, what ``to_dict``
+        wrote): as :meth:`for_run`, but an absent ``scores`` is off (``to_dict`` leaves it out
+        when off, and records of runs from before scores never had it)."""
+        if not isinstance(raw, dict):
+            raise TrainingConfigError("[training] must be a table")
+        return cls._parse({"scores": False, **raw})
+
+    @classmethod
+    def _parse(cls, raw: dict[str, Any]) -> TrainingConfig:
         if not isinstance(raw, dict):
             raise TrainingConfigError("[training] must be a table")
         raw = dict(raw)
+        if raw.get("outer_optimizer") == "nesterov":
+            raw = {**NESTEROV_DEFAULTS, **raw}
         model = _build(ModelConfig, raw.pop("model", {}), "training.model")
         data = _build(DataConfig, raw.pop("data", {}), "training.data")
         config = _build(cls, raw, "training", model=model, data=data)
@@ -226,12 +259,11 @@ class TrainingConfig:
                 raise TrainingConfigError("training.model sizes must be positive")
             if m.n_embd % m.n_head:
                 raise TrainingConfigError("training.model.n_embd must be a multiple of n_head")
-            embd = m.n_embd
-            approx = (m.vocab_size + m.n_positions) * embd + 12 * m.n_layer * embd**2
-            if approx > limits.MAX_MODEL_PARAMETERS:
+            approx = m.approx_parameters()
+            if approx > limits.MAX_MODEL_PARAMETERS_CEILING:
                 raise TrainingConfigError(
-                    f"training.model has ~{approx} parameters, over MAX_MODEL_PARAMETERS "
-                    f"({limits.MAX_MODEL_PARAMETERS})"
+                    f"training.model has ~{approx} parameters, over MAX_MODEL_PARAMETERS_CEILING "
+                    f"({limits.MAX_MODEL_PARAMETERS_CEILING})"
                 )
             if d.seq_len > m.n_positions:
                 raise TrainingConfigError("training.data.seq_len must be <= model.n_positions")
@@ -263,6 +295,26 @@ class TrainingConfig:
             )
         if not (self.lr > 0 and self.outer_lr > 0):
             raise TrainingConfigError("training.lr and outer_lr must be > 0")
+        self._check_outer_and_precision()
+
+    def _check_outer_and_precision(self) -> None:
+        if self.outer_optimizer not in OUTER_OPTIMIZERS:
+            raise TrainingConfigError(
+                f"training.outer_optimizer {self.outer_optimizer!r} is not one of "
+                f"{', '.join(OUTER_OPTIMIZERS)}"
+            )
+        if not 0.0 <= self.outer_momentum < 1.0:
+            raise TrainingConfigError(
+                f"training.outer_momentum {self.outer_momentum!r} must be in [0, 1)"
+            )
+        if self.outer_optimizer == "sgd" and self.outer_momentum != 0.0:
+            raise TrainingConfigError(
+                'training.outer_momentum is for outer_optimizer = "nesterov"; "sgd" has none'
+            )
+        if self.precision not in PRECISIONS:
+            raise TrainingConfigError(
+                f"training.precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
 
 
 def _build(cls: type, raw: Any, where: str, **given: Any) -> Any:

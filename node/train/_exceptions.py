@@ -11,16 +11,23 @@ The tree::
           ├── ReplayMismatchError      recomputing a checkpoint gives other layers than its manifest
           ├── RoundStalledError        the coordinator published no member list in time
           ├── BannedError              the coordinator banned this node (the reason inside)
-          └── CatchUpError             the state needed to join could not be fetched or rebuilt
+          ├── CatchUpError             the state needed to join could not be fetched or rebuilt
+          └── UnreachableError         this node reached none of a round's other members
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from cnode.node._exceptions import NodeError
+
+if TYPE_CHECKING:
+    from cnode.node.coordinator import BanKind
 
 __all__ = [
     "BannedError",
     "CatchUpError",
+    "DeviceError",
     "MalformedUpdateError",
     "MissingUpdatesError",
     "OutputsUnavailableError",
@@ -31,6 +38,7 @@ __all__ = [
     "StateMismatchError",
     "TrainingConfigError",
     "TrainingError",
+    "UnreachableError",
 ]
 
 
@@ -40,6 +48,10 @@ class TrainingError(NodeError):
 
 class TrainingConfigError(TrainingError):
     """Raised when a run's training settings (model, data, steps, aggregator) are unusable."""
+
+
+class DeviceError(TrainingConfigError):
+    """Raised when ``--device`` names a device that is unknown or that torch does not see."""
 
 
 class PeerUpdateError(TrainingError):
@@ -111,8 +123,12 @@ class BannedError(TrainingError):
     """Raised by the training loop when the run's signed state bans this very node.
 
     Its peers refuse its block requests and updates from then on; the message carries the
-    coordinator's reason (as ``cnode status`` shows it).
+    coordinator's reason (as ``cnode status`` shows it), ``kind`` how the ban was decided.
     """
+
+    def __init__(self, message: str, kind: BanKind) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class PartitionEvidenceError(TrainingError):
@@ -123,3 +139,17 @@ class PartitionEvidenceError(TrainingError):
 class OutputsUnavailableError(TrainingError):
     """Raised when a node cannot fetch an agreed partition output: it must not assemble another
     state, so it gives the round up and catches up (specs/training.md#partitioned-rounds)."""
+
+
+class UnreachableError(TrainingError):
+    """Raised when a round exchanged nothing and this node could dial none of its other members:
+    it cannot take part. ``peers`` maps each member to why it could not be dialed."""
+
+    def __init__(self, round_: int, peers: dict[str, str]) -> None:
+        named = "; ".join(f"{p} ({why})" for p, why in sorted(peers.items()))
+        super().__init__(
+            f"round {round_}: no partition could be exchanged and this node reached none of the "
+            f"round's other members: {named}"
+        )
+        self.round = round_
+        self.peers = peers

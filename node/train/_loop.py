@@ -9,7 +9,9 @@ trio). See specs/training.md#interaction.
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -22,7 +24,13 @@ from cnode.node._config import IDENTITY_FILE
 from cnode.node._logging import bind_context
 from cnode.node.coordinator import CoordinatorClient, RunConfig, load_run_config
 from cnode.node.hub import HubLogin, load_hub_login
-from cnode.node.p2p import P2PSettings, PeerAdmission, open_p2p_node, unwrap_node_errors
+from cnode.node.p2p import (
+    P2PNode,
+    P2PSettings,
+    PeerAdmission,
+    open_p2p_node,
+    unwrap_node_errors,
+)
 from cnode.storage import BlockStore
 
 from . import limits
@@ -30,10 +38,14 @@ from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
 from ._membership import leave_round
+from ._memory import check_model_fits
+from ._metrics import NodeMetrics, serve_metrics
 from ._report import Reporter
 from ._round_loop import RoundLoop
+from ._stop import NodeStopped, StopReason, stop_reason_of
 from ._trainer import NodeTrainer
-from .exchange import PartitionedExchange, UpdateExchange
+from .exchange import MemberFetcher, PartitionedExchange, UpdateExchange
+from .model import Placement
 from .swarm import (
     HeaderCollector,
     KnownBans,
@@ -49,8 +61,11 @@ __all__ = ["NODE_ATTACKS", "TrainSettings", "run_node"]
 # update: "withhold" publishes its header and says ready, then serves its update to nobody (an
 # update no member can fetch, which the round's agreed decision must drop on every node) and, as
 # a partition's aggregator, never publishes its result (a backup takes the partition over);
-# "wrong_partition" signs a wrong partition result (caught, recomputed and banned).
-NODE_ATTACKS = ("withhold", "wrong_partition")
+# "wrong_partition" signs a wrong partition result (caught, recomputed and banned);
+# "extreme_scores" signs score records with issue 29's finite but out-of-range losses (5.0,
+# -1e308, 5.0, 4.9: the record is refused and its signer banned on the coordinator's own check);
+# "zero_scores" signs in-range records that state every loss 0 (disputed, recomputed, named).
+NODE_ATTACKS = ("withhold", "wrong_partition", "extreme_scores", "zero_scores")
 
 log = structlog.get_logger(__name__)
 
@@ -79,6 +94,10 @@ class TrainSettings:
     gateway: tuple[str, int] | None = None
     # --fetch-gateway URL: trustless gateways tried for a checkpoint after peers, before the Hub
     fetch_gateways: tuple[str, ...] = ()
+    # --metrics HOST:PORT: serve Prometheus metrics there (specs/training.md#metrics)
+    metrics: tuple[str, int] | None = None
+    device: str = "auto"  # --device / [node] device (model/_device.py)
+    precision: str = ""  # --precision / [node] precision; "" = the run's training.precision
 
 
 async def run_node(settings: TrainSettings) -> int:
@@ -90,15 +109,25 @@ async def run_node(settings: TrainSettings) -> int:
             f"--run {settings.run!r} but the run config is for run {run_config.run!r}"
         )
     training = TrainingConfig.for_run(dict(run_config.training))
+    check_model_fits(training)  # before the model, the data or the network is touched
     login = load_hub_login(settings.home)
     if settings.hf_repo and login is None:
         raise TrainingConfigError(
             f"--hf-repo {settings.hf_repo} needs a Hub login: run cnode init --hf-login first"
         )
     bind_context(peer=identity.peer_id_str, run=settings.run)
+    placement = Placement.resolve(settings.device, settings.precision or training.precision)
+    log.info("device_picked", device=str(placement.device), said=placement.said,
+             precision=placement.precision)  # fmt: skip
     store = BlockStore(settings.blocks_dir)
     reporter = Reporter(settings.report, peer=identity.peer_id_str)
-    reporter.event("started", attack=settings.attack, checkpointer=settings.checkpointer)
+    reporter.event(
+        "started",
+        attack=settings.attack,
+        checkpointer=settings.checkpointer,
+        device=str(placement.device),
+        precision=placement.precision,
+    )
     trainer = await trio.to_thread.run_sync(
         partial(
             NodeTrainer,
@@ -107,6 +136,7 @@ async def run_node(settings: TrainSettings) -> int:
             identity=identity,
             store=store,
             attack=settings.attack,
+            placement=placement,
         )
     )
     session = _Session(settings, run_config, identity, store, trainer, reporter, login)
@@ -130,11 +160,21 @@ async def run_node(settings: TrainSettings) -> int:
                     raise error from None
         if session.left:
             why = "left"
-    except BaseException as exc:
-        why = f"{type(exc).__name__}: {exc}"
+    except (Exception, BaseExceptionGroup) as exc:
+        # Every stop gets one reason of the closed set (_stop.py), in the report and the CLI's
+        # exit status; an unexpected error is "internal" and keeps its traceback in the log.
+        reason = stop_reason_of(exc)
+        evidence = exc.evidence if isinstance(exc, NodeStopped) else f"{type(exc).__name__}: {exc}"
+        if reason is StopReason.INTERNAL:
+            log.exception("stopped_on_internal_error")
+        reporter.event(
+            "stopped", reason=evidence, stop_reason=reason.value, exit_code=reason.exit_code
+        )
+        raise NodeStopped(reason, evidence) from exc
+    except BaseException as exc:  # cancelled, KeyboardInterrupt: the process is told to end
+        reporter.event("stopped", reason=f"{type(exc).__name__}: {exc}", stop_reason="finished")
         raise
-    finally:
-        reporter.event("stopped", reason=why)  # for people and for the demo's report
+    reporter.event("stopped", reason=why, stop_reason="finished", exit_code=0)
     return 0
 
 
@@ -211,7 +251,13 @@ class _Session:
                 await client.join(addrs=addrs)
             self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
             finder = PeerFinder(node, refused=lambda peer: peer in self.bans)
-            exchange = UpdateExchange(run, node.peer_id, node, self.headers, finder)
+            fetcher = MemberFetcher(run, node.peer_id, node, self.headers, finder)
+            exchange = UpdateExchange(
+                self.trainer,
+                client,
+                fetcher,
+                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
+            )
             loop = RoundLoop(
                 run_id=run,
                 trainer=self.trainer,
@@ -224,7 +270,7 @@ class _Session:
                     self.trainer,
                     node,
                     client,
-                    exchange,
+                    fetcher,
                     backup_step_s=self.run_config.rounds.backup_step_s,
                     withhold=settings.attack == "withhold",
                 ),
@@ -248,27 +294,46 @@ class _Session:
                 every=self.every,
                 stop_after_round=settings.stop_after_round,
                 checkpointer=settings.checkpointer,
-                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
             )
             gateway = maybe_gateway(settings.gateway, self.store, node, self.reporter)
-            async with gateway, trio.open_nursery() as nursery:
-                nursery.start_soon(
-                    loop.topics.run_all, node, partial(loop.take_state, via="gossip")
-                )
-                nursery.start_soon(
-                    finder.follow,
-                    client,
-                    settings.bootstrap,
-                    partial(loop.take_state, via="poll"),
-                )
-                with trio.CancelScope() as rounds:
-                    nursery.start_soon(self._leave_on_signal, rounds)
-                    await loop.run()
-                nursery.cancel_scope.cancel()
+            with contextlib.ExitStack() as metrics:
+                if settings.metrics is not None:
+                    node_metrics = NodeMetrics(node.traffic)
+                    self.reporter.observers.append(node_metrics)
+                    url = metrics.enter_context(
+                        serve_metrics(settings.metrics, node_metrics.registry)
+                    )
+                    self.reporter.event("metrics", url=url)
+                await self._play(loop, node, client, finder, gateway)
             if self.left and loop.current_round is not None:
                 await leave_round(client, loop.current_round)
             if self.left:
                 self.reporter.event("left", round=loop.current_round)
+
+    async def _play(
+        self,
+        loop: RoundLoop,
+        node: P2PNode,
+        client: CoordinatorClient,
+        finder: PeerFinder,
+        gateway: AbstractAsyncContextManager[None],
+    ) -> None:
+        """The round loop with its companions: gossip, peer discovery, the signal watcher."""
+        settings = self.settings
+        async with gateway, trio.open_nursery() as nursery:
+            nursery.start_soon(
+                loop.topics.run_all, node, partial(loop.take_state, via="gossip")
+            )
+            nursery.start_soon(
+                finder.follow,
+                client,
+                settings.bootstrap,
+                partial(loop.take_state, via="poll"),
+            )
+            with trio.CancelScope() as rounds:
+                nursery.start_soon(self._leave_on_signal, rounds)
+                await loop.run()
+            nursery.cancel_scope.cancel()
 
     async def _leave_on_signal(self, rounds: trio.CancelScope) -> None:
         """On SIGTERM or SIGINT, stop the rounds; the node then leaves its current round."""

@@ -8,9 +8,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Reporter", "read_report"]
+__all__ = ["EventObserver", "Reporter", "read_report"]
+
+
+class EventObserver(Protocol):
+    """Something that learns from the node's events as they are written (its metrics)."""
+
+    def observe(self, event: str, fields: dict[str, Any]) -> None: ...
 
 
 class Reporter:
@@ -21,11 +27,14 @@ class Reporter:
         self.peer = peer
         # The latest fields of each event, for whoever reports them on (the dashboard).
         self.last: dict[str, dict[str, Any]] = {}
+        self.observers: list[EventObserver] = []  # told of every event (the node's /metrics)
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
 
     def event(self, event: str, **fields: Any) -> None:
         self.last[event] = fields
+        for observer in self.observers:
+            observer.observe(event, fields)
         line = _human(event, fields)
         if line is not None:
             print(line, flush=True)  # stdout: one line per round for the person running it

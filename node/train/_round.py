@@ -26,15 +26,12 @@ from cnode.aggregation import (
     segment_ranges,
     unflatten_segments,
 )
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
     CID,
-    DAG_CBOR,
     BlockStore,
     CheckpointMeta,
     Manifest,
     StorageError,
-    compute_cid,
     load_layer,
     read_manifest,
     save_checkpoint,
@@ -43,7 +40,8 @@ from cnode.storage import (
 from . import limits
 from ._config import TrainingConfig
 from ._exceptions import MalformedUpdateError, PeerUpdateError
-from .model import State, state_cid
+from ._records import RecordKind, record_cid
+from .model import State, outer_step, state_cid, uses_momentum, zero_momentum
 
 __all__ = [
     "UPDATE_HEADER_TYPE",
@@ -114,35 +112,18 @@ class UpdateHeader:
         )
 
 
-def seal_update_header(identity: Identity, header: UpdateHeader) -> bytes:
-    """The header as a signed envelope (``cnode/update-header/v1``)."""
-    if header.peer != identity.peer_id_str:
-        raise ValueError("an update header is signed by the peer it names")
-    return seal(identity, UPDATE_HEADER_TYPE, header.to_payload())
-
-
-def header_cid(envelope: bytes) -> CID:
-    """The CID a signed header is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, DAG_CBOR)
-
-
-def open_update_header(
-    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
-) -> UpdateHeader:
-    """Verify a signed header's size, signature, run and round; raise PeerUpdateError if bad."""
-    who = signer or "unknown peer"
-    if len(envelope) > limits.MAX_UPDATE_HEADER_BYTES:
-        raise PeerUpdateError(who, f"header of {len(envelope)} bytes > MAX_UPDATE_HEADER_BYTES")
-    try:
-        opened = open_envelope(envelope, expected_type=UPDATE_HEADER_TYPE, expected_signer=signer)
-    except EnvelopeError as exc:
-        raise PeerUpdateError(who, f"bad header envelope: {exc}") from exc
-    header = UpdateHeader.from_payload(opened.payload, opened.signer)
-    if header.run != run:
-        raise PeerUpdateError(opened.signer, f"header is for run {header.run!r}, not {run!r}")
-    if round_ is not None and header.round != round_:
-        raise PeerUpdateError(opened.signer, f"header is for round {header.round}, not {round_}")
-    return header
+UPDATE_HEADERS = RecordKind(
+    UPDATE_HEADER_TYPE,
+    "header",
+    "peer",
+    limits.MAX_UPDATE_HEADER_BYTES,
+    "MAX_UPDATE_HEADER_BYTES",
+    UpdateHeader.from_payload,
+)
+# The header as a signed envelope (``cnode/update-header/v1``); its CID; its checks on opening.
+seal_update_header = UPDATE_HEADERS.seal
+header_cid = record_cid
+open_update_header = UPDATE_HEADERS.open
 
 
 def segment_layer(index: int) -> str:
@@ -287,32 +268,34 @@ def expected_specs(state: Mapping[str, torch.Tensor]) -> dict[str, TensorSpec]:
 class RoundResult:
     """The outcome of aggregating one round."""
 
-    state: State  # parent + outer_lr * aggregate
+    state: State  # the outer step of parent and aggregate (model/_outer.py)
     state_cid: CID  # see _state.py
     aggregation: AggregationResult  # per-peer records (distance, clip weight, rejection)
+    momentum: State | None = None  # the outer momentum after the round (nesterov), else None
 
 
 def aggregate_round(
-    parent: State, updates: Mapping[str, State], config: TrainingConfig
+    parent: State,
+    updates: Mapping[str, State],
+    config: TrainingConfig,
+    momentum: State | None = None,
 ) -> RoundResult:
-    """Aggregate the round's updates with the run's rule and apply them to ``parent``.
+    """Aggregate the round's updates with the run's rule and take the outer step from ``parent``
+    (and ``momentum``, the outer momentum before the round; None starts from zeros).
 
-    Deterministic: the aggregation orders peers by id and the apply is one elementwise float32
-    add per layer, so every honest node gets the same bytes.
+    Deterministic: the aggregation orders peers by id and the outer step is a fixed sequence of
+    elementwise float32 ops per layer on the CPU, so every honest node gets the same bytes.
 
     A round whose agreed set is empty (nobody's update was held by a majority of its members)
-    applies nothing: the state stays the parent's, on every node alike.
+    applies nothing: the state and the momentum stay the parent's, on every node alike.
     """
     rule = AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
+    if uses_momentum(config) and momentum is None:
+        momentum = zero_momentum(parent)
     if not updates:
         unchanged = {name: t.clone() for name, t in parent.items()}
         nothing = AggregationResult({}, {}, {"rule": config.aggregator, "accepted": 0})
-        return RoundResult(unchanged, state_cid(unchanged), nothing)
+        return RoundResult(unchanged, state_cid(unchanged), nothing, momentum)
     result = aggregate(updates, expected=expected_specs(parent), config=rule)
-    new: State = {}
-    for name, base in parent.items():
-        step = result.tensors[name].to(torch.float32)
-        if config.outer_lr != 1.0:
-            step = step * config.outer_lr
-        new[name] = (base + step).contiguous()
-    return RoundResult(new, state_cid(new), result)
+    new, new_momentum = outer_step(parent, momentum, result.tensors, config)
+    return RoundResult(new, state_cid(new), result, new_momentum)

@@ -6,9 +6,10 @@ Each stage has its own module; this one only sequences them (specs/training.md#a
   swarm first catches up (``_catch_up``);
 - train and publish: the trainer stores the update and its signed header; the header goes out
   on gossip (``_topics``) and its CID in ``ready``;
-- exchange: headers and updates of the published member list, the ``collected`` report, and the
-  agreed input set (``_exchange``);
-- aggregate and apply (``_trainer``), then the checkpoint and its agreement check.
+- exchange and aggregate: a full round's collect, ``collected`` report, agreed input set and
+  aggregation (``exchange.UpdateExchange.play``), or a partitioned round's aggregate, score,
+  verify and assemble (``exchange.PartitionedExchange.play``);
+- then the checkpoint and its agreement check.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from ._exceptions import (
 )
 from ._membership import leave_round
 from ._report import Reporter
-from ._round import UpdateHeader
 from ._trainer import NodeTrainer, OwnUpdate, RoundOutcome
 from .checkpoint import agree_on_checkpoint
 from .exchange import PartitionedExchange, UpdateExchange
@@ -64,8 +64,6 @@ class RoundLoop:
     every: int  # checkpoint every this many rounds
     stop_after_round: int
     checkpointer: bool
-    # The run's rounds.collect_timeout_s: a node also gives the agreed set no longer than this.
-    collect_timeout_s: float
     current_round: int | None = None  # joined and not yet aggregated
     gave_up: MissingUpdatesError | None = None  # the last round this node could not complete
 
@@ -83,76 +81,46 @@ class RoundLoop:
 
     async def one_round(self) -> bool:
         """Play one round; True when the node is done."""
-        trainer, client, stop = self.trainer, self.client, self.stop_after_round
-        # Normally joined at the end of the previous round already (see below).
-        round_ = self.current_round or await client.join_round()
-        self.current_round = round_
-        self.headers.forget_before(round_ - 1)  # a joiner's window starts at its first round
-        bind_context(round=round_)
-        if stop and round_ > stop:
-            await leave_round(client, round_)  # joined too late for the rounds it was asked for
-            if self.gave_up is not None:  # and it never caught up with the swarm's state
-                raise CatchUpError(
-                    f"{self.gave_up}; the run passed round {stop} before this node caught up"
-                )
+        round_ = await self._enter_round()
+        if round_ is None:
             return True
-        if round_ != trainer.round + 1:
-            round_ = self.current_round = await self._catch_up(round_)
-            caught = self.reporter.last.pop("caught_up", None)
-            if caught is not None:  # for the dashboard's late-joiner table
-                await send_report(client, catch_up_report(caught))
-            if stop and round_ > stop:
-                await leave_round(client, round_)
-                return True
-        began = time.monotonic()
-        own = await trio.to_thread.run_sync(trainer.train, round_)
-        t_train = time.monotonic() - began
-        began = time.monotonic()
-        await self.node.announce_update(own.header.update, round_)
-        await self.topics.publish_header(self.node, own.envelope)
-        await client.ready(round_, header=str(own.header_cid))
-        t_publish = time.monotonic() - began + own.seconds_store
+        own, t_train, t_publish = await self._train_and_publish(round_)
         info = await self._wait_members(round_)
-        sent, got = self.node.server.bytes_sent, self.exchange.bytes_in
+        sent, got = self.node.server.bytes_sent, self.exchange.fetcher.bytes_in
         began = time.monotonic()
+        outcome = await (self._play_partitioned(info) if info.parts else self._play_full(info, own))
+        if outcome is None:
+            self.current_round = None  # the next round starts with a catch-up
+            return False
         if info.parts:
-            outcome = await self._play_partitioned(info)
             t_fetch, t_aggregate = time.monotonic() - began, 0.0
-            if outcome is None:
-                self.current_round = None  # the next round starts with a catch-up
-                return False
+            bytes_in = self.partitioned.last_bytes_in
         else:
-            agreed = await self._exchange(info, own)
-            t_fetch = time.monotonic() - began
-            if agreed is None:
-                self.current_round = None  # the next round starts with a catch-up
-                return False
-            headers, dropped = agreed
-            trainer.check_agreement(round_, {peer: header for peer, (_, header) in headers.items()})
-            began = time.monotonic()
-            outcome = await trio.to_thread.run_sync(trainer.aggregate, round_, headers, dropped)
-            t_aggregate = time.monotonic() - began
+            t_fetch, t_aggregate = self.exchange.last_fetch_s, self.exchange.last_aggregate_s
+            bytes_in = self.exchange.fetcher.bytes_in - got
         self.gave_up = None
         self.headers.forget_before(round_)  # this round's headers are in the store now
         self.current_round = None
-        last = bool(stop) and round_ >= stop
+        last = bool(self.stop_after_round) and round_ >= self.stop_after_round
         if not last:
             # Join the next round now: its list closes when its first member is ready, and a
             # node that joins after that waits a whole round (DISCO's rule for late comers).
-            self.current_round = await client.join_round()
+            self.current_round = await self.client.join_round()
         manifest = None
-        if round_ % self.every == 0:
-            manifest = await trio.to_thread.run_sync(trainer.store_checkpoint)
+        if outcome.empty:  # warned once (round_exchanged_nothing): no progress to checkpoint
+            self.reporter.event("round_exchanged_nothing", round=round_, parts=info.parts)
+        elif round_ % self.every == 0:
+            manifest = await trio.to_thread.run_sync(self.trainer.store_checkpoint)
             await self.node.announce_hold(manifest)
             await self._agree(round_, info.epoch, manifest)
         for ban in outcome.bans:
             await self._report_ban(ban)
-        loss = await trio.to_thread.run_sync(trainer.evaluate)
+        loss = await trio.to_thread.run_sync(self.trainer.evaluate)
         self.reporter.event(
             "round",
             round=round_,
             loss=loss,
-            state_cid=str(trainer.state_cid),
+            state_cid=str(self.trainer.state_cid),
             manifest=None if manifest is None else str(manifest),
             members=list(outcome.members),
             dropped=outcome.dropped,
@@ -164,14 +132,51 @@ class RoundLoop:
             parts=info.parts,
             # Verified bytes this node fetched and served in the round's exchange (the demo
             # report's traffic table); a catch-up's are in its own event.
-            bytes_in=(
-                self.partitioned.last_bytes_in if info.parts else self.exchange.bytes_in - got
-            ),
+            bytes_in=bytes_in,
             bytes_out=self.node.server.bytes_sent - sent,
         )
         holds = None if manifest is None else str(manifest)
-        await send_report(client, round_report(round_, loss, str(trainer.state_cid), holds))
+        report = round_report(round_, loss, str(self.trainer.state_cid), holds)
+        await send_report(self.client, report)
         return last
+
+    async def _enter_round(self) -> int | None:
+        """The round this node plays next, caught up to it first if it is behind; None when
+        the rounds it was asked for are over (it left the round it had joined)."""
+        client, stop = self.client, self.stop_after_round
+        # Normally joined at the end of the previous round already (see one_round).
+        round_ = self.current_round or await client.join_round()
+        self.current_round = round_
+        self.headers.forget_before(round_ - 1)  # a joiner's window starts at its first round
+        bind_context(round=round_)
+        if stop and round_ > stop:
+            await leave_round(client, round_)  # joined too late for the rounds it was asked for
+            if self.gave_up is not None:  # and it never caught up with the swarm's state
+                raise CatchUpError(
+                    f"{self.gave_up}; the run passed round {stop} before this node caught up"
+                )
+            return None
+        if round_ != self.trainer.round + 1:
+            round_ = self.current_round = await self._catch_up(round_)
+            caught = self.reporter.last.pop("caught_up", None)
+            if caught is not None:  # for the dashboard's late-joiner table
+                await send_report(client, catch_up_report(caught))
+            if stop and round_ > stop:
+                await leave_round(client, round_)
+                return None
+        return round_
+
+    async def _train_and_publish(self, round_: int) -> tuple[OwnUpdate, float, float]:
+        """Train, store and announce this node's update, publish its header and say ready;
+        the update, and the seconds training and publishing took."""
+        began = time.monotonic()
+        own = await trio.to_thread.run_sync(self.trainer.train, round_)
+        t_train = time.monotonic() - began
+        began = time.monotonic()
+        await self.node.announce_update(own.header.update, round_)
+        await self.topics.publish_header(self.node, own.envelope)
+        await self.client.ready(round_, header=str(own.header_cid))
+        return own, t_train, time.monotonic() - began + own.seconds_store
 
     async def _catch_up(self, round_: int) -> int:
         try:
@@ -192,8 +197,21 @@ class RoundLoop:
             f"(coordinator: {waiting or 'no reason given'})"
         )
 
+    async def _play_full(self, info: RoundInfo, own: OwnUpdate) -> RoundOutcome | None:
+        """A full-replication round (``exchange.UpdateExchange``); None when this node must
+        catch up."""
+        try:
+            return await self.exchange.play(info, own, self._check_banned)
+        except MissingUpdatesError as exc:
+            # Aggregating any other set than the agreed one would make this node diverge.
+            log.warning("round_given_up", round=info.round, error=str(exc))
+            self.reporter.event("round_given_up", round=info.round, missing=exc.reasons)
+            self.gave_up = exc
+            return None
+
     async def _play_partitioned(self, info: RoundInfo) -> RoundOutcome | None:
-        """A partitioned round (``_partition_exchange``); None when this node must catch up."""
+        """A partitioned round (``exchange.PartitionedExchange``); None when this node must
+        catch up."""
         try:
             outcome = await self.partitioned.play(info)
         except OutputsUnavailableError as exc:
@@ -202,60 +220,17 @@ class RoundLoop:
             self.reporter.event("round_given_up", round=info.round, missing={"outputs": str(exc)})
             self.gave_up = MissingUpdatesError(info.round, [], {"outputs": str(exc)})
             return None
-        self.bans.check_not_banned(self.trainer.peer, self.run_id)
+        await self._check_banned()
         return outcome
 
-    async def _exchange(
-        self, info: RoundInfo, own: OwnUpdate
-    ) -> tuple[dict[str, tuple[CID, UpdateHeader]], dict[str, str]] | None:
-        """Collect, report, and complete the agreed set; None when this node must catch up."""
-        round_, me = info.round, self.trainer.peer
-        now = time.time()
-        deadline_s = (info.collect_deadline_ms or 0) / 1000 - now
-        fetch_s = min(limits.ROUND_FETCH_S, deadline_s - limits.COLLECT_REPORT_MARGIN_S)
-        got = await self.exchange.collect(info, until=trio.current_time() + max(fetch_s, 1.0))
-        if self.exchange.refused_by:  # holders refused us: banned, and not told yet?
-            self.exchange.refused_by.clear()
+    async def _check_banned(self) -> None:
+        """Raise BannedError if this node is banned: learned from gossip or a poll, or, when a
+        holder refused it during the round, from the signed state read now."""
+        refused = self.exchange.fetcher.refused_by
+        if refused:  # holders refused us: banned, and not told yet?
+            refused.clear()
             self.take_state(await self.client.run_state(), via="poll")
-        # Banned (learned from gossip, a poll, or just now): say so, before anything else.
-        self.bans.check_not_banned(me, self.run_id)
-        await self.client.collected(round_, missing=sorted(got.missing))
-        agreed: RoundInfo | None = None
-        with trio.move_on_after(max(deadline_s, 0.0) + limits.AGREED_WAIT_SLACK_S):
-            agreed = await self.client.wait_agreed(round_)
-        if agreed is None or agreed.agreed is None:
-            raise RoundStalledError(
-                f"round {round_}: no agreed input set {limits.AGREED_WAIT_SLACK_S:g} s after "
-                "the round's collect deadline"
-            )
-        try:
-            got = await self.exchange.complete(
-                agreed,
-                got,
-                until=trio.current_time() + min(limits.AGREED_FETCH_S, self.collect_timeout_s),
-            )
-        except MissingUpdatesError as exc:
-            # Aggregating any other set than the agreed one would make this node diverge.
-            log.warning("round_given_up", round=round_, error=str(exc))
-            self.reporter.event("round_given_up", round=round_, missing=exc.reasons)
-            self.gave_up = exc
-            return None
-        headers: dict[str, tuple[CID, UpdateHeader]] = {
-            m: got.headers[m] for m in agreed.agreed if m in got.headers
-        }
-        if me in agreed.agreed:
-            headers[me] = (own.header_cid, own.header)
-        dropped = dict(agreed.excluded)
-        dropped.update({m: why for m, why in got.invalid.items() if m in agreed.agreed})
-        if dropped:
-            log.warning(
-                "round_aggregates_fewer_members",
-                round=round_,
-                listed=len(info.members),
-                aggregated=len(headers),
-                left_out={peer[-8:]: why for peer, why in dropped.items()},
-            )
-        return headers, dropped
+        self.bans.check_not_banned(self.trainer.peer, self.run_id)
 
     def take_state(self, state: RunState, *, via: str) -> None:
         """A signed run state arrived (gossip or poll): take its bans."""
@@ -287,6 +262,7 @@ class RoundLoop:
             "ban_reported",
             accused=ban.peer,
             round=ban.round,
+            kind=str(ban.kind),
             reason=ban.reason,
             figures=payload.get("figures"),
             reports=answer.reports,

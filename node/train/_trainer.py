@@ -26,7 +26,7 @@ from cnode.aggregation import (
     combine_records,
 )
 from cnode.auth import Identity
-from cnode.storage import CID, DAG_CBOR, BlockStore, StorageError, load_checkpoint
+from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
 
 from ._config import TrainingConfig
 from ._exceptions import (
@@ -41,7 +41,6 @@ from ._round import (
     aggregate_round,
     encode_update,
     load_update,
-    open_update_header,
     seal_update_header,
     store_update,
 )
@@ -49,20 +48,26 @@ from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_che
 from .model import (
     DATA_ATTACKS,
     LocalResult,
+    Placement,
     Residual,
     State,
     TextData,
+    adopted_momentum,
     build_model,
     corrupt_data,
     drop_residual,
     evaluate,
     load_residual,
     save_residual,
+    split_momentum,
     state_cid,
     train_local,
+    uses_momentum,
+    zero_momentum,
 )
 from .partition import (
     PartitionResult,
+    PartitionTask,
     aggregate_own_partition,
     apply_partitions,
     seal_partition_result,
@@ -98,6 +103,9 @@ class RoundOutcome:
     dropped: dict[str, str]  # peer -> why its update was not used (missing, bad header, ...)
     bans: list[BanRecommendation]
     seconds: float
+    # Nothing could be exchanged: no partition had a result, every one kept its parent. The
+    # state is the parent's; the round is no progress and is not checkpointed.
+    empty: bool = False
 
 
 def _finite(params: Mapping[str, Any]) -> dict[str, Any]:
@@ -122,14 +130,18 @@ class NodeTrainer:
         identity: Identity,
         store: BlockStore,
         attack: str | None = None,
+        placement: Placement | None = None,
     ) -> None:
         self.config = config
+        # Where local steps run (--device, --precision); the state and all else stay on the CPU.
+        self.placement = placement or Placement(torch.device("cpu"), config.precision)
         self.run = run
         self.identity = identity
         self.peer = identity.peer_id_str
         self.store = store
         self.data = TextData.build(config.data, config.model)
-        self.model = build_model(config)
+        self.model: torch.nn.Module = build_model(config)
+        torch.nn.Module.to(self.model, self.placement.device)  # in place, as modules move
         self.attack_name = attack
         self.train_data = self.data  # data attacks (flipped_tokens, ...) train on corrupted text
         if attack in DATA_ATTACKS:
@@ -137,11 +149,15 @@ class NodeTrainer:
             attack = None
         # Update attacks only; node attacks (withhold, wrong_partition) act elsewhere.
         self.attack = ATTACKS.get(attack or "")
-        self.scoring = RoundScoring(config, self.data) if config.scores else None
+        self.scoring = (
+            RoundScoring(config, self.data, placement=self.placement) if config.scores else None
+        )
         self._rng = torch.Generator().manual_seed(config.seed + 1)
         self.bans = BanPolicy()
         self.state: State = genesis_state(config)
         self.state_cid: CID = state_cid(self.state)
+        # The outer momentum after self.round (nesterov; None for sgd): run state, like self.state.
+        self.momentum: State | None = zero_momentum(self.state) if uses_momentum(config) else None
         self.round = 0  # the last round included in self.state
         self.checkpoint: CID | None = None  # the checkpoint self.state descends from
         self.since_checkpoint: list[RoundLog] = []
@@ -160,7 +176,8 @@ class NodeTrainer:
         info = read_checkpoint_info(self.store, cid)
         if info.run != self.run:
             raise CatchUpError(f"checkpoint {cid} is of run {info.run!r}, not {self.run!r}")
-        tensors, _ = load_checkpoint(self.store, cid)
+        stored, _ = load_checkpoint(self.store, cid)
+        tensors, momentum = split_momentum(stored)
         got = state_cid(tensors)
         if info.state_cid is not None and got != info.state_cid:
             raise CatchUpError(
@@ -168,11 +185,12 @@ class NodeTrainer:
             )
         if set(tensors) != set(self.state):
             raise CatchUpError(f"checkpoint {cid} does not fit the run's model")
+        self.momentum = adopted_momentum(self.config, tensors, momentum, str(cid), info.round)
         self.state, self.state_cid, self.round = tensors, got, info.round
         self.checkpoint, self.since_checkpoint = cid, []
         if self.config.scores:  # reputations as the checkpoint recorded them
             self.scoring = RoundScoring(
-                self.config, self.data, checkpoint_reputation(info.manifest)
+                self.config, self.data, checkpoint_reputation(info.manifest), self.placement
             )
         # Re-synced from a checkpoint: the residual belongs to rounds this state did not see.
         self.residual = None
@@ -203,9 +221,8 @@ class NodeTrainer:
         """Train on the current state, store the update and the signed header; return them."""
         if round_ != self.round + 1:
             raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
-        local = train_local(
-            self.model, self.state, self.train_data, self.config, peer_id=self.peer, round_=round_
-        )
+        local = train_local(self.model, self.state, self.train_data, self.config, peer_id=self.peer,
+                            round_=round_, placement=self.placement)  # fmt: skip
         began = time.perf_counter()
         delta = local.delta
         if self.attack is not None:
@@ -288,13 +305,14 @@ class NodeTrainer:
                 self.scoring.admitted_updates(scored, updates),
                 self.scoring.rule_config(),
             )
-        result = aggregate_round(self.state, updates, rule)
+        result = aggregate_round(self.state, updates, rule, self.momentum)
         update_cids = {p: str(headers[p][1].update) for p in [*used, *malformed]}
         records = {**result.aggregation.records, **malformed}
         bans = self.bans.observe(round_, records, update_cids)
         if self.scoring is not None and scored is not None:
             bans += self.scoring.bans(scored, update_cids)
         self.state, self.state_cid, self.round = result.state, result.state_cid, round_
+        self.momentum = result.momentum
         self.since_checkpoint.append(
             RoundLog(
                 round_,
@@ -334,16 +352,11 @@ class NodeTrainer:
     ) -> tuple[bytes, PartitionResult]:
         """Aggregate this node's partition of the updates ``headers`` name (their partition's
         segments in the store), store the output and sign the result; return both."""
+        task = PartitionTask(
+            self.run, round_, partition, parts, state_numel(self.state), self.state_cid
+        )
         work = aggregate_own_partition(
-            self.store,
-            {m: h for m, (_, h) in headers.items()},
-            run=self.run,
-            round_=round_,
-            partition=partition,
-            parts=parts,
-            numel=state_numel(self.state),
-            base=self.state_cid,
-            config=self.config,
+            self.store, {m: h for m, (_, h) in headers.items()}, task, self.config
         )
         output = work.output
         if self.attack_name == "wrong_partition" and output is not None:
@@ -389,7 +402,9 @@ class NodeTrainer:
             raise StateMismatchError(
                 f"asked to assemble round {round_} on the state of {self.round}"
             )
-        new = apply_partitions(self.store, self.state, outputs, parts=parts, config=self.config)
+        new, momentum = apply_partitions(
+            self.store, self.state, outputs, parts=parts, config=self.config, momentum=self.momentum
+        )
         new_cid = state_cid(new)
         per_partition = []
         update_cids: dict[str, str] = {}
@@ -416,17 +431,44 @@ class NodeTrainer:
             "partitions": len(results),
             "members": len(members),
         }
+        empty = not results  # the same verdict on every node: results are the recorded ones
+        if empty:
+            # No partition result: the state stays the parent's. Nothing is logged for the
+            # round (a replay has nothing to recompute) and its scores move no reputation (no
+            # update was applied); a wrong score record is still evidence.
+            if scores is not None:
+                bans += list(scores.wrong)
+            self.round = round_
+            log.warning(
+                "round_exchanged_nothing",
+                round=round_,
+                parts=parts,
+                why="no partition has a result: no aggregator, nor any backup, got enough "
+                "members' updates by the deadline (are the members' addresses reachable?)",
+            )
+            return RoundOutcome(
+                round_,
+                RoundResult(self.state, self.state_cid, AggregationResult({}, combined, {})),
+                (),
+                dropped,
+                bans,
+                time.perf_counter() - began,
+                empty=True,
+            )
         if scores is not None and self.scoring is not None:
             bans += self._spread_bans(round_, scores)
             dropped.update({m: why for m, why in scores.left_out.items() if m not in combined})
             params["scores"] = scores.to_params()
-            # Every member's header that opens and every score record are listed, so a replay
-            # recomputes the same scores, reputations and admitted set (the seed's full input
-            # is in params["scores"]["headers"]).
-            inputs.update(c for c in scores.headers.values() if self._opens(c, round_))
+            # The manifest lists only what the agreed round decides, never what this node
+            # happens to hold (a header fetched here but not there made honest nodes' manifests
+            # differ): every score record, and the header of each disputed target (a replay
+            # recomputes those). The seed's full input is in params["scores"]["headers"].
+            disputed = {str(w.figures.get("target")) for w in scores.wrong}
+            inputs.update(c for m, c in scores.headers.items() if m in disputed)
             cids += tuple(sorted(scores.records.values(), key=str))
         cids += tuple(sorted(inputs, key=str))
         self.state, self.state_cid, self.round = new, new_cid, round_
+        self.momentum = momentum
         self.since_checkpoint.append(RoundLog(round_, new_cid, cids, params))
         log.info("round_assembled", round=round_, state=str(new_cid), parts=parts)
         nothing = AggregationResult({}, combined, params)
@@ -438,13 +480,6 @@ class NodeTrainer:
             bans,
             time.perf_counter() - began,
         )
-
-    def _opens(self, cid: CID, round_: int) -> bool:
-        try:
-            open_update_header(self.store.get(cid), run=self.run, round_=round_)
-        except (StorageError, PeerUpdateError):
-            return False
-        return True
 
     def _spread_bans(self, round_: int, scores: SpreadScores) -> list[BanRecommendation]:
         """Take the round's agreed reputations; reputation and wrong-score ban evidence."""
@@ -467,6 +502,7 @@ class NodeTrainer:
         cid = store_checkpoint(
             self.store,
             self.state,
+            momentum=self.momentum,
             run=self.run,
             round_=self.round,
             parent=self.checkpoint,

@@ -8,14 +8,39 @@ MAX_UPDATE_HEADER_BYTES = 4096
 MAX_ROUND_MEMBERS = 256
 # Rounds a replay (verify --replay, late join) recomputes; bounds work an untrusted manifest causes.
 MAX_REPLAY_ROUNDS = 1000
-# Parameters of a model this loop will build from a run config (the default has ~170 thousand).
-MAX_MODEL_PARAMETERS = 200_000_000
+# Parameters of a model this loop will build from a run config (the default has ~170 thousand):
+# a hard ceiling, checked when the config is read, before anything is allocated, so a run config
+# from the network cannot make a node allocate without bound. Below it, what a node accepts is
+# what its memory holds (MODEL_MEMORY_* and _memory.check_model_fits, at `cnode train`'s start).
+MAX_MODEL_PARAMETERS_CEILING = 8_000_000_000
+# Whole-model float32 buffers a node holds at its peak, per phase (specs/training.md#memory):
+# training holds the state, the live model, its gradients, AdamW's two moments, the delta and
+# the residual; the aggregation of a round holds the state, the residual, the decoded updates
+# (a full round: every member's, whole; "auto" runs full rounds of at most
+# PARTITION_MIN_MEMBERS - 1 = 2 members), the aggregate, the new state and CenteredClip's
+# temporaries (~0.6 of a model, measured: specs/training.md#memory). The outer momentum,
+# if a run has one, adds one to each. A run with partitioned = "never" holds n + 4 in a round of
+# n members: this start check does not know n, and does not cover that case.
+TRAINING_BUFFERS = 7
+ROUND_BUFFERS = 7
+# Bytes a node needs beyond its whole-model buffers (interpreter, torch, libp2p, one layer's
+# chunks in flight); measured ~450 MB for a node process at rest.
+NODE_BASE_BYTES = 512 * 1024 * 1024
 # Local optimizer steps per round; more is a misconfigured run, not a bigger experiment.
 MAX_LOCAL_STEPS = 10_000
-# Scores (issue 12, _scores.py): sequences per scoring batch (own data and held-out), and the
-# relative tolerance a replay allows between recorded and recomputed float64 losses.
+# Scores (issue 12, _scores.py): sequences per scoring batch (own data and held-out).
 SCORE_SEQUENCES = 16
-SCORE_LOSS_RTOL = 1e-9
+# The relative error of a float32 score loss on any honest device against float64 on the CPU
+# (scores/_settle.py). bench/score_precision.py measured at most ~2e-7 (CPU float32, any thread
+# count; CUDA float32): 10x margin.
+SCORE_DEVICE_RTOL = 2e-6
+# What a replay allows between a recorded and a recomputed loss: two devices, each within
+# SCORE_DEVICE_RTOL of the reference. Integer scores are compared exactly.
+SCORE_LOSS_RTOL = 2 * SCORE_DEVICE_RTOL
+# Sequences per forward pass of the fast score losses (scores/_settle.py): batches of a round's
+# scoring go through the model together, up to this many sequences at a time (its logits are
+# this x seq_len x vocabulary floats).
+SCORE_CHUNK_SEQUENCES = 64
 # Bytes of a training corpus read from a local file or downloaded from a Hub dataset.
 MAX_CORPUS_BYTES = 512 * 1024 * 1024
 

@@ -13,6 +13,7 @@ from cnode.aggregation import (
     AggregationInputError,
     AggregatorConfig,
     BanPolicy,
+    EvidenceKind,
     TensorSpec,
     aggregate,
     limits,
@@ -35,8 +36,9 @@ def test_rejected_update_is_recommended_at_once_with_evidence() -> None:
     assert [r.peer for r in recs] == ["peer05"]
     rec = recs[0]
     assert rec.round == 1 and rec.update_cid == "bafk-peer05-1"
-    assert rec.reason.startswith("rejected: ") and "not finite" in rec.reason
-    assert rec.to_payload()["figures"]["rejected"] == rec.reason.removeprefix("rejected: ")
+    assert rec.kind is EvidenceKind.REJECTED and "not finite" in rec.reason
+    payload = rec.to_payload()
+    assert payload["kind"] == "rejected" and "not finite" in payload["figures"]["rejected"]
     _, again = _round(ups, policy, 2)
     assert again == []  # recommended once
 
@@ -54,7 +56,8 @@ def test_outlier_in_k_of_m_rounds_is_recommended() -> None:
         found += recs
     assert [r.peer for r in found] == ["peer07"]
     rec = found[0]
-    assert rec.round == 5 and rec.reason == "outlier in 3 of the last 5 rounds"
+    assert rec.round == 5 and rec.kind is EvidenceKind.OUTLIER
+    assert rec.reason == "outlier in 3 of the last 5 rounds"  # the words people read
     assert rec.figures["rounds"] == [1, 3, 5]
     assert all(s > limits.OUTLIER_SCORE for s in rec.figures["scores"])
     assert rec.figures["update_cids"] == ["bafk-peer07-1", "bafk-peer07-3", "bafk-peer07-5"]

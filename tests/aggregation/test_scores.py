@@ -9,6 +9,8 @@ the reputation, admit, CenteredClip on the admitted).
 from __future__ import annotations
 
 import math
+import random
+import struct
 
 import pytest
 import torch
@@ -16,16 +18,23 @@ from sklearn.datasets import load_digits
 
 from cnode.aggregation import (
     AggregationInputError,
+    EvidenceKind,
     ReputationPolicy,
+    Standing,
     TensorSpec,
-    admission_bar,
+    UpdateScore,
     admit,
     aggregate,
     ban_bound,
     draw_indices,
     flip_labels,
+    left_out_reason,
     limits,
+    loss_in_range,
     loss_score,
+    median_spread,
+    record_loss,
+    round_standing,
     score_seed,
     score_update,
     scored_config,
@@ -33,6 +42,8 @@ from cnode.aggregation import (
 )
 
 UNITS = round(1 / limits.SCORE_UNIT)
+SCORE_LOSS_FLOOR = limits.SCORE_LOSS_FLOOR
+MAX_SCORE_LOSS = limits.MAX_SCORE_LOSS
 
 
 def test_score_seed_depends_on_the_set_not_the_order() -> None:
@@ -67,9 +78,65 @@ def test_loss_score_is_a_clamped_relative_decrease_in_units() -> None:
     assert loss_score(1.0, 100.0) == -UNITS  # clamped
     assert loss_score(1.0, math.inf) == -UNITS
     assert loss_score(1.0, math.nan) == -UNITS
-    for bad in (0.0, -1.0, math.nan, math.inf):
-        with pytest.raises(AggregationInputError):
-            loss_score(bad, 1.0)
+
+
+# Every numeric edge a loss can take on either side of the update (issue 24, issue 29 item 1).
+EDGES = [
+    0.0, -0.0, 5e-324, 2.2e-308, 1e-300, SCORE_LOSS_FLOOR / 2, SCORE_LOSS_FLOOR, 1e-2, 0.5, 1.0,
+    2.302585, 5.0, 1e3, MAX_SCORE_LOSS, MAX_SCORE_LOSS * 1.0000001, 1e300, 1.7976931348623157e308,
+    -1.0, -1e308, math.inf, -math.inf, math.nan,
+]  # fmt: skip
+
+
+def test_loss_score_is_total_on_every_edge() -> None:
+    """No pair of floats raises: each gives an integer in [-UNITS, UNITS]."""
+    for before in EDGES:
+        for after in EDGES:
+            s = loss_score(before, after)
+            assert isinstance(s, int) and -UNITS <= s <= UNITS, (before, after, s)
+
+
+def test_loss_score_is_total_on_random_floats() -> None:
+    """Seeded random floats of every magnitude and sign, and random bit patterns."""
+    rng = random.Random(24)
+    values = [rng.choice((-1, 1)) * 10 ** rng.uniform(-320, 308) for _ in range(400)]
+    values += [struct.unpack("<d", rng.randbytes(8))[0] for _ in range(400)]
+    for _ in range(4000):
+        a, b = rng.choice(values), rng.choice(values)
+        s = loss_score(a, b)
+        assert isinstance(s, int) and -UNITS <= s <= UNITS, (a, b)
+        sc = score_update("p", a, b, b, a)
+        assert isinstance(sc.score, int) and -2 * UNITS <= sc.score <= UNITS
+
+
+def test_loss_score_edges_say_what_the_rule_says() -> None:
+    # The state has no usable loss on the batch: nothing to judge the update by.
+    for before in (math.nan, math.inf, -math.inf, MAX_SCORE_LOSS * 2):
+        assert loss_score(before, 1.0) == 0
+        assert loss_score(before, math.nan) == 0
+    # The update blew the model up.
+    for after in (math.nan, math.inf, MAX_SCORE_LOSS * 2, 1e308):
+        assert loss_score(1.0, after) == -UNITS
+    # Below the floor: a zero, denormal or negative loss counts as the floor (no division by 0).
+    for tiny in (0.0, -0.0, 5e-324, -1.0, -1e308, SCORE_LOSS_FLOOR / 2):
+        assert loss_score(tiny, tiny) == 0
+        assert loss_score(SCORE_LOSS_FLOOR, tiny) == 0
+        assert loss_score(1.0, tiny) == round((1.0 - SCORE_LOSS_FLOOR) * UNITS)
+        assert loss_score(tiny, 1.0) == -UNITS  # a perfect fit broken: the most harm
+    # The reported case: [header, 5.0, -1e308, 5.0, 4.9] scores, it does not overflow.
+    s = score_update("p", 5.0, -1e308, 5.0, 4.9)
+    assert (s.own, s.held) == (round((5.0 - SCORE_LOSS_FLOOR) / 5.0 * UNITS), 200)
+
+
+def test_record_loss_is_in_range_and_scores_the_same() -> None:
+    for x in EDGES:
+        y = record_loss(x)
+        assert loss_in_range(y), x
+        for other in (0.5, 5.0, math.inf):
+            assert loss_score(y, other) == loss_score(x, other) or x == -math.inf, (x, other)
+            assert loss_score(other, y) == loss_score(other, x), (other, x)
+    assert not loss_in_range(-1e308) and not loss_in_range(-math.inf)
+    assert not loss_in_range(MAX_SCORE_LOSS * 2) and loss_in_range(5e-324)
 
 
 def test_round_score_charges_held_out_harm_only() -> None:
@@ -90,40 +157,98 @@ def test_reputation_is_an_integer_ema_started_at_zero() -> None:
     assert all(isinstance(v, int) for v in rep.values())
 
 
-def test_admission_needs_a_typical_score_and_a_reputation() -> None:
-    scores = {"a": 1000, "b": 900, "c": 800, "d": 800 // limits.ADMIT_MEDIAN_DIVISOR - 1, "e": -5}
-    assert admission_bar(scores) == 800 // limits.ADMIT_MEDIAN_DIVISOR
-    rep = {"a": 1000, "b": -1, "c": 800, "d": 100, "e": 50}
-    assert admit(scores, rep) == ["a", "c"]
-    # A peer never scored before starts at reputation 0: admitted on its score alone.
-    assert admit({"new": 1000, "a": 1000, "b": 1000}, rep) == ["a", "new"]
-    # All noise (median <= 0): the floor decides, the reputation gates.
-    assert admission_bar({"a": -3, "b": -2, "c": 5}) == limits.ADMIT_SCORE
-    assert admission_bar({}) == limits.ADMIT_SCORE
+def _scores(own: dict[str, int], held: dict[str, int]) -> dict[str, UpdateScore]:
+    return {p: UpdateScore(p, 1.0, 1.0, 1.0, 1.0, own[p], held[p], 0) for p in own}
 
 
-def test_ban_bound_is_far_below_the_typical_reputation_and_at_most_ban_reputation() -> None:
-    k = limits.BAN_MADS
-    # median 300 (lower), MAD 20: attackers far below do not move either.
-    rep = {"a": 280, "b": 300, "c": 320, "d": 340, "x": -5000, "y": -4000}
-    values = sorted(rep.values())
-    median = values[2]
-    mad = sorted(abs(v - median) for v in values)[2]
-    assert ban_bound(rep) == min(limits.BAN_REPUTATION, median - k * mad)
-    assert ban_bound({"a": 1, "b": 2, "c": 3}) == limits.BAN_REPUTATION
+def test_median_and_spread_stay_within_the_honest_values_whatever_fmax_attackers_send() -> None:
+    """With f <= fmax = (n - 1) // 2 attackers the median lies between the least and greatest
+    honest value and the spread between the (n - 2 fmax)-th smallest and the largest honest
+    deviation from it (seeded random honest values, attackers at every extreme and at the
+    median)."""
+    rng = random.Random(24)
+    for _ in range(300):
+        n = rng.randint(1, 12)
+        fmax = (n - 1) // 2
+        honest = [rng.randint(-3000, 3000) for _ in range(n - fmax)]
+        for attack in (-(10**6), 10**6, None):
+            mine = [sorted(honest)[(len(honest) - 1) // 2] if attack is None else attack] * fmax
+            median, spread = median_spread(honest + mine)
+            assert min(honest) <= median <= max(honest)
+            devs = sorted(abs(v - median) for v in honest)
+            assert spread <= max(limits.SPREAD_FLOOR, devs[-1])
+            k = len(devs) - fmax - 1  # the (n - 2 fmax)-th smallest honest deviation
+            assert spread >= max(limits.SPREAD_FLOOR, devs[max(k, 0)]) or k < 0
+    assert median_spread([]) == (0, limits.SPREAD_FLOOR)
+    assert median_spread([7]) == (7, limits.SPREAD_FLOOR)
+
+
+def test_standing_is_in_spreads_and_the_round_standing_is_clamped() -> None:
+    own = {"a": 100, "b": 200, "c": 300, "d": 400, "x": -100000}
+    held = {"a": 0, "b": 10, "c": -10, "d": 20, "x": 0}
+    st = round_standing(_scores(own, held))
+    assert st["b"].own == 0 and st["c"].own > 0 and st["a"].own < 0
+    assert st["x"].own < -100 * limits.ADMIT_SPREADS  # unclamped: admission sees how far
+    assert st["x"].round == -limits.STANDING_CLAMP
+    assert all(-limits.STANDING_CLAMP <= v.round <= limits.STANDING_CLAMP for v in st.values())
+    assert round_standing({}) == {}
+    one = round_standing(_scores({"a": 5}, {"a": -5}))
+    assert one["a"] == Standing(0, 0, 0)
+
+
+def test_admission_judges_held_out_harm_on_its_own() -> None:
+    """Own-data gain cannot pay for held-out harm: "x" gains most on its own data and breaks
+    the held-out split; it is left out with the reason. A reputation at the ban bound is too."""
+    own = {"a": 300, "b": 320, "c": 340, "d": 360, "e": 380, "x": 9000}
+    held = {"a": -50, "b": -40, "c": -30, "d": -20, "e": -10, "x": -5000}
+    scores = _scores(own, held)
+    assert admit(scores, {}) == ["a", "b", "c", "d", "e"]
+    st = round_standing(scores)
+    assert "held-out score" in (left_out_reason(st["x"], 0) or "")
+    low = {"a": limits.ADMIT_REPUTATION - 1}
+    assert admit(scores, low) == ["b", "c", "d", "e"]
+    assert "reputation" in (left_out_reason(st["a"], low["a"]) or "")
+    assert left_out_reason(st["b"], 0) is None
+
+
+def test_blatant_harm_is_recommended_after_3_rounds_without_waiting_for_the_average() -> None:
+    policy = ReputationPolicy()
+    seed = score_seed(["bafy1"])
+    own = {"a": 300, "b": 320, "c": 340, "x": -10000}
+    held = {"a": -10, "b": 0, "c": 10, "x": -10000}
+    scores = _scores(own, held)
+    rep = dict.fromkeys(own, 0)
+    cids = [{p: f"cid-{p}-{r}" for p in own} for r in (1, 2, 3)]
+    out = [policy.observe(r, seed, scores, rep, cids[r - 1]) for r in (1, 2, 3)]
+    assert [len(o) for o in out] == [0, 0, 1]
+    rec = out[2][0]
+    assert rec.peer == "x" and rec.kind is EvidenceKind.BLATANT
+    assert rec.figures["rounds"] == [1, 2, 3] and rec.figures["update_cids"][0] == "cid-x-1"
+    assert all(min(s) <= -100 * limits.BLATANT_SPREADS for s in rec.figures["standings"])
+    # One round within the bar resets the count.
+    policy = ReputationPolicy()
+    mild = _scores({**own, "x": 250}, {**held, "x": -15})
+    for r, sc in enumerate((scores, scores, mild, scores, scores), start=1):
+        assert policy.observe(r, seed, sc, rep) == []
+
+
+def test_ban_bound_is_the_constant_in_spreads() -> None:
+    assert ban_bound({"a": 1, "b": -5000}) == limits.BAN_REPUTATION
     assert ban_bound({}) == limits.BAN_REPUTATION
 
 
 def test_reputation_policy_recommends_after_consecutive_low_rounds_with_evidence() -> None:
     policy = ReputationPolicy()
     seed = score_seed(["bafy1"])
-    bad = score_update("bad", 1.0, 1.5, 1.0, 1.5)
+    # "bad" does nothing for its data: 5 spreads below the median (not blatant, so the EMA path).
+    bad = score_update("bad", 1.0, 1.0, 1.0, 1.0)
     good = [score_update(f"good{i}", 1.0, 0.9 - 0.01 * i, 1.0, 1.0) for i in range(3)]
     scores = {"bad": bad, **{g.peer: g for g in good}}  # f = 1 < n/2
-    rep: dict[str, int] = {}
+    # Start it low: from 0, an EMA of standings at the clamp needs 7 rounds to pass the bound.
+    rep: dict[str, int] = {"bad": -limits.STANDING_CLAMP}
     out = []
     for rnd in range(1, limits.REPUTATION_BAN_ROUNDS + 2):
-        rep = update_reputation(rep, {p: s.score for p, s in scores.items()})
+        rep = update_reputation(rep, {p: d.round for p, d in round_standing(scores).items()})
         cids = {p: f"bafk-{p}-{rnd}" for p in scores}
         out.append(policy.observe(rnd, seed, scores, rep, cids))
     assert [len(o) for o in out] == [0] * (limits.REPUTATION_BAN_ROUNDS - 1) + [1, 0]
@@ -134,7 +259,7 @@ def test_reputation_policy_recommends_after_consecutive_low_rounds_with_evidence
         f"bafk-bad-{r}" for r in range(1, limits.REPUTATION_BAN_ROUNDS + 1)
     ]
     assert fig["seeds"] == [seed.hex()] * limits.REPUTATION_BAN_ROUNDS
-    assert fig["scores"][0]["own_after"] == 1.5
+    assert fig["scores"][0]["own_after"] == 1.0
     assert all(b <= limits.BAN_REPUTATION for b in fig["bounds"])
     assert all(r < b for r, b in zip(fig["reputations"], fig["bounds"], strict=True))
     with pytest.raises(AggregationInputError):
@@ -206,8 +331,8 @@ def _simulate(rounds: int, corrupt: dict[int, str]):
                 _loss(params["w"], params["b"], hx[hi], hy[hi]),
                 _loss(moved["w"], moved["b"], hx[hi], hy[hi]),
             )
-        rep = update_reputation(rep, {p: s.score for p, s in scores.items()})
-        keep = admit({p: s.score for p, s in scores.items()}, rep)
+        rep = update_reputation(rep, {p: d.round for p, d in round_standing(scores).items()})
+        keep = admit(scores, rep)
         for rec in policy.observe(rnd, seed, scores, rep, {p: f"bafk{p}{rnd}" for p in ids}):
             bans[rec.peer] = rnd
         res = aggregate({p: updates[p] for p in keep}, expected=spec, config=scored_config())
@@ -222,11 +347,15 @@ def test_honest_heterogeneous_peers_keep_weight_and_are_never_banned_over_30_rou
     admitted, bans, rep = _simulate(30, {})
     assert bans == {}
     assert min(rep.values()) > limits.BAN_REPUTATION
-    # Every honest peer is in the aggregate, with non-zero clip weight, in most rounds.
-    assert min(admitted.values()) >= 27, admitted
+    # Every honest peer is in the aggregate, with non-zero clip weight, in most rounds (revision
+    # 4 judges the held-out score on its own: a two-class update that breaks it more than 3
+    # honest spreads sits the round out; measured 25..30 of 30).
+    assert min(admitted.values()) >= 24, admitted
 
 
 def test_label_flipping_attackers_are_banned_within_3_rounds() -> None:
+    # Left out from the first round; more than BLATANT_SPREADS honest spreads below the median
+    # three rounds in a row: recommended without waiting for the running average.
     attackers = {6: "label_flip", 8: "label_flip"}
     admitted, bans, _ = _simulate(6, attackers)
     assert bans == {"peer06": 3, "peer08": 3}
@@ -234,11 +363,11 @@ def test_label_flipping_attackers_are_banned_within_3_rounds() -> None:
     assert min(admitted[f"peer{i:02d}"] for i in range(N) if i not in attackers) >= 5
 
 
-def test_random_label_attackers_are_left_out_but_not_banned() -> None:
-    # Their updates barely move their own data's loss: below the admission bar almost always, but
-    # not evidence of harm (reputation stays >= BAN_REPUTATION), so no ban.
+def test_random_label_attackers_are_left_out_and_banned() -> None:
+    # Training on random labels raises the loss of their assigned (true-label) data by more than
+    # BLATANT_SPREADS honest spreads: measured harm, not mere uselessness (revision 4).
     attackers = {6: "random", 8: "random"}
     admitted, bans, _ = _simulate(6, attackers)
     assert admitted["peer06"] + admitted["peer08"] <= 1  # of 12 chances
-    assert bans == {}
+    assert bans == {"peer06": 3, "peer08": 3}
     assert min(admitted[f"peer{i:02d}"] for i in range(N) if i not in attackers) >= 5

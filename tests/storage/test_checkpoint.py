@@ -372,3 +372,18 @@ def test_every_walk_of_the_tree_bounds_its_nodes(
     report = verify_checkpoint(store, cid)
     assert [f.kind for f in report.faults] == ["manifest-invalid"]
     assert "MAX_MANIFEST_NODES 5" in report.faults[0].message
+
+
+def test_write_stream_cuts_chunks_and_names_a_short_file(store: BlockStore) -> None:
+    import io
+
+    from cnode.storage import limits
+    from cnode.storage._checkpoint import write_stream
+    from cnode.storage._manifest import chunk_count
+
+    data = bytes(range(256)) * (limits.CHUNK_SIZE // 256) + b"tail"
+    cids = write_stream(store, io.BytesIO(data), len(data), "w")
+    assert len(cids) == chunk_count(len(data)) == 2
+    assert b"".join(store.get(c) for c in cids) == data
+    with pytest.raises(CheckpointError, match="w: file ends 4 bytes early"):
+        write_stream(store, io.BytesIO(data[:-4]), len(data), "w")

@@ -63,6 +63,31 @@
     return typeof v === "number" && !Number.isInteger(v) ? v.toPrecision(6) : String(v);
   }
 
+  // One figure of one round: a number, a text, or a map (a reputation ban's per-round score:
+  // own and held-out losses before and after) shown as "key value" lines, never "[object ...]".
+  function cell(v) {
+    if (v !== null && typeof v === "object" && !Array.isArray(v)) {
+      return Object.keys(v).map(k => el("div", { class: "figure" }, k + " " + num(v[k])));
+    }
+    return Array.isArray(v) ? v.map(num).join(", ") : num(v);
+  }
+
+  // Who decided a ban, in words, by its kind (specs/coordinator.md#bans); `by` is the peer id
+  // whose request the ban acted on, named by its username when it has one.
+  function decidedBy(b) {
+    const who = b.by ? (b.by_username || short(b.by)) : "";
+    switch (b.kind) {
+      case "admin": return "an admin" + (who ? " (" + who + ")" : "");
+      case "majority": return "a majority of the round's other members" +
+        (b.others ? " (" + b.reports.length + " of " + b.others + ")" : "") +
+        (who ? ", last report of " + who : "");
+      case "checked": return "checked by the coordinator" + (who ? " (report of " + who + ")" : "");
+      case "partition": return "the coordinator's recomputation of a partition" +
+        (who ? " (evidence of " + who + ")" : "");
+      default: return String(b.kind) + (who ? " (" + who + ")" : "");
+    }
+  }
+
   // Ban figures arrive as JSON text. Arrays as long as "rounds" become a table, one row per
   // round (the figures per round); anything else is one "key: value" line. Text only.
   function figures(text) {
@@ -84,7 +109,7 @@
       el("thead", {}, el("tr", {}, el("th", {}, "round"), perRound.map(k => el("th", {}, k)))),
       el("tbody", {}, rounds.map((r, i) => el("tr", {}, el("td", {}, num(r)),
         perRound.map(k => el("td", { class: typeof parsed[k][i] === "string" ? "cid" : "" },
-          num(parsed[k][i]))))))) : null;
+          cell(parsed[k][i]))))))) : null;
     return el("div", {}, table, rest.map(k =>
       el("div", { class: "muted" }, k + ": " + JSON.stringify(parsed[k]))));
   }
@@ -201,7 +226,8 @@
       el("td", {}, peerCell(b.peer), b.username ? el("div", { class: "username" }, b.username) : null),
       el("td", { class: "reason" }, b.reason),
       el("td", {}, b.round === null ? "–" : String(b.round)),
-      el("td", { class: "by" }, b.by + " at " + time(b.at_ms)),
+      el("td", { class: "by" }, el("span", { class: "kind kind-" + b.kind }, b.kind), " ",
+        decidedBy(b) + " at " + time(b.at_ms)),
       el("td", {}, evidence));
   }
 

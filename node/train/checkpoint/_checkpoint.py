@@ -6,7 +6,9 @@ A checkpoint at round R is a ``kind="checkpoint"`` manifest whose
 * ``aggregation`` lists the aggregator, its parameters and the CIDs of every signed update
   header of rounds ``parent.round + 1 .. R`` (each header names its round),
 * ``extra`` holds ``state_cid`` (see _state.py), the run's ``training`` settings and one row per
-  round ``{"round", "state_cid", "loss"}``.
+  round ``{"round", "state_cid", "loss"}``,
+* with ``outer_optimizer = "nesterov"``, the outer momentum after round R as layers named
+  ``MOMENTUM_PREFIX + parameter`` beside the state's (not part of the state CID).
 
 Replay (:func:`replay_checkpoint`) loads the parent, re-aggregates each round from the signed
 updates, and compares every layer's chunk CIDs with the manifest's. See specs/training.md#replay.
@@ -38,7 +40,18 @@ from .. import limits
 from .._config import TrainingConfig
 from .._exceptions import CatchUpError, PeerUpdateError, ReplayMismatchError, TrainingConfigError
 from .._round import UpdateHeader, aggregate_round, load_update
-from ..model import State, TextData, build_model, layer_chunk_cids, model_state, state_cid
+from ..model import (
+    State,
+    TextData,
+    build_model,
+    join_momentum,
+    layer_chunk_cids,
+    model_state,
+    split_momentum,
+    state_cid,
+    uses_momentum,
+    zero_momentum,
+)
 from ..partition import (
     PartitionResult,
     apply_partitions,
@@ -58,9 +71,9 @@ from ..scores import (
 from ._signed import open_signed_record
 
 __all__ = [
-    "CheckpointInfo",
     "ReplayReport",
     "RoundLog",
+    "TrainingCheckpoint",
     "genesis_state",
     "read_checkpoint_info",
     "replay_checkpoint",
@@ -82,7 +95,7 @@ class RoundLog:
 
 
 @dataclass(frozen=True)
-class CheckpointInfo:
+class TrainingCheckpoint:
     """The parts of a checkpoint manifest the training loop uses."""
 
     cid: CID
@@ -110,16 +123,24 @@ def store_checkpoint(
     config: TrainingConfig,
     rounds: Sequence[RoundLog],
     tokenizer_json: str,
+    momentum: State | None = None,
 ) -> CID:
-    """Store ``state`` as the checkpoint of ``round_`` with its aggregation record."""
+    """Store ``state`` (and the outer ``momentum`` of a nesterov run) as the checkpoint of
+    ``round_`` with its aggregation record."""
     headers = [h for r in rounds for h in r.headers]
     record = None
     if rounds:
+        outer: dict[str, Any] = {"outer_lr": config.outer_lr}
+        if uses_momentum(config):  # absent: sgd, as in every checkpoint from before
+            outer |= {
+                "outer_optimizer": config.outer_optimizer,
+                "outer_momentum": config.outer_momentum,
+            }
         record = AggregationRecord(
             aggregator=config.aggregator,
             params={
                 "configured": dict(config.aggregator_params),
-                "outer_lr": config.outer_lr,
+                **outer,
                 "rounds": [[r.round, dict(r.params)] for r in rounds],
             },
             updates=headers,
@@ -140,14 +161,14 @@ def store_checkpoint(
             "rounds": [{"round": r.round, "state_cid": str(r.state_cid)} for r in rounds],
         },
     )
-    return save_checkpoint(store, state, meta)
+    return save_checkpoint(store, join_momentum(state, momentum), meta)
 
 
 def _meta(manifest: Manifest) -> Any:
     return getattr(manifest, "meta", manifest)
 
 
-def read_checkpoint_info(store: BlockStore, cid: CID) -> CheckpointInfo:
+def read_checkpoint_info(store: BlockStore, cid: CID) -> TrainingCheckpoint:
     """Read a checkpoint manifest (blocks must be local) and the training fields it carries."""
     manifest = read_manifest(store, cid)
     meta = _meta(manifest)
@@ -159,7 +180,7 @@ def read_checkpoint_info(store: BlockStore, cid: CID) -> CheckpointInfo:
         training = TrainingConfig.from_dict(extra["training"])
     state = CID.parse(extra["state_cid"]) if isinstance(extra.get("state_cid"), str) else None
     headers = tuple(meta.aggregation.updates) if meta.aggregation is not None else ()
-    return CheckpointInfo(
+    return TrainingCheckpoint(
         cid, meta.run_id, meta.round, meta.parent, state, training, headers, manifest
     )
 
@@ -174,8 +195,10 @@ def replay_rounds(
     config: TrainingConfig,
     reputation: Mapping[str, int] | None = None,
     recorded: Mapping[int, Mapping[str, Any]] | None = None,
-) -> tuple[State, list[RoundLog]]:
-    """Re-aggregate the rounds the signed headers describe, starting from ``parent``.
+    momentum: State | None = None,
+) -> tuple[State, list[RoundLog], State | None]:
+    """Re-aggregate the rounds the signed headers describe, starting from ``parent`` (and the
+    outer ``momentum`` after it; None: zeros). Returns the state, the rounds and the momentum.
 
     Every header block and update block must be in ``store``. A header whose ``base`` is not the
     replayed state of the round before is a :class:`ReplayMismatchError`. ``recorded``: the
@@ -197,9 +220,11 @@ def replay_rounds(
         else:
             by_round[record.round].append((cid, record))
     if not by_round:
-        return parent, []
+        return parent, [], momentum
     rounds = sorted(by_round)
-    if rounds[0] < first_round or rounds != list(range(rounds[0], rounds[0] + len(rounds))):
+    # A round may be absent: one in which nothing could be exchanged (no partition had a
+    # result) left the state as it was and lists nothing (specs/training.md#empty-rounds).
+    if rounds[0] < first_round:
         raise ReplayMismatchError(f"update headers cover rounds {rounds}, from {first_round} on")
     if len(rounds) > limits.MAX_REPLAY_ROUNDS:
         raise ReplayMismatchError(f"{len(rounds)} rounds to replay > MAX_REPLAY_ROUNDS")
@@ -211,7 +236,9 @@ def replay_rounds(
     for number in rounds:
         if partitions.get(number):
             parent_state = state
-            state, entry = _replay_partitioned(store, state, number, partitions[number], config)
+            state, entry, momentum = _replay_partitioned(
+                store, state, number, partitions[number], config, momentum
+            )
             if scoring is not None:  # the agreed scores, from the listed score records
                 spread = _replay_spread(
                     store, scoring, parent_state, run, number, by_round[number],
@@ -245,12 +272,12 @@ def replay_rounds(
             scored = scoring.score(number, state, updates, {h.peer: c for c, h in by_round[number]})
             updates, rule = scoring.admitted_updates(scored, updates), scoring.rule_config()
             extra = {"scores": scored.to_params()}
-        result = aggregate_round(state, updates, rule)
-        state = result.state
+        result = aggregate_round(state, updates, rule, momentum)
+        state, momentum = result.state, result.momentum
         cids = tuple(cid for cid, _ in sorted(by_round[number], key=lambda item: item[1].peer))
         logs.append(RoundLog(number, result.state_cid, cids, result.aggregation.params | extra))
         log.info("round_replayed", round=number, updates=len(updates), state=str(result.state_cid))
-    return state, logs
+    return state, logs, momentum
 
 
 def _replay_spread(
@@ -307,7 +334,8 @@ def _replay_partitioned(
     number: int,
     results: Mapping[int, tuple[CID, PartitionResult]],
     config: TrainingConfig,
-) -> tuple[State, RoundLog]:
+    momentum: State | None,
+) -> tuple[State, RoundLog, State | None]:
     """Recompute every partition of round ``number`` from its inputs, then assemble.
 
     The recomputation, not the signed output, is applied: it is what the swarm applied when a
@@ -340,10 +368,12 @@ def _replay_partitioned(
                 recomputed=str(work.output),
             )
         outputs[partition] = work.output
-    new = apply_partitions(store, state, outputs, parts=count, config=config)
+    new, momentum = apply_partitions(
+        store, state, outputs, parts=count, config=config, momentum=momentum
+    )
     cids = tuple(sorted((cid for cid, _ in results.values()), key=str))
     log.info("round_replayed", round=number, partitions=len(results), state=str(state_cid(new)))
-    return new, RoundLog(number, state_cid(new), cids, {"parts": count})
+    return new, RoundLog(number, state_cid(new), cids, {"parts": count}), momentum
 
 
 @dataclass(frozen=True)
@@ -380,13 +410,15 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         raise ReplayMismatchError(f"checkpoint {manifest_cid} carries no training settings")
     config = info.training
     reputation: dict[str, int] = {}  # the parent's recorded reputations
+    momentum: State | None = None  # the parent's outer momentum (None: zeros, or sgd)
     if info.parent is None:
         parent_state, first = genesis_state(config), 1
     else:
         try:
-            parent_state, parent_manifest = load_checkpoint(store, info.parent)
+            stored, parent_manifest = load_checkpoint(store, info.parent)
         except StorageError as exc:
             raise CatchUpError(f"parent checkpoint {info.parent} is not available: {exc}") from exc
+        parent_state, momentum = split_momentum(stored)
         first = _meta(parent_manifest).round + 1
         reputation = checkpoint_reputation(parent_manifest)
     record = _meta(info.manifest).aggregation
@@ -396,9 +428,10 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         for r in (rows if isinstance(rows, list) else [])
         if isinstance(r, list) and len(r) == 2 and isinstance(r[0], int) and isinstance(r[1], dict)
     }
-    state, logs = replay_rounds(
+    state, logs, momentum = replay_rounds(
         store,
         parent_state,
+        momentum=momentum,
         run=info.run,
         first_round=first,
         headers=info.headers,
@@ -410,7 +443,9 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
         raise ReplayMismatchError(
             f"updates end at round {logs[-1].round}, the checkpoint is of round {info.round}"
         )
-    compare_layers(info.manifest, state)
+    if uses_momentum(config) and momentum is None:
+        momentum = zero_momentum(state)  # a nesterov run's checkpoints always store one
+    compare_layers(info.manifest, join_momentum(state, momentum))
     if config.scores:  # the recorded scores, admissions and reputations, recomputed
         check_recorded_scores(rows, {r.round: r.params for r in logs})
     return ReplayReport(

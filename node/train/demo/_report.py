@@ -8,9 +8,13 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from cnode.aggregation import EvidenceKind
+
 from .._report import read_report
 
 if TYPE_CHECKING:
+    from cnode.node.coordinator import BanRecord
+
     from ._swarm import DemoSettings, _Proc
 
 __all__ = ["final_report"]
@@ -54,11 +58,26 @@ def final_report(
     console: Console,
 ) -> int:
     """Print the report; return 0 when the run did what the demo claims, else 1."""
-    names = {p.peer: p.name for p in procs}
     events = {p.name: read_report(p.report) for p in procs}
     problems: list[str] = []
+    problems += _loss_section(procs, events, settings, console)
+    problems += _late_joiner_section(procs, events, settings, console)
+    bans = _coordinator_bans(coordinator_url, run_config)
+    problems += _ban_section(procs, events, bans, console)
+    problems += _final_states_section(procs, events, console)
+    console.print(f"logs and event files: {work}")
+    for problem in problems:
+        console.print(f"[red]problem[/red]: {problem}")
+    return 1 if problems else 0
 
-    # 1. Loss per round, from the checkpointer (every honest node computes the same figure).
+
+Events = dict[str, list[dict[str, Any]]]
+
+
+def _loss_section(
+    procs: list[_Proc], events: Events, settings: DemoSettings, console: Console
+) -> list[str]:
+    """1. Loss per round, from the checkpointer (every honest node computes the same figure)."""
     first = procs[0]
     rounds = [e for e in events[first.name] if e["event"] == "round"]
     table = Table(
@@ -79,67 +98,84 @@ def final_report(
         )
     console.print(table)
     console.print(_traffic_table(procs, events))
+    problems = []
     if len(rounds) >= 2 and not rounds[-1]["loss"] < rounds[0]["loss"]:
         problems.append("the held-out loss did not go down")
     if len(rounds) < settings.rounds:
         problems.append(f"honest-1 finished {len(rounds)} of {settings.rounds} rounds")
+    return problems
 
-    # 2. The late joiner's catch-up.
+
+def _late_joiner_section(
+    procs: list[_Proc], events: Events, settings: DemoSettings, console: Console
+) -> list[str]:
+    """2. The late joiner's catch-up: from how many holders, how long, every block verified."""
+    names = {p.peer: p.name for p in procs}
     late = next(p for p in procs if p.role == "late joiner")
     late_events = events[late.name]
     caught = [e for e in late_events if e["event"] == "caught_up"]
+    if not caught:
+        return ["the late joiner never caught up from a checkpoint"]
     joining = next((e for e in late_events if e["event"] == "joining"), None)
     first_round = next((e for e in late_events if e["event"] == "round"), None)
-    if caught:
-        e = caught[0]
+    e = caught[0]
+    console.print(
+        f"late joiner {_short(late.peer)} joined after round {settings.late_after_round}: "
+        f"fetched the checkpoint of round {e['round']} (manifest …{e['manifest'][-12:]}, "
+        f"{e['bytes']:,} bytes) in {e['fetch_seconds']:.2f} s from "
+        f"{sum(1 for n in e['bytes_per_holder'].values() if n)} holders, every block "
+        f"verified against its CID"
+    )
+    if joining is not None and first_round is not None:
         console.print(
-            f"late joiner {_short(late.peer)} joined after round {settings.late_after_round}: "
-            f"fetched the checkpoint of round {e['round']} (manifest …{e['manifest'][-12:]}, "
-            f"{e['bytes']:,} bytes) in {e['fetch_seconds']:.2f} s from "
-            f"{sum(1 for n in e['bytes_per_holder'].values() if n)} holders, every block "
-            f"verified against its CID"
+            f"  from joining to its first aggregated round ({first_round['round']}): "
+            f"{first_round['t'] - joining['t']:.1f} s; waiting for and fetching the "
+            f"checkpoint: {e['seconds']:.2f} s"
         )
-        if joining is not None and first_round is not None:
-            console.print(
-                f"  from joining to its first aggregated round ({first_round['round']}): "
-                f"{first_round['t'] - joining['t']:.1f} s; waiting for and fetching the "
-                f"checkpoint: {e['seconds']:.2f} s"
-            )
-        per = Table(title="bytes the late joiner fetched from each holder")
-        per.add_column("holder")
-        per.add_column("bytes", justify="right")
-        for holder, nbytes in sorted(e["bytes_per_holder"].items(), key=lambda kv: -kv[1]):
-            per.add_row(f"{names.get(holder, '?')} (…{_short(holder)})", f"{nbytes:,}")
-        console.print(per)
-    else:
-        problems.append("the late joiner never caught up from a checkpoint")
+    per = Table(title="bytes the late joiner fetched from each holder")
+    per.add_column("holder")
+    per.add_column("bytes", justify="right")
+    for holder, nbytes in sorted(e["bytes_per_holder"].items(), key=lambda kv: -kv[1]):
+        per.add_row(f"{names.get(holder, '?')} (…{_short(holder)})", f"{nbytes:,}")
+    console.print(per)
+    return []
 
-    # 3. The ban, with its evidence (reports of the honest nodes + the coordinator's signed state).
+
+def _ban_section(
+    procs: list[_Proc], events: Events, bans: list[BanRecord], console: Console
+) -> list[str]:
+    """3. The ban, with its kind and evidence (the honest nodes' reports and the coordinator's
+    signed state)."""
+    names = {p.peer: p.name for p in procs}
     attacker = next(p for p in procs if p.role == "attacker")
     reported = [
         (name, e) for name, evs in events.items() for e in evs if e["event"] == "ban_reported"
     ]
     against_attacker = [(n, e) for n, e in reported if e["accused"] == attacker.peer]
     against_honest = [(n, e) for n, e in reported if e["accused"] != attacker.peer]
-    bans = _coordinator_bans(coordinator_url, run_config)
-    ban = next((b for b in bans if b["peer"] == attacker.peer), None)
+    problems = []
+    ban = next((b for b in bans if b.peer == attacker.peer), None)
     if ban is not None:
         console.print(
-            f"[bold]ban[/bold]: attacker {_short(attacker.peer)} banned by the coordinator "
-            f"({ban['by']}) for round {ban['round']}: {ban['reason']}"
+            f"[bold]ban[/bold] ({ban.kind}): attacker {_short(attacker.peer)} banned for round "
+            f"{ban.round}, {ban.decided_by(names)}: {ban.reason}"
         )
     else:
         problems.append("the attacker was not banned by the coordinator")
     reporters = sorted({name for name, _ in against_attacker})
     for name, e in against_attacker[:1]:
         console.print(f"evidence (reported by {', '.join(reporters)}; shown: {name}'s):")
-        console.print(_evidence_lines(e["reason"], e.get("figures") or {}))
+        kind = EvidenceKind(e["kind"])
+        console.print(_evidence_lines(kind, e["reason"], e.get("figures") or {}))
     if against_honest:
         problems.append(f"honest peers were reported: {[e['accused'] for _, e in against_honest]}")
-    if any(b["peer"] != attacker.peer for b in bans):
+    if any(b.peer != attacker.peer for b in bans):
         problems.append("an honest peer was banned")
+    return problems
 
-    # 4. The final state CID of every honest node.
+
+def _final_states_section(procs: list[_Proc], events: Events, console: Console) -> list[str]:
+    """4. The final state CID of every honest node: one CID, or a problem."""
     final: dict[str, tuple[int, str]] = {}
     for p in procs:
         if p.role == "attacker":
@@ -154,6 +190,7 @@ def final_report(
     for name, (r, cid) in final.items():
         agree.add_row(name, str(r), cid)
     console.print(agree)
+    problems = []
     finals = {v for v in final.values()}
     if len(final) != sum(p.role != "attacker" for p in procs):
         problems.append("not every honest node finished a round")
@@ -165,18 +202,15 @@ def final_report(
         stopped = [e for e in events[p.name] if e["event"] == "stopped"]
         if p.role != "attacker" and stopped and stopped[-1]["reason"] != "done":
             problems.append(f"{p.name} stopped: {stopped[-1]['reason']}")
-    console.print(f"logs and event files: {work}")
-    for problem in problems:
-        console.print(f"[red]problem[/red]: {problem}")
-    return 1 if problems else 0
+    return problems
 
 
-def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
+def _evidence_lines(kind: EvidenceKind, reason: str, figures: dict[str, Any]) -> str:
     """The ban evidence in words; the numbers are the aggregation's own records.
 
-    Two kinds (specs/aggregation.md "Ban policy"): an outlier's distances and clip weights, or a
-    low reputation's scores and losses (scores are on by default)."""
-    lines = [f"  reason: {reason}"]
+    By its kind (specs/aggregation.md "Ban policy"): an outlier's distances and clip weights, a
+    low reputation's scores and losses (scores are on by default), a rejected update's why."""
+    lines = [f"  {kind} evidence: {reason}"]
     rounds = figures.get("rounds") or []
     for i, round_ in enumerate(rounds):
         parts = []
@@ -184,13 +218,13 @@ def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
         if distance is not None:
             parts.append(f"distance to the aggregate {distance:.1f}")
         score = _nth(figures, "scores", i)
-        if isinstance(score, dict):  # a reputation ban: the losses anyone can recompute
+        if kind is EvidenceKind.REPUTATION and isinstance(score, dict):  # losses anyone can check
             parts.append(
                 f"loss on its own data {score['own_before']:.3f} -> {score['own_after']:.3f}, "
                 f"held-out {score['held_before']:.3f} -> {score['held_after']:.3f}, "
                 f"score {score['score']}"
             )
-        elif score is not None:
+        elif kind is EvidenceKind.OUTLIER and score is not None:
             outlier = figures.get("outlier_score")
             parts.append(f"{score:.1f}x the median distance (outlier above {outlier})")
         reputation = _nth(figures, "reputations", i)
@@ -201,8 +235,8 @@ def _evidence_lines(reason: str, figures: dict[str, Any]) -> str:
             parts.append(f"CenteredClip weight {weight:.3f}")
         parts.append(f"update {_nth(figures, 'update_cids', i)}")
         lines.append(f"  round {round_}: " + ", ".join(parts))
-    if "rejected" in figures:
-        lines.append(f"  rejected: {figures['rejected']}")
+    if kind is EvidenceKind.REJECTED:
+        lines.append(f"  rejected: {figures.get('rejected')}")
     return "\n".join(lines)
 
 
@@ -211,7 +245,7 @@ def _nth(figures: dict[str, Any], key: str, i: int) -> Any:
     return values[i] if i < len(values) else None
 
 
-def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
+def _coordinator_bans(url: str, run_config: Path) -> list[BanRecord]:
     """The bans in the coordinator's signed run state (its signature is checked by the client)."""
     from cnode.auth import Identity
     from cnode.node.coordinator import SyncCoordinatorClient, load_run_config
@@ -222,4 +256,4 @@ def _coordinator_bans(url: str, run_config: Path) -> list[dict[str, Any]]:
         url, run=config.run, coordinator=config.coordinator, identity=reader
     ) as client:
         state = client.run_state()
-    return [b.to_payload() for b in state.bans]
+    return list(state.bans)

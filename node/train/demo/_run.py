@@ -26,6 +26,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cnode.auth import Identity, save_identity
+from cnode.node._children import die_with_parent
 from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
 
 from .._report import read_report
@@ -66,7 +67,10 @@ def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
     # Six processes share the machine: one torch thread each keeps them from fighting.
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     with log.open("ab") as fh:
-        return subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+        # Each node ends with the demo, even one killed with SIGKILL (_children.py).
+        return subprocess.Popen(
+            cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, preexec_fn=die_with_parent()
+        )
 
 
 def _stop(proc: subprocess.Popen[bytes] | None) -> None:
@@ -96,14 +100,17 @@ _STATUS = {
 
 
 def _short_reason(reason: str) -> str:
-    if "banned" in reason:
-        return "banned by the coordinator"
     return reason if len(reason) <= 60 else reason[:57] + "..."
 
 
 def _status_table(
-    procs: list[_Proc], settings: DemoSettings, coordinator: str, started: float
+    procs: list[_Proc],
+    settings: DemoSettings,
+    coordinator: str,
+    bans: dict[str, str],
+    started: float,
 ) -> Table:
+    """One row per node; ``bans``: banned peer id -> the ban's kind (the signed state's)."""
     rounds, late_after = settings.rounds, settings.late_after_round
     table = Table(
         title=f"cnode demo · run {RUN_ID!r} · {rounds} rounds · {time.monotonic() - started:.0f} s",
@@ -121,6 +128,8 @@ def _status_table(
             status = _STATUS.get(events[-1]["event"], events[-1]["event"]) if events else "starting"
             if status == "starting" and p.role == "late joiner" and events:
                 status = f"waiting for round {late_after} before joining"
+        elif p.peer in bans:
+            status = f"exited {p.popen.returncode}: banned by the coordinator ({bans[p.peer]})"
         else:
             why = _short_reason(stopped["reason"]) if stopped else "no report"
             status = f"exited {p.popen.returncode}: {why}"
@@ -135,8 +144,9 @@ def _status_table(
     return table
 
 
-def _coordinator_line(url: str, run_config: Path) -> str:
-    """One line about the coordinator's signed state (read, signature checked)."""
+def _coordinator_line(url: str, run_config: Path) -> tuple[str, dict[str, str]]:
+    """One line about the coordinator's signed state (read, signature checked), and its bans:
+    banned peer id -> the ban's kind."""
     from cnode.node.coordinator import (
         CoordinatorError,
         SyncCoordinatorClient,
@@ -150,7 +160,7 @@ def _coordinator_line(url: str, run_config: Path) -> str:
         ) as client:
             state = client.run_state()
     except CoordinatorError as exc:
-        return f"coordinator: {exc}"
+        return f"coordinator: {exc}", {}
     line = f"coordinator: round {state.round.round}, phase {state.phase}"
     if state.checkpoint is not None:
         line += f", checkpoint of round {state.checkpoint.round}"
@@ -158,7 +168,7 @@ def _coordinator_line(url: str, run_config: Path) -> str:
         line += f", {len(state.bans)} banned"
     if state.waiting:
         line += f" · {state.waiting}"
-    return line
+    return line, {b.peer: str(b.kind) for b in state.bans}
 
 
 def run_demo(settings: DemoSettings, console: Console) -> int:
@@ -184,6 +194,11 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
             url = coordinator.url
             # Up until the report is printed (the coordinator stops in the finally below).
             console.print(f"[bold]dashboard[/bold]: {url}/ (live until the report)")
+            console.print(
+                f"[bold]metrics[/bold]: {url}/metrics, and each node's at "
+                f"http://127.0.0.1:PORT/metrics, PORT = "
+                + ", ".join(f"{p.metrics_port} ({p.name})" for p in procs)
+            )
             # Every process starts now (imports take a while on a loaded machine); the late
             # joiner stays out of the run until round `late_after_round` is published.
             for p in procs:
@@ -193,8 +208,8 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
             deadline = began + settings.timeout_s
 
             def table() -> Table:
-                line = _coordinator_line(url, run_config)
-                return _status_table(procs, settings, line, began)
+                line, bans = _coordinator_line(url, run_config)
+                return _status_table(procs, settings, line, bans, began)
 
             with Live(table(), console=console, refresh_per_second=2) as live:
                 while time.monotonic() < deadline:
@@ -231,7 +246,7 @@ def _prepare(work: Path, settings: DemoSettings) -> list[_Proc]:
             home,
             NodeConfig(listen=f"/ip4/127.0.0.1/tcp/{port}", log_format="json"),
         )
-        procs.append(_Proc(name, role, home, identity.peer_id_str, port))
+        procs.append(_Proc(name, role, home, identity.peer_id_str, port, _free_port()))
     return procs
 
 
@@ -273,6 +288,7 @@ def _node_cmd(
         "--listen", f"/ip4/127.0.0.1/tcp/{p.port}",
         "--rounds", str(settings.rounds),
         "--report", str(p.report),
+        "--metrics", f"127.0.0.1:{p.metrics_port}",
     ]  # fmt: skip
     if p is procs[0]:
         cmd.append("--checkpointer")

@@ -33,6 +33,7 @@ class _Proc:
     home: Path
     peer: str
     port: int
+    metrics_port: int  # its Prometheus metrics: http://127.0.0.1:PORT/metrics
     popen: subprocess.Popen[bytes] | None = None
 
     @property

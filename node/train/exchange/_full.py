@@ -1,4 +1,4 @@
-"""The update exchange of one full-replication round: collect, report, and complete the agreed set.
+"""One full-replication round's exchange: collect, report, complete the agreed set, aggregate.
 
 1. **Collect.** Once the coordinator publishes the round's member list with each member's update
    header CID, the node gets every header (from gossip, else as a block by its CID) and every
@@ -8,26 +8,29 @@
    node fetches what it still lacks of that set from every peer that may hold it. If it still
    cannot, it raises :class:`MissingUpdatesError` naming the members: it must not aggregate
    another set (that is how nodes diverged before).
+4. **Aggregate** exactly the agreed set (``NodeTrainer.aggregate``).
 
-See specs/training.md#a-round and specs/coordinator.md#agreement.
+:meth:`UpdateExchange.play` runs the four, as ``PartitionedExchange.play`` runs a partitioned
+round. See specs/training.md#a-round and specs/coordinator.md#agreement.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
 import trio
 
-from cnode.node.coordinator import RoundInfo
-from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, StorageError
+from cnode.node.coordinator import CoordinatorClient, RoundInfo
+from cnode.storage import CID
 
 from .. import limits
-from .._exceptions import MissingUpdatesError, PeerUpdateError
-from .._round import UpdateHeader, header_cid, open_update_header
-from ..swarm import HeaderCollector, PeerFinder
+from .._exceptions import MissingUpdatesError, RoundStalledError
+from .._round import UpdateHeader
+from .._trainer import NodeTrainer, OwnUpdate, RoundOutcome
+from ._fetch import MemberFetcher, with_retries
 
 __all__ = ["Collected", "UpdateExchange"]
 
@@ -45,26 +48,89 @@ class Collected:
 
 
 class UpdateExchange:
-    """Fetches a round's updates for one node (see the module docstring)."""
+    """Plays the full-replication rounds of one node (see the module docstring)."""
 
     def __init__(
-        self, run: str, me: str, node: P2PNode, headers: HeaderCollector, finder: PeerFinder
+        self,
+        trainer: NodeTrainer,
+        client: CoordinatorClient,
+        fetcher: MemberFetcher,
+        *,
+        collect_timeout_s: float,
     ) -> None:
-        self.run = run
-        self.me = me
-        self.node = node
-        self.gossip = headers
-        self.finder = finder
-        self.refused_by: set[str] = set()  # holders that refused this node (banned?)
-        self.bytes_in = 0  # verified update bytes fetched, all rounds (the round report's figure)
+        self.trainer = trainer
+        self.client = client
+        self.fetcher = fetcher
+        # The run's rounds.collect_timeout_s: the agreed set gets no longer than this.
+        self.collect_timeout_s = collect_timeout_s
+        self.last_fetch_s = 0.0  # the last round's collect and complete, for its report
+        self.last_aggregate_s = 0.0
+
+    async def play(
+        self, info: RoundInfo, own: OwnUpdate, check_banned: Callable[[], Awaitable[None]]
+    ) -> RoundOutcome:
+        """Collect, report, complete and aggregate round ``info.round``; return the outcome.
+
+        ``check_banned`` runs once the collect is over (the loop reads the signed state when a
+        holder refused this node, and raises BannedError if it is banned). Raises
+        MissingUpdatesError when the agreed set cannot be had: the node must catch up."""
+        began = time.monotonic()
+        headers, dropped = await self._agreed_inputs(info, own, check_banned)
+        self.last_fetch_s = time.monotonic() - began
+        self.trainer.check_agreement(
+            info.round, {peer: header for peer, (_, header) in headers.items()}
+        )
+        began = time.monotonic()
+        outcome = await trio.to_thread.run_sync(
+            self.trainer.aggregate, info.round, headers, dropped
+        )
+        self.last_aggregate_s = time.monotonic() - began
+        return outcome
+
+    async def _agreed_inputs(
+        self, info: RoundInfo, own: OwnUpdate, check_banned: Callable[[], Awaitable[None]]
+    ) -> tuple[dict[str, tuple[CID, UpdateHeader]], dict[str, str]]:
+        """Collect, report ``collected``, wait for the agreed set and complete it: the headers
+        to aggregate and why each other member is left out."""
+        round_, me = info.round, self.fetcher.me
+        deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
+        fetch_s = min(limits.ROUND_FETCH_S, deadline_s - limits.COLLECT_REPORT_MARGIN_S)
+        got = await self.collect(info, until=trio.current_time() + max(fetch_s, 1.0))
+        await check_banned()  # before anything else: a banned node says so
+        await self.client.collected(round_, missing=sorted(got.missing))
+        agreed: RoundInfo | None = None
+        with trio.move_on_after(max(deadline_s, 0.0) + limits.AGREED_WAIT_SLACK_S):
+            agreed = await self.client.wait_agreed(round_)
+        if agreed is None or agreed.agreed is None:
+            raise RoundStalledError(
+                f"round {round_}: no agreed input set {limits.AGREED_WAIT_SLACK_S:g} s after "
+                "the round's collect deadline"
+            )
+        until = trio.current_time() + min(limits.AGREED_FETCH_S, self.collect_timeout_s)
+        got = await self.complete(agreed, got, until=until)
+        headers = {m: got.headers[m] for m in agreed.agreed if m in got.headers}
+        if me in agreed.agreed:
+            headers[me] = (own.header_cid, own.header)
+        dropped = dict(agreed.excluded)
+        dropped.update({m: why for m, why in got.invalid.items() if m in agreed.agreed})
+        if dropped:
+            log.warning(
+                "round_aggregates_fewer_members",
+                round=round_,
+                listed=len(info.members),
+                aggregated=len(headers),
+                left_out={peer[-8:]: why for peer, why in dropped.items()},
+            )
+        return headers, dropped
 
     async def collect(self, info: RoundInfo, *, until: float) -> Collected:
         """Get every listed member's header and update, until trio time ``until`` at the latest."""
         got = Collected({}, {}, {})
         with trio.move_on_at(until):
-            await self.finder.dial_listed(info.addrs)
+            await self.fetcher.finder.dial_listed(info.addrs)
+            self.fetcher.finder.say_unreached(info.round, info.members, info.addrs)
             await self._wait_gossip(info)
-        members = [m for m in info.members if m != self.me]
+        members = [m for m in info.members if m != self.fetcher.me]
         with trio.move_on_at(until):
             async with trio.open_nursery() as nursery:
                 for member in members:
@@ -78,16 +144,17 @@ class UpdateExchange:
         """Fetch what this node lacks of the agreed set, from every member; raise
         :class:`MissingUpdatesError` if some of it cannot be had by trio time ``until``."""
         assert agreed.agreed is not None
-        lacking = [m for m in agreed.agreed if m != self.me and m in got.missing]
+        me = self.fetcher.me
+        lacking = [m for m in agreed.agreed if m != me and m in got.missing]
         if lacking:
             log.info("fetching_agreed_updates", round=agreed.round, members=_short(lacking))
             with trio.move_on_at(until):
-                await self.finder.dial_listed(agreed.addrs)
+                await self.fetcher.finder.dial_listed(agreed.addrs)
                 async with trio.open_nursery() as nursery:
                     for member in lacking:
                         got.missing.pop(member, None)
                         nursery.start_soon(self._get_one, agreed, member, got, True)
-        still = [m for m in agreed.agreed if m != self.me and m not in got.headers]
+        still = [m for m in agreed.agreed if m != me and m not in got.headers]
         still = [m for m in still if m not in got.invalid]
         if still:
             raise MissingUpdatesError(
@@ -100,83 +167,37 @@ class UpdateExchange:
     async def _wait_gossip(self, info: RoundInfo) -> None:
         """Headers were published before their senders said ready, so they are normally here
         already; wait a little for stragglers of the gossip mesh."""
+        gossip = self.fetcher.gossip
         with trio.move_on_after(limits.HEADER_WAIT_S):
-            while not all((info.round, m) in self.gossip.seen for m in info.headers):
-                self.gossip.arrived = trio.Event()
+            while not all((info.round, m) in gossip.seen for m in info.headers):
+                gossip.arrived = trio.Event()
                 with trio.move_on_after(limits.HEADER_CHECK_S):
-                    await self.gossip.arrived.wait()
+                    await gossip.arrived.wait()
 
     async def _get_one(self, info: RoundInfo, member: str, got: Collected, everyone: bool) -> None:
         """One member's header and update, with FETCH_ATTEMPTS tries: the first from the
         member (unless ``everyone``), the rest from every member that may hold the blocks."""
-        want = info.headers.get(member)
-        if want is None:
+        if member not in info.headers:
             got.missing[member] = "the round record lists no header for it"
             return
-        cid = CID.parse(want)
-        failure = "no attempt finished"
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.holders_for(info, member, everyone=everyone or attempt > 0)
-            try:
-                header = await self._header(info, member, cid, holders, got)
-                if header is None:
-                    return  # invalid: recorded in got.invalid
-                report = await self.node.fetch(header.update, holders=holders)
-                self.bytes_in += report.bytes
-                got.headers[member] = (cid, header)
+        fetcher = self.fetcher
+
+        async def attempt(i: int) -> None:
+            holders = fetcher.holders_for(info, member, everyone=everyone or i > 0)
+            header = await fetcher.fetch_header(info, member, holders, got.invalid)
+            if header is None:
                 got.missing.pop(member, None)
-                return
-            except FetchError as exc:
-                self.refused_by |= exc.refused_by
-                failure = str(exc)
-            except (P2PError, StorageError) as exc:
-                failure = str(exc)
-            # Recorded now: when the phase's deadline cancels the next try, this is the reason.
-            got.missing[member] = f"update not fetched: {failure}"
-            log.info("update_fetch_retry", member=member[-8:], attempt=attempt, error=failure)
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-
-    def holders_for(self, info: RoundInfo, member: str, *, everyone: bool) -> list[str]:
-        """Whom to ask for ``member``'s blocks: the member, and with ``everyone`` every
-        connected member too."""
-        if not everyone:
-            return [member]
-        connected = set(self.node.connected_peers())
-        return [member] + [p for p in info.members if p in connected and p not in (member, self.me)]
-
-    async def fetch_header(
-        self, info: RoundInfo, member: str, holders: Sequence[str]
-    ) -> tuple[CID, UpdateHeader] | None:
-        """``member``'s signed header as the round record names it, verified; None if invalid.
-        Raises FetchError/P2PError when it cannot be had."""
-        cid = CID.parse(info.headers[member])
-        got = Collected({}, {}, {})
-        header = await self._header(info, member, cid, holders, got)
-        return None if header is None else (cid, header)
-
-    async def _header(
-        self, info: RoundInfo, member: str, cid: CID, holders: Sequence[str], got: Collected
-    ) -> UpdateHeader | None:
-        """The header the round record names for ``member``, verified; None if it is invalid
-        (then ``got.invalid`` says why, the same on every node)."""
-        store = self.node.store
-        seen = self.gossip.seen.get((info.round, member))
-        if not store.has(cid):
-            if seen is not None and header_cid(seen[0]) == cid:
-                store.put(cid, seen[0])
-            else:
-                # Not on gossip, or another header than the one it told the coordinator about:
-                # the recorded CID is what counts.
-                await self.node.fetch_blocks([cid], holders=holders)
-        envelope = store.get(cid)
-        try:
-            header = open_update_header(envelope, run=self.run, round_=info.round, signer=member)
-        except PeerUpdateError as exc:
-            log.warning("invalid_update_header", member=member[-8:], reason=exc.reason)
-            got.invalid[member] = exc.reason
+                return  # invalid: recorded in got.invalid
+            report = await fetcher.node.fetch(header[1].update, holders=holders)
+            fetcher.bytes_in += report.bytes
+            got.headers[member] = header
             got.missing.pop(member, None)
-            return None
-        return header
+
+        def failed(i: int, why: str) -> None:
+            got.missing[member] = f"update not fetched: {why}"
+            log.info("update_fetch_retry", member=member[-8:], attempt=i, error=why)
+
+        await with_retries(attempt, refused_by=fetcher.refused_by, failed=failed)
 
 
 def _short(peers: Sequence[str]) -> list[str]:

@@ -32,7 +32,7 @@ from cnode.node.coordinator import (
     CoordinatorRejected,
     RoundInfo,
 )
-from cnode.node.p2p import FetchError, P2PError, P2PNode
+from cnode.node.p2p import P2PNode
 from cnode.storage import CID, StorageError
 
 from .. import limits
@@ -41,6 +41,7 @@ from .._exceptions import (
     PeerUpdateError,
     RoundStalledError,
     StateMismatchError,
+    UnreachableError,
 )
 from .._round import UpdateHeader, open_update_header
 from .._trainer import NodeTrainer, RoundOutcome
@@ -51,8 +52,7 @@ from ..partition import (
     partition_result_cid,
     state_numel,
 )
-from ._fetch import enough_inputs, fetch_update_segments
-from ._full import UpdateExchange
+from ._fetch import GaveUp, MemberFetcher, enough_inputs, fetch_update_segments, with_retries
 from ._scores import PartitionScores
 from ._verify import PartitionVerifier
 
@@ -84,7 +84,7 @@ class PartitionedExchange:
         trainer: NodeTrainer,
         node: P2PNode,
         client: CoordinatorClient,
-        updates: UpdateExchange,
+        fetcher: MemberFetcher,
         *,
         backup_step_s: float,
         withhold: bool = False,
@@ -92,11 +92,11 @@ class PartitionedExchange:
         self.trainer = trainer
         self.node = node
         self.client = client
-        self.updates = updates
+        self.fetcher = fetcher
         self.backup_step_s = backup_step_s
         self.withhold = withhold  # testing aid: never publish a result (a backup takes over)
         self.verifier = PartitionVerifier(trainer, node, client)
-        self.scores = PartitionScores(trainer, node, client, updates)
+        self.scores = PartitionScores(trainer, node, client, fetcher)
         self.last_bytes_in = 0
 
     async def play(self, info: RoundInfo) -> RoundOutcome:
@@ -104,7 +104,13 @@ class PartitionedExchange:
         me = self.trainer.peer
         state = _Round(info, state_numel(self.trainer.state))
         with trio.move_on_after(limits.HEADER_WAIT_S):
-            await self.updates.finder.dial_listed(info.addrs)
+            await self.fetcher.finder.dial_listed(info.addrs)
+        unreached = self._say_unreached(info)
+        if len(unreached) == len(info.members) - 1 > 0 and not any(info.addrs.values()):
+            # No member of the round, this node included, has an address the coordinator
+            # accepted: nobody can ever connect to anybody, so nothing can be exchanged. Stop
+            # now, naming them, rather than after a round of deadlines.
+            raise UnreachableError(info.round, unreached)
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
         fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
@@ -134,11 +140,21 @@ class PartitionedExchange:
         dropped = dict(agreed.excluded)
         self.last_bytes_in = state.bytes_in + self.scores.bytes_in
         self.scores.bytes_in = 0
-        return await trio.to_thread.run_sync(
+        outcome = await trio.to_thread.run_sync(
             lambda: self.trainer.apply_partitions(
                 info.round, results, outputs, parts=info.parts, dropped=dropped, scores=spread
             )
         )
+        unreached = self._say_unreached(info)
+        others = [m for m in info.members if m != me]
+        if outcome.empty and others and len(unreached) == len(others):
+            # Nothing was exchanged, and this node reached nobody: it cannot take part (the
+            # next round would be the same). Stop, naming whom and why (reason "unreachable").
+            raise UnreachableError(info.round, unreached)
+        return outcome
+
+    def _say_unreached(self, info: RoundInfo) -> dict[str, str]:
+        return self.fetcher.finder.say_unreached(info.round, info.members, info.addrs)
 
     # -- 1 and 2: aggregating a partition ---------------------------------------------------
 
@@ -229,26 +245,25 @@ class PartitionedExchange:
         if member not in info.headers:
             missing[member] = "the round record lists no header for it"
             return
-        why = "no attempt finished"
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.updates.holders_for(info, member, everyone=attempt > 0)
-            try:
-                if member not in state.headers:
-                    header = await self.updates.fetch_header(info, member, holders)
-                    if header is None:
-                        missing[member] = "invalid update header"
-                        return
-                    state.headers[member] = header
-                _, header_ = state.headers[member]
-                state.bytes_in += await fetch_update_segments(
-                    self.node, header_.update, indices, holders
-                )
-                missing.pop(member, None)
-                return
-            except (FetchError, P2PError, StorageError) as exc:
-                why = str(exc)
+
+        async def attempt(i: int) -> None:
+            holders = self.fetcher.holders_for(info, member, everyone=i > 0)
+            if member not in state.headers:
+                header = await self.fetcher.fetch_header(info, member, holders, state.invalid)
+                if header is None:
+                    missing[member] = state.invalid.get(member, "invalid update header")
+                    return
+                state.headers[member] = header
+            _, header_ = state.headers[member]
+            state.bytes_in += await fetch_update_segments(
+                self.node, header_.update, indices, holders
+            )
+            missing.pop(member, None)
+
+        def failed(_: int, why: str) -> None:
             missing[member] = f"update not fetched: {why}"
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
+
+        await with_retries(attempt, refused_by=self.fetcher.refused_by, failed=failed)
 
     # -- waiting for results, backups ---------------------------------------------------------
 
@@ -304,19 +319,16 @@ class PartitionedExchange:
         for key, entry in sorted(recorded.results.items(), key=lambda kv: int(kv[0])):
             partition, cid = int(key), CID.parse(entry.header)
             holders = [entry.peer] + [m for m in state.info.members if m != entry.peer]
-            why = ""
-            for attempt in range(limits.FETCH_ATTEMPTS):
-                try:
-                    if not self.node.store.has(cid):
-                        await self.node.fetch_blocks([cid], holders=holders)
-                    break
-                except (FetchError, P2PError, StorageError) as exc:
-                    why = str(exc)
-                await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-            if not self.node.store.has(cid):
+
+            async def attempt(_: int, cid: CID = cid, holders: list[str] = holders) -> None:
+                if not self.node.store.has(cid):
+                    await self.node.fetch_blocks([cid], holders=holders)
+
+            got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+            if isinstance(got, GaveUp):
                 raise OutputsUnavailableError(
                     f"round {state.info.round}: the result of partition {partition} could not "
-                    f"be fetched: {why}"
+                    f"be fetched: {got.why}"
                 )
             try:
                 result = open_partition_result(
@@ -378,20 +390,21 @@ class PartitionedExchange:
         limiter = trio.CapacityLimiter(_PARALLEL_OUTPUTS)
 
         async def fetch_one(partition: int, output: CID, holders: list[str]) -> None:
+            async def attempt(_: int) -> None:
+                state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
+
             async with limiter:
-                why = ""
-                for attempt in range(limits.FETCH_ATTEMPTS):
-                    try:
-                        state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
-                        return
-                    except (FetchError, P2PError, StorageError) as exc:
-                        why = str(exc)
-                    await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-                failures[partition] = why
+                got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+            if isinstance(got, GaveUp):
+                failures[partition] = got.why
 
         async with trio.open_nursery() as nursery:
             for partition, output in outputs.items():
-                if output is not None and not self.node.store.has(output):
+                # Not `store.has(output)`: an earlier try (before `checked`) may have stored the
+                # root and run out of time before its chunks; assembling then read a chunk that
+                # is not there (BlockNotFoundError under load). fetch() walks the whole closure
+                # and asks only for what is missing: nothing, when it is all here.
+                if output is not None:
                     entry = agreed.results[str(partition)]
                     holders = [entry.peer, *([entry.by] if entry.by else []), *everyone]
                     nursery.start_soon(fetch_one, partition, output, holders)

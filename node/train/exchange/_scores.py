@@ -22,8 +22,8 @@ import trio
 
 from cnode.aggregation import score_seed, validate_update
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo
-from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, StorageError
+from cnode.node.p2p import P2PNode
+from cnode.storage import CID
 
 from .. import limits
 from .._exceptions import (
@@ -36,6 +36,7 @@ from .._round import UpdateHeader, expected_specs, load_update
 from .._trainer import NodeTrainer
 from ..scores import (
     INVALID_PREFIX,
+    BadScoreRecordError,
     ScoreRecord,
     SpreadScores,
     TargetLosses,
@@ -46,7 +47,7 @@ from ..scores import (
     seal_score_record,
     targets_of,
 )
-from ._full import UpdateExchange
+from ._fetch import GaveUp, MemberFetcher, with_retries
 
 __all__ = ["PartitionScores", "round_headers"]
 
@@ -58,6 +59,26 @@ def round_headers(info: RoundInfo) -> dict[str, str]:
     return {m: c for m, c in sorted(info.headers.items()) if m in info.members}
 
 
+# The losses the score-record testing aids sign (``--attack``, node/train/_loop.py NODE_ATTACKS).
+_AID_LOSSES = {
+    "extreme_scores": (5.0, -1e308, 5.0, 4.9),  # issue 29: finite, out of range
+    "zero_scores": (0.0, 0.0, 0.0, 0.0),  # in range: a loss of 0 on both sides
+}
+
+
+def _testing_aid(
+    attack: str | None, info: RoundInfo, targets: list[str], scores: dict[str, TargetLosses]
+) -> dict[str, TargetLosses]:
+    """The aid's losses for every target the round lists a header of, fetched or not (so the
+    record it signs does not depend on how fast the fetches were)."""
+    losses = _AID_LOSSES.get(attack or "")
+    if losses is None:
+        return scores
+    return {
+        t: TargetLosses(CID.parse(info.headers[t]), *losses) for t in targets if t in info.headers
+    }
+
+
 class PartitionScores:
     """Scoring of one node's partitioned rounds (see the module docstring)."""
 
@@ -66,12 +87,12 @@ class PartitionScores:
         trainer: NodeTrainer,
         node: P2PNode,
         client: CoordinatorClient,
-        updates: UpdateExchange,
+        fetcher: MemberFetcher,
     ) -> None:
         self.trainer = trainer
         self.node = node
         self.client = client
-        self.updates = updates
+        self.fetcher = fetcher
         self._agreed: dict[int, SpreadScores] = {}
         # One measurement at a time: RoundScoring holds one model, loaded per measurement.
         self._model_lock = trio.CapacityLimiter(1)
@@ -97,6 +118,7 @@ class PartitionScores:
             async with trio.open_nursery() as nursery:
                 for target in targets:
                     nursery.start_soon(self._score_one, info, seed, target, scores, unscored)
+        scores = _testing_aid(self.trainer.attack_name, info, targets, scores)
         record = ScoreRecord(
             self.trainer.run,
             info.round,
@@ -148,19 +170,19 @@ class PartitionScores:
 
     async def _fetch_update(self, info: RoundInfo, target: str) -> tuple[CID, UpdateHeader] | str:
         """The target's header and whole update (blocks verified), or why not."""
-        why = "no attempt finished"
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.updates.holders_for(info, target, everyone=attempt > 0)
-            try:
-                got = await self.updates.fetch_header(info, target, holders)
-                if got is None:
-                    return INVALID_PREFIX + "its update header does not open"
-                self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
-                return got
-            except (FetchError, P2PError, StorageError) as exc:
-                why = str(exc)
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-        return f"update not fetched: {why}"[: limits.MAX_REASON_CHARS]
+
+        async def attempt(i: int) -> tuple[CID, UpdateHeader] | str:
+            holders = self.fetcher.holders_for(info, target, everyone=i > 0)
+            got = await self.fetcher.fetch_header(info, target, holders)
+            if got is None:
+                return INVALID_PREFIX + "its update header does not open"
+            self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
+            return got
+
+        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+        if isinstance(got, GaveUp):
+            return f"update not fetched: {got.why}"[: limits.MAX_REASON_CHARS]
+        return got
 
     def _measure(
         self, seed: bytes, target: str, cid: CID, header: UpdateHeader
@@ -182,7 +204,7 @@ class PartitionScores:
         bad = validate_update(update, expected_specs(trainer.state))
         if bad is not None:
             return (INVALID_PREFIX + bad)[: limits.MAX_REASON_CHARS]
-        return TargetLosses(cid, *scoring.measure(seed, trainer.state, target, update))
+        return TargetLosses.measured(cid, scoring.measure(seed, trainer.state, target, update))
 
     # -- 2 and 3: the closed records, agreed ----------------------------------------------------
 
@@ -197,6 +219,7 @@ class PartitionScores:
         # the same for everyone. The signed round record names each one's CID.
         served = await self.client.score_records(info.round)
         records: dict[str, tuple[CID, ScoreRecord]] = {}
+        refused: dict[str, tuple[CID, str]] = {}
         for scorer, text in sorted(closed.scores.items()):
             if scorer not in closed.members:
                 continue
@@ -215,6 +238,9 @@ class PartitionScores:
                         signer=scorer,
                     ),
                 )  # fmt: skip
+            except BadScoreRecordError as exc:  # signed, and not a record: its signer is named
+                log.warning("score_record_bad", scorer=scorer[-8:], error=exc.reason)
+                refused[scorer] = (cid, exc.reason)
             except PeerUpdateError as exc:  # the same bytes give the same verdict everywhere
                 log.warning("score_record_unusable", scorer=scorer[-8:], error=exc.reason)
         headers = {m: CID.parse(c) for m, c in round_headers(closed).items()}
@@ -247,6 +273,7 @@ class PartitionScores:
             **common,  # type: ignore[arg-type]
             reputation=scoring.reputation,
             recompute=recomputed.__getitem__,
+            refused=refused,
         )
         self._agreed = {info.round: resolved}  # only the current round is ever asked again
         log.info(
@@ -274,13 +301,11 @@ class PartitionScores:
         """A member's header block, when it can be had (gossip brought it to most nodes
         already). One that cannot is only not listed: its update has no score anyway (its
         scorers could not fetch it either), so it is left out on every node alike."""
-        why = ""
-        for attempt in range(limits.FETCH_ATTEMPTS):
-            holders = self.updates.holders_for(info, member, everyone=True)
-            try:
-                await self.updates.fetch_header(info, member, holders)  # stored, even if invalid
-                return
-            except (FetchError, P2PError, StorageError) as exc:
-                why = str(exc)
-            await trio.sleep(limits.FETCH_RETRY_S * (attempt + 1))
-        log.warning("score_header_unavailable", member=member[-8:], error=why)
+
+        async def attempt(_: int) -> None:
+            holders = self.fetcher.holders_for(info, member, everyone=True)
+            await self.fetcher.fetch_header(info, member, holders)  # stored, even if invalid
+
+        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+        if isinstance(got, GaveUp):
+            log.warning("score_header_unavailable", member=member[-8:], error=got.why)

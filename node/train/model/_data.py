@@ -24,8 +24,6 @@ import torch
 from tokenizers import Tokenizer
 from tokenizers.implementations import ByteLevelBPETokenizer
 
-from cnode.node.hub import HubError, download_file
-
 from .. import limits
 from .._config import (
     BUILTIN_CORPUS,
@@ -77,6 +75,11 @@ def load_corpus_text(corpus: str) -> str:
 
 
 def _hub_corpus_text(corpus: str, hub: HubCorpus) -> str:
+    # Imported here: the Hub client (and cnode.auth's libp2p keys under it) is needed only for
+    # an hf:// corpus, so the model and data load where the network stack is not installed
+    # (bench/gpu_check.py on a bare GPU machine).
+    from cnode.node.hub import HubError, download_file
+
     try:
         path = download_file(
             hub.repo,

@@ -42,9 +42,9 @@ def build_model(config: TrainingConfig) -> PreTrainedModel:
 
 
 def model_state(model: torch.nn.Module) -> State:
-    """A detached, contiguous float32 copy of the model's parameters, by name."""
+    """A detached, contiguous float32 copy of the model's parameters on the CPU, by name."""
     return {
-        name: p.detach().to(torch.float32).contiguous().clone()
+        name: p.detach().to("cpu", torch.float32).contiguous().clone()
         for name, p in model.named_parameters()
     }
 

@@ -6,12 +6,12 @@ The names other parts of ``cnode.node.train`` use; the modules stay private.
 
 from __future__ import annotations
 
-from ._evidence import PartitionVerdict as PartitionVerdict
 from ._evidence import build_partition_evidence as build_partition_evidence
 from ._evidence import check_partition_evidence as check_partition_evidence
 from ._evidence import model_numel as model_numel
 from ._result import PARTITION_RESULT_TYPE as PARTITION_RESULT_TYPE
 from ._result import PartitionResult as PartitionResult
+from ._result import PartitionTask as PartitionTask
 from ._result import aggregate_own_partition as aggregate_own_partition
 from ._result import apply_partitions as apply_partitions
 from ._result import envelope_type as envelope_type

@@ -15,10 +15,10 @@ import json
 import shutil
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cnode.node.coordinator import PartitionVerdict
 from cnode.storage import (
     CID,
     DAG_CBOR,
@@ -33,7 +33,7 @@ from cnode.storage import (
 
 from .. import limits
 from .._config import TrainingConfig
-from .._exceptions import PartitionEvidenceError, PeerUpdateError
+from .._exceptions import PartitionEvidenceError, PeerUpdateError, TrainingConfigError
 from .._round import open_update_header, segment_layer
 from ..model import build_model, model_state
 from ._result import (
@@ -44,22 +44,10 @@ from ._result import (
 )
 
 __all__ = [
-    "PartitionVerdict",
     "build_partition_evidence",
     "check_partition_evidence",
     "model_numel",
 ]
-
-
-@dataclass(frozen=True)
-class PartitionVerdict:
-    """What recomputing a partition from its evidence showed."""
-
-    signer: str  # the aggregator that signed the result
-    partition: int
-    claimed: str  # the output CID the signed result names ("" when it names none)
-    recomputed: str  # the output CID the inputs give ("" when none)
-    correct: bool
 
 
 def evidence_blocks(store: BlockStore, header: CID, *, numel: int) -> list[CID]:
@@ -128,7 +116,7 @@ def check_partition_evidence(
         config = TrainingConfig.for_run(dict(training))  # the run config's table
         want = CID.parse(header)
         roots, sections = read_car(car, limits.MAX_EVIDENCE_BLOCKS)
-    except Exception as exc:  # a bad config, CID or CAR: the evidence, not the coordinator
+    except (TrainingConfigError, StorageError) as exc:  # the request's fault, not ours
         raise PartitionEvidenceError(f"unreadable evidence: {exc}") from exc
     if roots != [want]:
         raise PartitionEvidenceError(f"the evidence's root is {roots}, not the result {want}")

@@ -34,14 +34,11 @@ from cnode.aggregation import (
     scored_config,
     segment_ranges,
 )
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 from cnode.storage import (
     CID,
-    DAG_CBOR,
     BlockStore,
     CheckpointMeta,
     StorageError,
-    compute_cid,
     load_layer,
     read_manifest,
     save_checkpoint,
@@ -50,13 +47,15 @@ from cnode.storage import (
 from .. import limits
 from .._config import TrainingConfig
 from .._exceptions import MalformedUpdateError, PeerUpdateError
+from .._records import RecordKind, bounded_map, peer_field, reason_field, record_cid
 from .._round import UpdateHeader, load_segments, open_update_header, segment_layer
-from ..model import State
+from ..model import State, outer_step_flat, uses_momentum, zero_momentum
 
 __all__ = [
     "PARTITION_RESULT_TYPE",
     "RESULT_LAYOUT",
     "PartitionResult",
+    "PartitionTask",
     "PartitionWork",
     "aggregate_own_partition",
     "apply_partitions",
@@ -130,14 +129,16 @@ class PartitionResult:
         if p["peer"] != signer or not isinstance(p["run"], str):
             raise bad("names another peer than its signer")
         try:
-            inputs = {_peer(m, bad): CID.parse(c) for m, c in _map(p, "inputs", bad).items()}
+            inputs = {peer_field(m, bad): CID.parse(c) for m, c in _map(p, "inputs", bad).items()}
             base = CID.parse(p["base"])
             output = None if p["output"] is None else CID.parse(p["output"])
         except (StorageError, TypeError) as exc:
             raise bad(f"holds a bad CID: {exc}") from exc
         texts = {}
         for key in ("rejected", "missing"):
-            texts[key] = {_peer(m, bad): _text(t, bad) for m, t in _map(p, key, bad).items()}
+            texts[key] = {
+                peer_field(m, bad): reason_field(t, bad) for m, t in _map(p, key, bad).items()
+            }
         records: dict[str, tuple[float, float | None]] = {}
         for m, rec in _map(p, "records", bad).items():
             if not (isinstance(rec, list) and len(rec) == 2):
@@ -145,7 +146,7 @@ class PartitionResult:
             d, c = rec
             if not isinstance(d, int | float) or not (c is None or isinstance(c, int | float)):
                 raise bad(f"record of {m[-8:]} holds a non-number")
-            records[_peer(m, bad)] = (float(d), None if c is None else float(c))
+            records[peer_field(m, bad)] = (float(d), None if c is None else float(c))
         if not set(records) | set(texts["rejected"]) <= set(inputs):
             raise bad("records and rejections must name inputs")
         backup = p["backup_for"]
@@ -158,22 +159,7 @@ class PartitionResult:
 
 
 def _map(p: Mapping[str, Any], key: str, bad: Any) -> Mapping[str, Any]:
-    value = p[key]
-    if not isinstance(value, Mapping) or len(value) > limits.MAX_PARTITION_MEMBERS:
-        raise bad(f"{key} must be a map of at most MAX_PARTITION_MEMBERS entries")
-    return value
-
-
-def _peer(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= limits.MAX_PEER_ID_CHARS:
-        raise bad("a peer id is not a short string")
-    return value
-
-
-def _text(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or len(value) > limits.MAX_REASON_CHARS:
-        raise bad("a reason is not a string within MAX_REASON_CHARS")
-    return value
+    return bounded_map(p, key, bad, limits.MAX_PARTITION_MEMBERS, "MAX_PARTITION_MEMBERS")
 
 
 def envelope_type(envelope: bytes) -> str | None:
@@ -191,37 +177,18 @@ def envelope_type(envelope: bytes) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def seal_partition_result(identity: Identity, result: PartitionResult) -> bytes:
-    """The result as a signed envelope (``cnode/partition-result/v1``)."""
-    if result.peer != identity.peer_id_str:
-        raise ValueError("a partition result is signed by the aggregator it names")
-    return seal(identity, PARTITION_RESULT_TYPE, result.to_payload())
-
-
-def partition_result_cid(envelope: bytes) -> CID:
-    """The CID a signed partition result is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, DAG_CBOR)
-
-
-def open_partition_result(
-    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
-) -> PartitionResult:
-    """Verify a signed result's size, signature, run and round; PeerUpdateError if bad."""
-    who = signer or "unknown peer"
-    if len(envelope) > limits.MAX_PARTITION_RESULT_BYTES:
-        raise PeerUpdateError(who, f"partition result of {len(envelope)} bytes is too large")
-    try:
-        opened = open_envelope(
-            envelope, expected_type=PARTITION_RESULT_TYPE, expected_signer=signer
-        )
-    except EnvelopeError as exc:
-        raise PeerUpdateError(who, f"bad partition result envelope: {exc}") from exc
-    result = PartitionResult.from_payload(opened.payload, opened.signer)
-    if result.run != run:
-        raise PeerUpdateError(opened.signer, f"partition result is for run {result.run!r}")
-    if round_ is not None and result.round != round_:
-        raise PeerUpdateError(opened.signer, f"partition result is for round {result.round}")
-    return result
+PARTITION_RESULTS = RecordKind(
+    PARTITION_RESULT_TYPE,
+    "partition result",
+    "aggregator",
+    limits.MAX_PARTITION_RESULT_BYTES,
+    "MAX_PARTITION_RESULT_BYTES",
+    PartitionResult.from_payload,
+)
+# The result as a signed envelope (``cnode/partition-result/v1``); its CID; its checks on opening.
+seal_partition_result = PARTITION_RESULTS.seal
+partition_result_cid = record_cid
+open_partition_result = PARTITION_RESULTS.open
 
 
 @dataclass(frozen=True)
@@ -234,47 +201,33 @@ class PartitionWork:
     skipped: dict[str, str]  # trained from another state: left out, not evidence
 
 
+@dataclass(frozen=True)
+class PartitionTask:
+    """Which partition of which round to aggregate, and from what state."""
+
+    run: str
+    round: int
+    partition: int
+    parts: int  # the round's partition count
+    numel: int  # the flat update's length (the state's)
+    base: CID  # the state every input must be trained from
+
+
 def aggregate_own_partition(
     store: BlockStore,
     headers: Mapping[str, UpdateHeader],
-    *,
-    run: str,
-    round_: int,
-    partition: int,
-    parts: int,
-    numel: int,
-    base: CID,
+    task: PartitionTask,
     config: TrainingConfig,
 ) -> PartitionWork:
-    """Aggregate partition ``partition`` of the updates ``headers`` name; store the output.
+    """Aggregate partition ``task.partition`` of the updates ``headers`` name; store the output.
 
     Each input's partition segments must be in ``store``. An input trained from another state
-    than ``base``, or whose segments break the layout or the codec, is rejected with the reason
-    (the same on every node that recomputes). The output holds, per segment of the partition,
-    the aggregate encoded with the run's codec: every node applies the decoded values.
+    than ``task.base``, or whose segments break the layout or the codec, is rejected with the
+    reason (the same on every node that recomputes). The output holds, per segment of the
+    partition, the aggregate encoded with the run's codec: every node applies the decoded values.
     """
-    indices = list(partition_segments(len(segment_ranges(numel)), parts, partition))
-    rejected: dict[str, str] = {}
-    skipped: dict[str, str] = {}
-    slices: dict[str, torch.Tensor] = {}
-    for member in sorted(headers):
-        header = headers[member]
-        if header.base != base:
-            skipped[member] = f"trained from state {header.base}, not {base}"
-            continue
-        try:
-            segs = load_segments(
-                store,
-                header.update,
-                peer=member,
-                codec=config.wire_codec,
-                numel=numel,
-                indices=indices,
-            )
-        except MalformedUpdateError as exc:
-            rejected[member] = exc.reason
-            continue
-        slices[member] = torch.cat([segs[i] for i in indices])
+    indices = list(partition_segments(len(segment_ranges(task.numel)), task.parts, task.partition))
+    slices, rejected, skipped = _partition_inputs(store, headers, task, config, indices)
     # With scores the admitted inputs get scored_config() (no distance rejection), as in a full
     # round (specs/aggregation.md "Scores and reputation"); every recomputation passes the same
     # run config, so the aggregator, verifiers, the coordinator and replay agree.
@@ -296,27 +249,69 @@ def aggregate_own_partition(
         else:
             records[member] = rec
     aggregate = result.tensors["partition"].to(torch.float32)
-    ranges = segment_ranges(numel)
+    output = _store_partition_output(store, aggregate, task, config.result_codec, indices)
+    return PartitionWork(output, rejected, records, skipped)
+
+
+def _partition_inputs(
+    store: BlockStore,
+    headers: Mapping[str, UpdateHeader],
+    task: PartitionTask,
+    config: TrainingConfig,
+    indices: list[int],
+) -> tuple[dict[str, torch.Tensor], dict[str, str], dict[str, str]]:
+    """Each input's partition slice (its segments ``indices``, concatenated), the inputs
+    rejected for bad bytes (ban evidence) and those skipped as trained from another state."""
+    rejected: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    slices: dict[str, torch.Tensor] = {}
+    for member in sorted(headers):
+        header = headers[member]
+        if header.base != task.base:
+            skipped[member] = f"trained from state {header.base}, not {task.base}"
+            continue
+        try:
+            segs = load_segments(
+                store,
+                header.update,
+                peer=member,
+                codec=config.wire_codec,
+                numel=task.numel,
+                indices=indices,
+            )
+        except MalformedUpdateError as exc:
+            rejected[member] = exc.reason
+            continue
+        slices[member] = torch.cat([segs[i] for i in indices])
+    return slices, rejected, skipped
+
+
+def _store_partition_output(
+    store: BlockStore, aggregate: torch.Tensor, task: PartitionTask, codec: str, indices: list[int]
+) -> CID:
+    """Cut the partition's aggregate back into its segments, encode each with the run's codec
+    and store them as one result manifest; return its CID."""
+    ranges = segment_ranges(task.numel)
     encoded: dict[str, torch.Tensor] = {}
     offset = 0
     for i in indices:
         length = ranges[i][1] - ranges[i][0]
         piece = aggregate[offset : offset + length].contiguous()
-        encoded[segment_layer(i)] = encode_update_tensor(piece, config.result_codec)
+        encoded[segment_layer(i)] = encode_update_tensor(piece, codec)
         offset += length
     meta = CheckpointMeta(
-        run_id=run,
+        run_id=task.run,
         kind="update",
-        round=round_,
+        round=task.round,
         extra={
-            "base": str(base),
-            "codec": config.result_codec,
+            "base": str(task.base),
+            "codec": codec,
             "layout": RESULT_LAYOUT,
-            "partition": partition,
-            "parts": parts,
+            "partition": task.partition,
+            "parts": task.parts,
         },
     )
-    return PartitionWork(save_checkpoint(store, encoded, meta), rejected, records, skipped)
+    return save_checkpoint(store, encoded, meta)
 
 
 def load_result_segments(
@@ -350,14 +345,21 @@ def apply_partitions(
     *,
     parts: int,
     config: TrainingConfig,
-) -> State:
-    """The new state: ``parent`` plus ``outer_lr`` times each partition's decoded aggregate.
+    momentum: State | None = None,
+) -> tuple[State, State | None]:
+    """The new state and outer momentum: the outer step (model/_outer.py) of ``parent`` and
+    ``momentum`` (None: zeros for nesterov) with each partition's decoded aggregate.
 
     A partition whose output is None (no accepted input, or no result at all) keeps the
-    parent's values. One float32 add per element, as in a full-replication round.
+    parent's values and momentum. The same float32 ops per element as a full-replication round.
     """
-    # A new flat vector (the parent is left intact), updated in place and returned as views.
-    flat = torch.cat([parent[n].reshape(-1).to(torch.float32) for n in sorted(parent)])
+    # New flat vectors (the parent is left intact), updated in place and returned as views.
+    names = sorted(parent)
+    flat = torch.cat([parent[n].reshape(-1).to(torch.float32) for n in names])
+    flat_m = None
+    if uses_momentum(config):
+        given = momentum if momentum is not None else zero_momentum(parent)
+        flat_m = torch.cat([given[n].reshape(-1).to(torch.float32) for n in names])
     numel = flat.numel()
     ranges = segment_ranges(numel)
     for partition, output in sorted(outputs.items()):
@@ -373,13 +375,16 @@ def apply_partitions(
         )
         for i, values in segments.items():
             start, stop = ranges[i]
-            step = values if config.outer_lr == 1.0 else values * config.outer_lr
-            flat[start:stop].add_(step)  # the same float32 add as parent + step, in place
+            outer_step_flat(flat, flat_m, start, stop, values, config)
+    return _unflatten(flat, parent), (None if flat_m is None else _unflatten(flat_m, parent))
+
+
+def _unflatten(flat: torch.Tensor, like: State) -> State:
     out: State = {}
     offset = 0
-    for name in sorted(parent):
-        n = parent[name].numel()
-        out[name] = flat[offset : offset + n].view(parent[name].shape)
+    for name in sorted(like):
+        n = like[name].numel()
+        out[name] = flat[offset : offset + n].view(like[name].shape)
         offset += n
     return out
 
@@ -401,17 +406,10 @@ def recompute_partition(
         headers[member] = open_update_header(
             envelope, run=result.run, round_=result.round, signer=member
         )
-    return aggregate_own_partition(
-        store,
-        headers,
-        run=result.run,
-        round_=result.round,
-        partition=result.partition,
-        parts=result.parts,
-        numel=numel,
-        base=result.base,
-        config=config,
+    task = PartitionTask(
+        result.run, result.round, result.partition, result.parts, numel, result.base
     )
+    return aggregate_own_partition(store, headers, task, config)
 
 
 def state_numel(state: Mapping[str, torch.Tensor]) -> int:

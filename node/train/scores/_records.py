@@ -9,6 +9,10 @@ integer scores: every reader derives the integers with ``score_update``, so a re
 state losses and scores that disagree.
 
 Decoding is bounded and typed: anything else raises :class:`PeerUpdateError` naming the field.
+Each loss is a number in [0, MAX_SCORE_LOSS] or "inf" / "nan" (``loss_in_range``), whichever side
+of the update it is on; a record whose signature verifies but whose content does not decode (an
+out-of-range loss, a wrong run or round) raises :class:`BadScoreRecordError`: the signed bytes
+prove their signer sent it, so it is ban evidence (specs/training.md#scores-in-partitioned-rounds).
 """
 
 from __future__ import annotations
@@ -18,15 +22,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cnode.aggregation import UpdateScore, score_update
-from cnode.auth import EnvelopeError, Identity, open_envelope, seal
-from cnode.storage import CID, DAG_CBOR, StorageError, compute_cid
+from cnode.aggregation import UpdateScore, loss_in_range, record_loss, score_update
+from cnode.storage import CID, StorageError
 
 from .. import limits
 from .._exceptions import PeerUpdateError
+from .._records import RecordKind, bounded_map, peer_field, reason_field, record_cid
 
 __all__ = [
     "SCORE_RECORD_TYPE",
+    "BadScoreRecordError",
     "ScoreRecord",
     "TargetLosses",
     "open_score_record",
@@ -35,7 +40,13 @@ __all__ = [
 ]
 
 SCORE_RECORD_TYPE = "cnode/score-record/v1"
-_NON_FINITE = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
+_NON_FINITE = {"inf": math.inf, "nan": math.nan}
+
+
+class BadScoreRecordError(PeerUpdateError):
+    """A score record whose signature verifies but whose content is not a record of this run
+    and round within the limits (an out-of-range loss, say): its signer sent what no honest
+    node sends, and the signed bytes show it."""
 
 
 @dataclass(frozen=True)
@@ -43,10 +54,18 @@ class TargetLosses:
     """What a scorer measured of one target's update (float64 losses, specs/training.md#scores)."""
 
     header: CID  # the target's signed update header (the round record lists the same CID)
-    own_before: float  # loss of the agreed state on the target's own batch (finite, > 0)
-    own_after: float  # loss of state + SCORE_STEP x update on that batch (may be inf/nan)
-    held_before: float  # loss of the agreed state on the held-out batch (finite, > 0)
-    held_after: float  # loss of state + SCORE_STEP x update on that batch (may be inf/nan)
+    # Each loss is in [0, MAX_SCORE_LOSS] or +inf / NaN (loss_in_range):
+    own_before: float  # loss of the agreed state on the target's own batch
+    own_after: float  # loss of state + SCORE_STEP x update on that batch
+    held_before: float  # loss of the agreed state on the held-out batch
+    held_after: float  # loss of state + SCORE_STEP x update on that batch
+
+    @classmethod
+    def measured(cls, header: CID, losses: tuple[float, float, float, float]) -> TargetLosses:
+        """What a scorer signs for four measured losses: each as ``record_loss`` states it (in
+        range, and scoring the same as measured)."""
+        own_before, own_after, held_before, held_after = (record_loss(x) for x in losses)
+        return cls(header, own_before, own_after, held_before, held_after)
 
     def score(self, peer: str) -> UpdateScore:
         """The integer scores these losses give (the same on every reader)."""
@@ -120,22 +139,15 @@ class ScoreRecord:
 
 
 def _map(p: Mapping[str, Any], key: str, bad: Any) -> Mapping[str, Any]:
-    value = p[key]
-    if not isinstance(value, Mapping) or len(value) > limits.MAX_SCORE_TARGETS:
-        raise bad(f"{key} must be a map of at most MAX_SCORE_TARGETS entries")
-    return value
+    return bounded_map(p, key, bad, limits.MAX_SCORE_TARGETS, "MAX_SCORE_TARGETS")
 
 
 def _peer(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or not 0 < len(value) <= limits.MAX_PEER_ID_CHARS:
-        raise bad("a target peer id is not a short string")
-    return value
+    return peer_field(value, bad, "a target peer id")
 
 
 def _reason(value: object, bad: Any) -> str:
-    if not isinstance(value, str) or len(value) > limits.MAX_REASON_CHARS:
-        raise bad("an unscored reason is not a string within MAX_REASON_CHARS")
-    return value
+    return reason_field(value, bad, "an unscored reason")
 
 
 def _losses(member: str, value: object, bad: Any) -> TargetLosses:
@@ -148,43 +160,30 @@ def _losses(member: str, value: object, bad: Any) -> TargetLosses:
         raise bad(f"losses of {who}: bad header CID: {exc}") from exc
     nums = []
     for i, x in enumerate(value[1:]):
-        if isinstance(x, str) and x in _NON_FINITE and i in (1, 3):  # only "after" may blow up
+        if isinstance(x, str) and x in _NON_FINITE:
             nums.append(_NON_FINITE[x])
-        elif isinstance(x, float | int) and not isinstance(x, bool) and math.isfinite(x):
+        elif isinstance(x, float | int) and not isinstance(x, bool) and loss_in_range(float(x)):
             nums.append(float(x))
         else:
-            raise bad(f"losses of {who}: value {i + 1} is not a loss: {str(x)[:20]!r}")
-    if not (nums[0] > 0 and nums[2] > 0):
-        raise bad(f"losses of {who}: a loss before the update must be > 0")
+            raise bad(
+                f"losses of {who}: value {i + 1} is not a loss in [0, MAX_SCORE_LOSS] or "
+                f"'inf' / 'nan': {str(x)[:20]!r}"
+            )
     return TargetLosses(header, *nums)
 
 
-def seal_score_record(identity: Identity, record: ScoreRecord) -> bytes:
-    """The record as a signed envelope (``cnode/score-record/v1``)."""
-    if record.peer != identity.peer_id_str:
-        raise ValueError("a score record is signed by the scorer it names")
-    return seal(identity, SCORE_RECORD_TYPE, record.to_payload())
-
-
-def score_record_cid(envelope: bytes) -> CID:
-    """The CID a signed score record is stored and referenced under (a DAG-CBOR block)."""
-    return compute_cid(envelope, DAG_CBOR)
-
-
-def open_score_record(
-    envelope: bytes, *, run: str, round_: int | None = None, signer: str | None = None
-) -> ScoreRecord:
-    """Verify a signed record's size, signature, run and round; PeerUpdateError if bad."""
-    who = signer or "unknown peer"
-    if len(envelope) > limits.MAX_SCORE_RECORD_BYTES:
-        raise PeerUpdateError(who, f"score record of {len(envelope)} bytes is too large")
-    try:
-        opened = open_envelope(envelope, expected_type=SCORE_RECORD_TYPE, expected_signer=signer)
-    except EnvelopeError as exc:
-        raise PeerUpdateError(who, f"bad score record envelope: {exc}") from exc
-    record = ScoreRecord.from_payload(opened.payload, opened.signer)
-    if record.run != run:
-        raise PeerUpdateError(opened.signer, f"score record is for run {record.run!r}")
-    if round_ is not None and record.round != round_:
-        raise PeerUpdateError(opened.signer, f"score record is for round {record.round}")
-    return record
+SCORE_RECORDS = RecordKind(
+    SCORE_RECORD_TYPE,
+    "score record",
+    "scorer",
+    limits.MAX_SCORE_RECORD_BYTES,
+    "MAX_SCORE_RECORD_BYTES",
+    ScoreRecord.from_payload,
+    # Once the signature verifies, what is wrong is the signer's own doing: ban evidence.
+    signed_error=BadScoreRecordError,
+)
+# The record as a signed envelope (``cnode/score-record/v1``); its CID; its checks on opening
+# (PeerUpdateError before the signature verifies, BadScoreRecordError after).
+seal_score_record = SCORE_RECORDS.seal
+score_record_cid = record_cid
+open_score_record = SCORE_RECORDS.open

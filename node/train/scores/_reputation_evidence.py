@@ -7,6 +7,11 @@ the coordinator closed each round with. So the coordinator replays rounds 1..N w
 code every node runs (``resolve_scores``) on the records it holds, no model needed, and compares
 the accused's rounds, reputations, bounds, update CIDs, seeds and losses with the report.
 
+A report that a scorer signed a record that does not decode (``BAD_RECORD_REASON``, figures
+``{"score_record": CID}``) is checked on that one record: the coordinator passes the round's
+record of the accused, and the evidence is correct iff its CID is the one named, its signature
+is the accused's and its content does not decode (``BadScoreRecordError``), as on every node.
+
 It decides only where the records alone decide: a round whose scorers disagree (a dispute is
 settled by recomputing losses, which needs the model), or a record made on another seed than
 the one of every listed header (a header that did not open: the nodes' seed is over fewer
@@ -22,22 +27,20 @@ from typing import Any
 
 from cnode.aggregation import ban_bound, score_seed
 from cnode.aggregation import limits as agg_limits
+from cnode.node.coordinator import ReputationVerdict
 from cnode.storage import CID, StorageError
 
 from .._exceptions import PeerUpdateError
-from ._records import ScoreRecord, TargetLosses, open_score_record, score_record_cid
+from ._records import (
+    BadScoreRecordError,
+    ScoreRecord,
+    TargetLosses,
+    open_score_record,
+    score_record_cid,
+)
 from ._spread import disputed_targets, resolve_scores
 
-__all__ = ["ReputationVerdict", "check_reputation_evidence"]
-
-
-@dataclass(frozen=True)
-class ReputationVerdict:
-    """What the replay of the records found."""
-
-    decided: bool  # False: the records alone cannot decide (the reason says why)
-    correct: bool  # decided and the evidence is what the records give
-    reason: str  # what did not match, or why undecided; "" when correct
+__all__ = ["check_reputation_evidence"]
 
 
 @dataclass(frozen=True)
@@ -130,17 +133,21 @@ def check_reputation_evidence(
 ) -> ReputationVerdict:
     """Replay ``rounds`` (every round 1..``round_``, ascending: (round, member -> listed header
     CID, scorer -> the signed score record bytes the round closed with)) and compare the
-    accused's last REPUTATION_BAN_ROUNDS scored rounds with ``figures`` (the report's JSON)."""
+    accused's last REPUTATION_BAN_ROUNDS scored rounds with ``figures`` (the report's JSON).
+    Figures that name only a ``score_record`` are a bad-record report: see the module docstring
+    (``rounds`` may then hold round ``round_`` alone)."""
+    try:
+        claimed = json.loads(figures)
+    except (ValueError, RecursionError) as exc:
+        return _refuted(f"figures are not JSON: {str(exc)[:200]}")
+    if not isinstance(claimed, dict):
+        return _refuted("figures must be a JSON object")
+    if set(claimed) == {"score_record"}:
+        return _check_bad_record(rounds, run=run, accused=accused, round_=round_, cid=claimed)
     try:
         trail = _replay(run, accused, rounds)
     except _Undecidable as exc:
         return _undecided(str(exc))
-    try:
-        claimed = json.loads(figures)
-    except ValueError as exc:
-        return _refuted(f"figures are not JSON: {exc}")
-    if not isinstance(claimed, dict):
-        return _refuted("figures must be a JSON object")
     k = agg_limits.REPUTATION_BAN_ROUNDS
     scored = sorted(trail)
     if not scored or scored[-1] != round_:
@@ -168,3 +175,26 @@ def check_reputation_evidence(
         if claimed.get(key) != value:
             return _refuted(f"{key} {str(claimed.get(key))[:200]!r}: the records give {value!r}")
     return ReputationVerdict(True, True, "")
+
+
+def _check_bad_record(
+    rounds: Sequence[tuple[int, Mapping[str, str], Mapping[str, bytes]]],
+    *,
+    run: str,
+    accused: str,
+    round_: int,
+    cid: Mapping[str, Any],
+) -> ReputationVerdict:
+    """The accused's closed record of ``round_`` is the one named and does not decode."""
+    data = next((d for n, _, d in rounds if n == round_), {}).get(accused)
+    if data is None:
+        return _refuted(f"round {round_} closed with no score record of {accused[-8:]}")
+    if str(score_record_cid(data)) != cid["score_record"]:
+        return _refuted(f"{accused[-8:]}'s record of round {round_} is not the one named")
+    try:
+        open_score_record(data, run=run, round_=round_, signer=accused)
+    except BadScoreRecordError:
+        return ReputationVerdict(True, True, "")
+    except PeerUpdateError as exc:
+        return _refuted(f"the record's signature does not verify: {exc.reason}")
+    return _refuted(f"{accused[-8:]}'s record of round {round_} decodes: it is a valid record")

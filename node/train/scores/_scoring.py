@@ -4,11 +4,12 @@ With ``training.scores = true`` every node, and every replay, does for each roun
 
 1. the **seed**: ``score_seed`` of the CIDs of the signed headers whose updates the round uses
    (the agreed input set, fixed only after every header is out; a checkpoint lists them);
-2. for each update that passes ``validate_update``: four float64 losses of the run's model in
-   eval mode (no dropout), on ``SCORE_SEQUENCES`` sequences drawn by ``draw_indices``: from the
-   sender's assigned shard (``TextData.shard(peer)``, purpose ``"own:<peer id>"``) and from the
-   shared held-out split (``TextData.eval``, purpose ``"held"``), each before (the agreed state)
-   and after (state + SCORE_STEP x update, in float64);
+2. for each update that passes ``validate_update``: four losses of the run's model in eval mode
+   (no dropout), on ``SCORE_SEQUENCES`` sequences drawn by ``draw_indices``: from the sender's
+   assigned shard (``TextData.shard(peer)``, purpose ``"own:<peer id>"``) and from the shared
+   held-out split (``TextData.eval``, purpose ``"held"``), each before (the agreed state) and
+   after (state + SCORE_STEP x update). Computed in float32 on the node's device, or in float64
+   on the CPU where a score is within BOUNDARY_UNITS of a rounding boundary (_settle.py);
 3. the integer scores, the reputation, the admitted set (``cnode.aggregation.admit``);
 4. CenteredClip on the admitted updates with ``scored_config()``; the updates of peers left out
    are not aggregated; rejected (malformed) updates are still passed on, so they are recorded as
@@ -16,10 +17,9 @@ With ``training.scores = true`` every node, and every replay, does for each roun
 5. ``ReputationPolicy`` recommendations join the round's ban evidence.
 
 Everything is recorded in the round's ``params["scores"]`` (see :meth:`ScoredRound.to_params`), so
-``verify --replay`` recomputes and compares it. Losses are float64: across thread counts and CPUs
-they differ by ~1e-15 relative, eleven orders below SCORE_UNIT, so the integer scores (and every
-decision taken on them) agree; a replay compares losses within SCORE_LOSS_RTOL and integers
-exactly. See specs/training.md#scores.
+``verify --replay`` recomputes and compares it. _settle.py's rule makes the integer scores (and
+every decision taken on them) the same on every device; a replay compares losses within
+SCORE_LOSS_RTOL and integers exactly. See specs/training.md#scores.
 """
 
 from __future__ import annotations
@@ -38,20 +38,21 @@ from cnode.aggregation import (
     UpdateScore,
     admit,
     draw_indices,
+    round_standing,
     score_seed,
     score_update,
     scored_config,
     update_reputation,
     validate_update,
 )
-from cnode.aggregation import limits as agg_limits
 from cnode.storage import CID
 
 from .. import limits
 from .._config import TrainingConfig
 from .._exceptions import ReplayMismatchError
 from .._round import expected_specs
-from ..model import State, TextData, build_model, load_state
+from ..model import Placement, State, TextData
+from ._settle import LossModels, settle_needed
 
 __all__ = [
     "RoundScoring",
@@ -102,13 +103,17 @@ class RoundScoring:
     """Scores, reputation and reputation bans of one run, round after round (one per node)."""
 
     def __init__(
-        self, config: TrainingConfig, data: TextData, reputation: Mapping[str, int] | None = None
+        self,
+        config: TrainingConfig,
+        data: TextData,
+        reputation: Mapping[str, int] | None = None,
+        placement: Placement | None = None,  # where the fast losses run (default: the CPU)
     ) -> None:
         self.config = config
         self.data = data
         self.reputation: dict[str, int] = dict(reputation or {})
         self.policy = ReputationPolicy()
-        self._model: torch.nn.Module | None = None
+        self.models = LossModels(config, placement)
 
     def rule_config(self) -> TrainingConfig:
         """The run's config with the rule run on admitted updates (``scored_config()``)."""
@@ -117,29 +122,32 @@ class RoundScoring:
             self.config, aggregator=rule.name, aggregator_params=dict(rule.params)
         )
 
-    def _losses(
-        self, state: Mapping[str, torch.Tensor], batches: list[torch.Tensor]
-    ) -> list[float]:
-        if self._model is None:
-            self._model = build_model(self.config).double().eval()
-        load_state(self._model, dict(state))
-        with torch.no_grad():
-            return [float(self._model(input_ids=b, labels=b).loss) for b in batches]
-
-    def measure(
-        self, seed: bytes, parent: State, peer: str, update: State
-    ) -> tuple[float, float, float, float]:
-        """The four losses of one update (own before/after, held before/after), exactly as
-        :meth:`score` takes them: what a scorer of a partitioned round signs."""
+    def _batches(self, seed: bytes, peer: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The round's scoring batches of ``peer``'s update: its own data, the held-out split."""
         n = limits.SCORE_SEQUENCES
         held = self.data.eval[torch.tensor(draw_indices(seed, "held", len(self.data.eval), n))]
         shard = self.data.shard(peer)
         own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
-        base = {k: t.double() for k, t in parent.items()}
-        moved = {k: base[k] + agg_limits.SCORE_STEP * update[k].double() for k in base}
-        own_before, held_before = self._losses(base, [own, held])
-        own_after, held_after = self._losses(moved, [own, held])
+        return own, held
+
+    def _reference(self, parent: State, update: State, own: torch.Tensor, held: torch.Tensor
+                   ) -> tuple[float, float, float, float]:  # fmt: skip
+        self.models.settled += 1
+        own_before, held_before = self.models.reference(parent, None, [own, held])
+        own_after, held_after = self.models.reference(parent, update, [own, held])
         return own_before, own_after, held_before, held_after
+
+    def measure(
+        self, seed: bytes, parent: State, peer: str, update: State
+    ) -> tuple[float, float, float, float]:
+        """The four losses of one update (own before/after, held before/after), as :meth:`score`
+        takes them (the same integers; the fast losses may differ in the last bits, since the
+        batches share other forward passes there): what a scorer of a partitioned round signs."""
+        own, held = self._batches(seed, peer)
+        own_before, held_before = self.models.fast(parent, None, [own, held])
+        own_after, held_after = self.models.fast(parent, update, [own, held])
+        losses = (own_before, own_after, held_before, held_after)
+        return self._reference(parent, update, own, held) if settle_needed(losses) else losses
 
     def score(
         self, round_: int, parent: State, updates: Mapping[str, State], headers: Mapping[str, CID]
@@ -150,24 +158,26 @@ class RoundScoring:
             return ScoredRound(round_, b"", {}, (), dict(self.reputation))
         seed = score_seed(str(c) for c in headers.values())
         specs = expected_specs(parent)
-        n = limits.SCORE_SEQUENCES
-        held = self.data.eval[torch.tensor(draw_indices(seed, "held", len(self.data.eval), n))]
-        base = {k: t.double() for k, t in parent.items()}
-        held_before = self._losses(base, [held])[0]
+        valid = [p for p in sorted(updates) if validate_update(updates[p], specs) is None]
+        # (an invalid update: aggregate() rejects it with the reason, ban evidence as before)
+        batches = {p: self._batches(seed, p) for p in valid}
+        # Every "before" loss at once (the same weights, the agreed state): the held-out batch
+        # (the same for every peer) and each peer's own batch.
+        held = [batches[p][1] for p in valid[:1]]
+        before = self.models.fast(parent, None, [*held, *(batches[p][0] for p in valid)])
         scores: dict[str, UpdateScore] = {}
-        for peer in sorted(updates):
-            if validate_update(updates[peer], specs) is not None:
-                continue  # aggregate() rejects it with the reason: ban evidence as before
-            shard = self.data.shard(peer)
-            own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
-            moved = {k: base[k] + agg_limits.SCORE_STEP * updates[peer][k].double() for k in base}
-            own_before = self._losses(base, [own])[0]
-            own_after, held_after = self._losses(moved, [own, held])
-            scores[peer] = score_update(peer, own_before, own_after, held_before, held_after)
+        for i, peer in enumerate(valid):
+            own, held_p = batches[peer]
+            own_after, held_after = self.models.fast(parent, updates[peer], [own, held_p])
+            losses = (before[1 + i], own_after, before[0], held_after)
+            if settle_needed(losses):
+                losses = self._reference(parent, updates[peer], own, held_p)
+            scores[peer] = score_update(peer, *losses)
+        standing = round_standing(scores)
         self.reputation = update_reputation(
-            self.reputation, {p: s.score for p, s in scores.items()}
+            self.reputation, {p: d.round for p, d in standing.items()}
         )
-        admitted = tuple(admit({p: s.score for p, s in scores.items()}, self.reputation))
+        admitted = tuple(admit(scores, self.reputation))
         return ScoredRound(round_, seed, scores, admitted, dict(self.reputation))
 
     def admitted_updates(

@@ -16,6 +16,10 @@ same reputations.
   the same code a scorer runs) and the recomputation is the score; every scorer whose claim gives
   other integers signed a wrong score: self-proving ban evidence (its record CID, the target's
   header CID, seed, base, claimed and recomputed losses).
+* **Bad records.** A closed record whose signature verifies but whose content does not decode
+  (a loss out of range, say: ``BadScoreRecordError``) says nothing about any target, like a
+  missing one, and its scorer is named: self-proving ban evidence (the record's CID; anyone who
+  holds the bytes opens them and sees the same refusal).
 * **Admission** as in a full round: reputations move by the agreed scores, ``admit`` picks the
   inputs; an update the scorers found invalid (non-finite, wrong shape) is still passed to the
   aggregators, which reject it with the reason (ban evidence as before).
@@ -29,20 +33,22 @@ from typing import Any
 
 from cnode.aggregation import (
     BanRecommendation,
+    EvidenceKind,
     UpdateScore,
-    admission_bar,
     admit,
     assign_partitions,
+    left_out_reason,
+    round_standing,
     score_assignment,
     update_reputation,
 )
-from cnode.aggregation import limits as agg_limits
 from cnode.storage import CID
 
 from .. import limits
 from ._records import ScoreRecord, TargetLosses
 
 __all__ = [
+    "BAD_RECORD_REASON",
     "INVALID_PREFIX",
     "SpreadScores",
     "disputed_targets",
@@ -53,6 +59,9 @@ __all__ = [
 
 # An unscored reason that starts so says the scorer found the update itself invalid.
 INVALID_PREFIX = "invalid update: "
+# How the ban evidence against a scorer whose signed record does not decode is worded (the
+# coordinator checks such a report itself: node/coordinator/_reputation.py).
+BAD_RECORD_REASON = "signed a score record that does not decode: "
 
 
 def _assignment(run: str, round_: int, members: Sequence[str]) -> dict[str, list[str]]:
@@ -180,19 +189,25 @@ def resolve_scores(
     records: Mapping[str, tuple[CID, ScoreRecord]],
     reputation: Mapping[str, int],
     recompute: Callable[[str], TargetLosses],
+    refused: Mapping[str, tuple[CID, str]] | None = None,
 ) -> SpreadScores:
     """Agree the round's scores from its closed records (see the module docstring).
 
     ``records``: scorer -> (record CID, opened record), the records the coordinator closed the
     round with that opened; ``reputation``: before this round; ``recompute(target)``: the
     recomputed losses of each of :func:`disputed_targets` (the caller fetched those updates:
-    one it cannot have must stop it, not make it decide another set than the other nodes).
+    one it cannot have must stop it, not make it decide another set than the other nodes);
+    ``refused``: scorer -> (record CID, why) of the closed records whose signature verified and
+    whose content did not decode (:class:`BadScoreRecordError`): each is named in ``wrong``.
     """
     scores: dict[str, UpdateScore] = {}
     losses: dict[str, TargetLosses] = {}
     left_out: dict[str, str] = {}
     invalid: list[str] = []
-    wrong: list[BanRecommendation] = []
+    wrong = [
+        bad_record(round_, scorer, cid, why)
+        for scorer, (cid, why) in sorted((refused or {}).items())
+    ]
     claimed = _claims(run, round_, members, headers, base, seed, records)
     for target, (claims, reasons) in claimed.items():
         if target not in headers:
@@ -214,18 +229,12 @@ def resolve_scores(
                                               base, claim, chosen))  # fmt: skip
         losses[target] = chosen
         scores[target] = chosen.score(target)
-    by_peer = {p: s.score for p, s in scores.items()}
-    after = update_reputation(reputation, by_peer)
-    admitted = admit(by_peer, after)
-    bar = admission_bar(by_peer)
+    standing = round_standing(scores)
+    after = update_reputation(reputation, {p: d.round for p, d in standing.items()})
+    admitted = admit(scores, after)
     for target in sorted(set(scores) - set(admitted)):
-        s, r = scores[target].score, after.get(target, 0)
-        left_out[target] = (
-            f"left out by scores: score {s} below the bar {bar}"
-            if s < bar
-            else f"left out by scores: reputation {r} below ADMIT_REPUTATION "
-            f"{agg_limits.ADMIT_REPUTATION}"
-        )
+        why = left_out_reason(standing[target], after.get(target, 0))
+        left_out[target] = f"left out by scores: {why}"
     return SpreadScores(
         seed,
         scores,
@@ -237,6 +246,18 @@ def resolve_scores(
         {p: c for p, (c, _) in sorted(records.items())},
         dict(headers),
         tuple(wrong),
+    )
+
+
+def bad_record(round_: int, scorer: str, record: CID, why: str) -> BanRecommendation:
+    """Ban evidence against a scorer whose signed record of ``round_`` does not decode."""
+    return BanRecommendation(
+        scorer,
+        round_,
+        EvidenceKind.BAD_SCORE_RECORD,
+        (BAD_RECORD_REASON + why)[:200],
+        str(record),  # the offending signed statement: the coordinator holds its bytes
+        {"score_record": str(record)},
     )
 
 
@@ -254,6 +275,7 @@ def _wrong_score(
     return BanRecommendation(
         scorer,
         round_,
+        EvidenceKind.WRONG_SCORE,
         f"signed a wrong score of {target[-8:]}: own {got.own} held {got.held}, "
         f"recomputed own {want.own} held {want.held}",
         str(record),  # the offending signed statement is the score record

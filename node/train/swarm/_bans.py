@@ -12,30 +12,33 @@ __all__ = ["KnownBans"]
 
 
 class KnownBans:
-    """Banned peer ids and the coordinator's reasons; replaced whole by each signed state read.
+    """Banned peer ids and the coordinator's ban records; replaced whole by each signed state read.
 
     The block server, the header validator and the catch-up all consult it, so a ban learned
     from gossip or a poll takes effect everywhere at once.
     """
 
     def __init__(self) -> None:
-        self._reasons: dict[str, str] = {}
+        self._bans: dict[str, BanRecord] = {}
 
     def __contains__(self, peer: object) -> bool:
-        return peer in self._reasons
+        return peer in self._bans
 
     def peers(self) -> set[str]:
-        return set(self._reasons)
+        return set(self._bans)
 
     def take(self, bans: Sequence[BanRecord]) -> list[str]:
         """Replace the known bans with ``bans``; return the peers banned since the last take."""
-        new = sorted({b.peer for b in bans} - set(self._reasons))
-        self._reasons = {b.peer: b.reason for b in bans}
+        new = sorted({b.peer for b in bans} - set(self._bans))
+        self._bans = {b.peer: b for b in bans}
         return new
 
     def check_not_banned(self, peer: str, run: str) -> None:
         """Raise BannedError if ``peer`` (this node) is banned; its peers refuse it from now on."""
-        if peer in self._reasons:
+        ban = self._bans.get(peer)
+        if ban is not None:
             raise BannedError(
-                f"the coordinator banned this node from run {run!r}: {self._reasons[peer]}"
+                f"the coordinator banned this node from run {run!r} ({ban.decided_by()}): "
+                f"{ban.reason}",
+                ban.kind,
             )

@@ -64,7 +64,7 @@ def advertised_addrs(
     ones unless the run allows them.
     """
     if announce:
-        out = []
+        out: list[str] = []
         for text in announce:
             try:
                 normal, ip = parse_peer_addr(text, peer)
@@ -78,27 +78,37 @@ def advertised_addrs(
             out.append(normal)
         return out[: coordinator_limits.MAX_PEER_ADDRS]
     out = []
+    refused: dict[str, str] = {}  # address -> why the run's coordinator would not accept it
     for listen in listen_addrs:
         parts = listen.split("/")
         if len(parts) < 5 or parts[1] != "ip4" or parts[3] != "tcp":
+            refused[listen] = "not an /ip4/ADDR/tcp/PORT address (the form peers dial)"
             continue
         ips = [parts[2]]
         if parts[2] == "0.0.0.0":
             every = _interface_ips()
             ips = [ip for ip in every if not ipaddress.ip_address(ip).is_loopback] or every
         for ip in ips:
+            text = f"/ip4/{ip}/tcp/{parts[4]}"
             try:
-                normal, parsed = parse_peer_addr(f"/ip4/{ip}/tcp/{parts[4]}", peer)
+                normal, parsed = parse_peer_addr(text, peer)
             except AddressError:
+                refused[text] = "unspecified address or port 0: nobody can dial it"
                 continue
-            if (allow_private or not is_private_addr(parsed)) and normal not in out:
+            if not allow_private and is_private_addr(parsed):
+                refused[text] = "private or loopback address, and the run is public"
+            elif normal not in out:
                 out.append(normal)
     if not out:
+        # Said once, at join, with the fix: the swarm cannot dial this node. It goes on as a
+        # fetch-only peer (specs/training.md#finding-peers): it dials the others, and they fetch
+        # from it over the connections it opened; a round in which it reaches nobody stops it.
         log.warning(
-            "no_address_to_advertise",
-            listen=list(listen_addrs),
-            hint="other peers cannot dial this node: give --announce-addr with a public "
-            "address (a port mapping), or run with [network] allow_private_addrs on a LAN",
+            "unreachable_at_join",
+            refused=refused or {"(none)": "no listen address"},
+            fix="give --announce-addr with an address the others can dial (a public address "
+            "or port mapping), or set the run's [network] allow_private_addrs (cnode "
+            "coordinator --allow-private-addrs) for a LAN or one machine",
         )
     return out[: coordinator_limits.MAX_PEER_ADDRS]
 
@@ -123,6 +133,13 @@ class PeerFinder:
         self.node = node
         self.refused = refused  # banned peers are never dialed
         self._backoff: dict[str, tuple[float, float]] = {}  # peer -> (next try, delay)
+        self.last_error: dict[str, str] = {}  # peer -> why its last dial failed
+
+    def why_unreached(self, peer: str, addrs: Sequence[str]) -> str:
+        """Why ``peer`` (listed with ``addrs``) is not connected, in words for the log."""
+        if not addrs:
+            return "the coordinator lists no address for it (it advertised none it accepts)"
+        return self.last_error.get(peer, "not dialed yet")[: limits.MAX_REASON_CHARS]
 
     async def dial(self, addrs: Mapping[str, Sequence[str]]) -> None:
         """Connect to every peer in ``addrs`` (peer -> its addresses) not yet connected."""
@@ -141,6 +158,23 @@ class PeerFinder:
                 for peer, peer_addrs in todo.items():
                     nursery.start_soon(self._dial_one, peer, peer_addrs)
 
+    def say_unreached(
+        self, round_: int, members: Sequence[str], addrs: Mapping[str, Sequence[str]]
+    ) -> dict[str, str]:
+        """The round's other members this node is not connected to, and why; when that is
+        every one of them, one warning names them (within the round, not at its end)."""
+        me = self.node.peer_id
+        connected = set(self.node.connected_peers())
+        others = [m for m in members if m != me]
+        unreached = {
+            m: self.why_unreached(m, addrs.get(m, [])) for m in others if m not in connected
+        }
+        if others and len(unreached) == len(others):
+            log.warning(
+                "round_members_unreachable", round=round_, members=dict(sorted(unreached.items()))
+            )
+        return unreached
+
     async def _dial_one(self, peer: str, addrs: list[str]) -> None:
         errors = []
         for address in addrs[: coordinator_limits.MAX_PEER_ADDRS]:
@@ -151,11 +185,13 @@ class PeerFinder:
                 errors.append(f"{address}: {exc or 'timed out'}")
                 continue
             self._backoff.pop(peer, None)
+            self.last_error.pop(peer, None)
             log.debug("peer_dialed", remote=peer[-8:], address=address)
             return
         _, delay = self._backoff.get(peer, (0.0, limits.DIAL_BACKOFF_FIRST_S / 2))
         delay = min(2 * delay, limits.DIAL_BACKOFF_MAX_S)
         self._backoff[peer] = (time.monotonic() + delay, delay)
+        self.last_error[peer] = "; ".join(errors) or "no address to dial"
         log.info("peer_not_dialed", remote=peer[-8:], retry_in_s=delay, errors=errors)
 
     async def dial_listed(self, addrs: Mapping[str, Sequence[str]]) -> None:

@@ -84,7 +84,7 @@ SIGNED = [
     ),
     (
         "ban_evidence",
-        {"peer": "x", "round": 2**63, "reason": "r", "update_cid": None, "figures": {}},
+        {"peer": "x", "round": 2**63, "kind": "outlier", "reason": "r", "update_cid": None},
         "'round' must be at most MAX_ROUND",
     ),
     (
@@ -125,7 +125,8 @@ def test_deep_json_is_a_400_not_a_recursion_error(
     refused(post(running, "join", content=b"[" * 50_000), 400, "too_deep", "MAX_JSON_DEPTH")
     deep = b'{"envelope": ' + b"[" * 20_000 + b"]" * 20_000 + b"}"
     refused(post(running, "join", content=deep), 400, "too_deep", "MAX_JSON_DEPTH")
-    evidence = {"peer": peers[1].peer_id_str, "round": 1, "reason": "r", "update_cid": None}
+    evidence = {"peer": peers[1].peer_id_str, "round": 1, "kind": "outlier", "reason": "r"}
+    evidence["update_cid"] = None
     for figures in ("[" * 4000, '{"a":' * 400 + "1" + "}" * 400):
         report = body(peers[0], "ban_evidence", evidence | {"figures": figures}, token=token)
         refused(post(running, "ban_evidence", report), 400, "too_deep", "MAX_JSON_DEPTH")

@@ -197,6 +197,8 @@ def test_peer_supplied_text_renders_as_text_and_runs_nothing(serve: Any, tmp_pat
                 "document.querySelector('#bans-table tr.ban .reason').textContent"
             )
             assert reason == HOSTILE_REASON
+            decided = page.evaluate("document.querySelector('#bans-table tr.ban .by').textContent")
+            assert decided.startswith(f"admin an admin (…{running.peer_id[-12:]}) at "), decided
             names = page.evaluate(
                 "[...document.querySelectorAll('.username')].map(e => e.textContent)"
             )
@@ -209,3 +211,60 @@ def test_peer_supplied_text_renders_as_text_and_runs_nothing(serve: Any, tmp_pat
             assert page.evaluate("document.querySelectorAll('script').length") == 1  # ours
             page.screenshot(tmp_path / "hostile.png")
         assert not [e for e in page.events if e["method"] == "Page.javascriptDialogOpening"]
+
+
+# A reputation ban's figures as a node reports them: per-round scores are maps.
+_SCORE = {"own_before": 6.93, "own_after": 29.15, "held_before": 6.92, "score": -20000}
+_REPUTATION_FIGURES = {
+    "rounds": [1, 2],
+    "reputations": [-5000, -8750],
+    "bounds": [-25, -25],
+    "scores": [_SCORE, _SCORE],
+}
+
+
+def test_a_ban_shows_its_kind_who_decided_and_figure_maps_as_text(
+    serve: Any, peers: list[Identity], tmp_path: Path
+) -> None:
+    running = serve(run_config(peers, min_participants=4))
+    accused = peers[3].peer_id_str
+    evidence = {
+        "peer": accused,
+        "round": 1,
+        "kind": "reputation",
+        "reason": "reputation below the ban bound in 2 rounds in a row",
+        "update_cid": MANIFEST,
+        "figures": _REPUTATION_FIGURES,
+    }
+
+    async def main() -> None:
+        clients = [_client(running, p) for p in peers]
+        for c in clients:
+            await c.join()
+            await c.join_round()
+        for c in clients:
+            await c.ready(1)
+        await clients[0].wait_members(1)
+        assert not (await clients[0].report_ban_evidence(evidence)).banned
+        assert (await clients[1].report_ban_evidence(evidence)).banned  # no checker: a majority
+        for c in clients:
+            await c.aclose()
+
+    asyncio.run(main())
+    (shown,) = httpx.get(f"{running.url}/v1/runs/test-run/dashboard").json()["bans"]
+    assert (shown["kind"], shown["by"], shown["others"]) == ("majority", peers[1].peer_id_str, 3)
+    assert [r["kind"] for r in shown["reports"]] == ["reputation", "reputation"]
+    with open_page(tmp_path / "profile") as page:
+        page.navigate(f"{running.url}/")
+        page.wait_for("!!document.querySelector('#bans-table tr.ban')", 30, "the ban row")
+        decided = page.evaluate("document.querySelector('#bans-table tr.ban .by').textContent")
+        assert decided.startswith(
+            f"majority a majority of the round's other members (2 of 3), last report of "
+            f"…{peers[1].peer_id_str[-12:]} at "
+        ), decided
+        cells = page.evaluate(
+            "[...document.querySelectorAll('#bans-table table.figures td')].map(e => e.innerText)"
+        )
+        assert cells and not [c for c in cells if "object" in c], cells
+        # one cell per round's score map, a line per key (figures are JSON with sorted keys)
+        assert "held_before 6.92000\nown_after 29.1500\nown_before 6.93000\nscore -20000" in cells

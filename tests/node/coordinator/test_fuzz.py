@@ -100,6 +100,7 @@ def _valid_args(op: Op, rng: random.Random, ids: list[str]) -> dict[str, Any]:
         Op.BAN_EVIDENCE: {
             "peer": peer,
             "round": 1,
+            "kind": rng.choice(["reputation", "outlier", "rejected", "wrong_score", "bogus"]),
             "reason": "reputation below the ban bound in 1 of 1 rounds",
             "update_cid": CID,
             "figures": figures,

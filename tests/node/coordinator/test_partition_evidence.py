@@ -20,6 +20,7 @@ from cnode.aggregation import assign_partitions
 from cnode.auth import Identity
 from cnode.node.cli._coordinator import check_evidence
 from cnode.node.coordinator import (
+    BanKind,
     CoordinatorClient,
     CoordinatorRejected,
     RoundInfo,
@@ -275,8 +276,9 @@ def test_a_wrong_result_bans_its_signer_on_the_coordinators_recomputation(
         assert entry.peer == liar and entry.header == str(cids[0])
         assert entry.replaced == answer["recomputed"] and entry.by == verifier
         ban = (await clients[verifier].run_state()).banned(liar)
-        assert ban is not None and ban.by == f"evidence:{verifier}"
-        assert ban.reason.startswith("wrong partition result: round 1 partition 0: header names ")
+        assert ban is not None and (ban.kind, ban.by) == (BanKind.PARTITION, verifier)
+        # The words people read name the round, the partition and both outputs.
+        assert "round 1 partition 0: header names " in ban.reason
         assert ban.reason.endswith(f"recomputation gives {answer['recomputed']}")
         # The round ends with the others' checks; the liar is excluded as banned.
         for peer in aggregators[1:]:

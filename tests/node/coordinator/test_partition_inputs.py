@@ -161,7 +161,7 @@ def test_a_schema_2_database_opens_migrated_and_runs_partitioned_rounds(
     _downgrade_to_schema_2(db)
     running = serve(config, db=db)
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("3",)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("4",)
         cols = {r[1] for r in conn.execute("PRAGMA table_info(rounds)")}
         assert {"parts", "backup_steps", "verify_deadline"} <= cols
     state = running.state()

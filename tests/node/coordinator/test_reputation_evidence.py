@@ -14,19 +14,22 @@ import pytest
 import trio
 
 from cnode.aggregation import BanRecommendation, ReputationPolicy, score_seed
-from cnode.auth import Identity
+from cnode.auth import Identity, seal
 from cnode.node.cli._coordinator import check_reputation
-from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, limits
+from cnode.node.coordinator import BanKind, CoordinatorClient, CoordinatorRejected, limits
 from cnode.node.train import ScoreRecord, open_score_record, seal_score_record
+from cnode.node.train.scores import SCORE_RECORD_TYPE, BadScoreRecordError
 from cnode.node.train.scores._records import TargetLosses
-from cnode.node.train.scores._spread import resolve_scores, targets_of
+from cnode.node.train.scores._spread import bad_record, resolve_scores, targets_of
 from cnode.storage import CID, compute_cid
 
 from .conftest import Running, run_config
 
 RUN = "test-run"
 BASE = compute_cid(b"the parent state", 0x71)
-ROUNDS = 3  # aggregation limits.REPUTATION_BAN_ROUNDS
+# From reputation 0, an EMA of standings at the clamp is below BAN_REPUTATION from round 7: the
+# third such round in a row is round 9.
+ROUNDS = 9
 
 
 def _header(peer: str, n: int) -> CID:
@@ -34,9 +37,13 @@ def _header(peer: str, n: int) -> CID:
 
 
 def _losses(target: str, attacker: str, n: int, *, lie: bool = False) -> TargetLosses:
-    if target == attacker:  # its update harms its own data and the held-out split
-        return TargetLosses(_header(target, n), 2.0, 1.5 if lie else 3.0, 2.0, 2.5)
-    return TargetLosses(_header(target, n), 2.0, 1.9, 2.0, 1.99)
+    if target == attacker:  # its update harms its own data (-2500 units) and the held-out split
+        return TargetLosses(_header(target, n), 2.0, 1.5 if lie else 2.5, 2.0, 2.5)
+    # Honest own-data scores of 200, 500 and 800 units by the target's id: an honest spread of
+    # 600 units in which the attacker sits 4.5 spreads below the median (the reputation path,
+    # not the blatant one at 10 spreads).
+    k = sum(target.encode()) % 3
+    return TargetLosses(_header(target, n), 2.0, 1.96 - 0.06 * k, 2.0, 1.99)
 
 
 async def _play_round(
@@ -45,9 +52,11 @@ async def _play_round(
     n: int,
     attacker: str,
     liar: str | None = None,
+    extreme: str | None = None,
 ) -> dict[str, bytes]:
     """Round ``n``: join, ready, every member signs its score record, results, checked ->
-    agreed. ``liar`` (a scorer of the attacker) signs a flattering score. Return the records."""
+    agreed. ``liar`` (a scorer of the attacker) signs a flattering score; ``extreme`` signs a
+    record with issue 29's out-of-range loss. Return the records."""
     for c in clients.values():
         assert await c.join_round() == n
     for peer, c in clients.items():
@@ -63,6 +72,11 @@ async def _play_round(
         scores = {t: _losses(t, attacker, n, lie=peer == liar) for t in targets}
         record = ScoreRecord(RUN, n, peer, BASE, seed, scores, {})
         records[peer] = seal_score_record(ids[peer], record)
+        if peer == extreme:
+            payload = record.to_payload()
+            for losses in payload["scores"].values():
+                losses[1:] = [5.0, -1e308, 5.0, 4.9]
+            records[peer] = seal(ids[peer], SCORE_RECORD_TYPE, payload)
         await c.score(n, record=records[peer])
     for p, peer in enumerate(info.aggregators):
         await clients[peer].result(n, partition=p, header=str(_header(f"result {p}", n)))
@@ -137,15 +151,15 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
             await c.join()
         played = [await _play_round(clients, ids, n, attacker) for n in range(1, ROUNDS + 1)]
         true = _evidence(played, attacker).to_payload()
-        assert true["round"] == ROUNDS and true["figures"]["rounds"] == [1, 2, 3]
+        assert true["round"] == ROUNDS and true["figures"]["rounds"] == [7, 8, 9]
         reporter = clients[honest[0]]
         figures = true["figures"]
         forged_reps = [r - 1 for r in figures["reputations"]]
         await _refused(reporter, _forged(true, reputations=forged_reps), "evidence_refuted",
                        "reputations")  # fmt: skip
         await _refused(reporter, _forged(true, bounds=[0, 0, 0]), "evidence_refuted", "bounds")
-        await _refused(reporter, _forged(true, rounds=[2, 3]), "evidence_refuted", "rounds")
-        scores = [{**s, "own_after": 2.5} for s in figures["scores"]]
+        await _refused(reporter, _forged(true, rounds=[8, 9]), "evidence_refuted", "rounds")
+        scores = [{**s, "own_after": 3.5} for s in figures["scores"]]
         await _refused(reporter, _forged(true, scores=scores), "evidence_refuted", "scores")
         seeds = ["00" * 32] * 3
         await _refused(reporter, _forged(true, seeds=seeds), "evidence_refuted", "seeds")
@@ -154,7 +168,7 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
         await _refused(
             reporter, {**true, "peer": honest[1]}, "evidence_refuted", "at or above the ban bound"
         )
-        await _refused(reporter, {**true, "round": 2}, "evidence_refuted", "rounds")
+        await _refused(reporter, {**true, "round": 8}, "evidence_refuted", "rounds")
         stranger = Identity.generate().peer_id_str
         await _refused(reporter, {**true, "peer": stranger}, "bad_accused", "not another member")
         big = {**true, "figures": "x" * (limits.MAX_FIGURES_CHARS + 1)}
@@ -165,7 +179,9 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
         answer = await reporter.report_ban_evidence(true)
         assert answer.banned and answer.reports == 1 and answer.needed == 2
         bans = await reporter.bans()
-        assert [(b.peer, b.by, b.round) for b in bans] == [(attacker, f"checked:{honest[0]}", 3)]
+        assert [(b.peer, b.kind, b.by, b.round) for b in bans] == [
+            (attacker, BanKind.CHECKED, honest[0], ROUNDS)
+        ]
         kept = running.server.store.ban_row(attacker)
         assert kept is not None and json.loads(kept["evidence"])["reporters"] == [honest[0]]
         for n, records in enumerate(played, start=1):  # nothing stored is lost
@@ -198,7 +214,8 @@ def test_a_disputed_round_leaves_the_report_to_the_majority(
         assert not first.banned and (first.reports, first.needed) == (1, 2)
         second = await clients[honest[1]].report_ban_evidence(true)
         assert second.banned and second.reports == 2
-        assert [b.by for b in await clients[honest[0]].bans()] == ["majority:2 of 3"]
+        bans = await clients[honest[0]].bans()
+        assert [(b.kind, b.by) for b in bans] == [(BanKind.MAJORITY, honest[1])]
         for c in clients.values():
             await c.aclose()
 
@@ -215,7 +232,8 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
     report = {
         "peer": accused,
         "round": 1,
-        "reason": f"reputation below the ban bound in {ROUNDS} rounds in a row",
+        "kind": "reputation",
+        "reason": "reputation below the ban bound in 3 rounds in a row",
         "update_cid": str(_header(accused, 1)),
         "figures": {"rounds": [1], "reputations": [-1875]},
     }
@@ -233,7 +251,56 @@ def test_a_round_without_score_records_leaves_the_report_to_the_majority(
         answer = await first.report_ban_evidence(report)
         assert (answer.reports, answer.needed, answer.banned) == (1, 2, False)
         answer = await second.report_ban_evidence(report)
-        assert answer.banned and [b.by for b in await first.bans()] == ["majority:2 of 3"]
+        bans = await first.bans()
+        assert answer.banned and [(b.kind, b.by) for b in bans] == [
+            (BanKind.MAJORITY, peers[1].peer_id_str)
+        ]
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_an_out_of_range_record_is_evidence_the_coordinator_checks_itself(
+    serve: Any, peers: list[Identity]
+) -> None:
+    """Issue 29: a member signs a record with a finite but extreme loss. The coordinator stores
+    it (it checks signatures, not losses); a report naming it bans its signer at once (the
+    coordinator opens the record itself); a report naming an honest member's record is refused;
+    a reputation replay over that round decides (the bad record is skipped), not a 500."""
+    running = _setup(serve, peers)
+    ids = {p.peer_id_str: p for p in peers}
+    attacker, *honest = sorted(ids)
+    bad, reporter_id = honest[-1], honest[0]
+
+    async def main() -> None:
+        clients = _clients(running, peers)
+        for c in clients.values():
+            await c.join()
+        played = [await _play_round(clients, ids, 1, attacker, extreme=bad)]
+        with pytest.raises(BadScoreRecordError, match="value 2 is not a loss"):
+            open_score_record(played[0][bad], run=RUN, round_=1, signer=bad)
+        cid = compute_cid(played[0][bad], 0x71)
+        true = bad_record(1, bad, cid, "losses: value 2 is not a loss").to_payload()
+        reporter = clients[reporter_id]
+        # An honest member's valid record named as bad: refused, nobody banned.
+        good = compute_cid(played[0][honest[1]], 0x71)
+        forged = bad_record(1, honest[1], good, "losses: value 2 is not a loss").to_payload()
+        await _refused(reporter, forged, "evidence_refuted", "decodes: it is a valid record")
+        await _refused(
+            reporter, {**true, "figures": {"score_record": str(good)}}, "evidence_refuted",
+            "not the one named",
+        )  # fmt: skip
+        # A reputation report over that round is replayed (the bad record skipped), no 500.
+        await _refused(reporter, {**true, "kind": "reputation", "reason": "reputation below the "
+                       "ban bound in 3 rounds in a row", "figures": {"rounds": [1]}},
+                       "evidence_refuted", "rounds")  # fmt: skip
+        answer = await reporter.report_ban_evidence(true)
+        assert answer.banned and answer.reports == 1
+        bans = await reporter.bans()
+        assert [(b.peer, b.kind, b.by, b.round) for b in bans] == [
+            (bad, BanKind.CHECKED, reporter_id, 1)
+        ]
         for c in clients.values():
             await c.aclose()
 

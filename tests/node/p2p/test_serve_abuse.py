@@ -21,7 +21,7 @@ from cnode.node.p2p import (
     open_p2p_node,
 )
 from cnode.node.p2p._exchange import request_blocks
-from cnode.node.p2p._wire import End, Error, FrameReader, Kind, Status
+from cnode.node.p2p._wire import End, Error, FrameKind, FrameReader, Status
 from cnode.storage import BlockStore, VerifiedBlock
 from tests.support.procs import CnodeProc, Procs, procs
 
@@ -63,13 +63,21 @@ async def _raw_exchange(node: P2PNode, peer: str, data: bytes) -> object:
 @pytest.mark.parametrize(
     ("data", "status", "text"),
     [
-        (struct.pack(">BI", Kind.REQUEST, limits.MAX_REQUEST_FRAME + 1), Status.TOO_LARGE, "limit"),
         (
-            struct.pack(">BIH", Kind.REQUEST, 2, limits.MAX_REQUEST_CIDS + 1),
+            struct.pack(">BI", FrameKind.REQUEST, limits.MAX_REQUEST_FRAME + 1),
+            Status.TOO_LARGE,
+            "limit",
+        ),
+        (
+            struct.pack(">BIH", FrameKind.REQUEST, 2, limits.MAX_REQUEST_CIDS + 1),
             Status.TOO_LARGE,
             "MAX",
         ),
-        (struct.pack(">BI", Kind.REQUEST, 6) + b"\x00\x01\x03abc", Status.BAD_REQUEST, "bad CID"),
+        (
+            struct.pack(">BI", FrameKind.REQUEST, 6) + b"\x00\x01\x03abc",
+            Status.BAD_REQUEST,
+            "bad CID",
+        ),
         (End().encode(), Status.BAD_REQUEST, "expected REQUEST"),
         (b"\x01\x00", Status.BAD_REQUEST, "ended inside"),
         (struct.pack(">BI", 77, 0), Status.BAD_REQUEST, "unknown frame kind"),

@@ -13,8 +13,8 @@ from cnode.node.p2p._wire import (
     Block,
     End,
     Error,
+    FrameKind,
     FrameReader,
-    Kind,
     Lacking,
     Request,
     Status,
@@ -72,7 +72,7 @@ def test_block_header_is_the_encode_path() -> None:
 
 
 def test_oversized_frame_refused_before_reading_body() -> None:
-    header = struct.pack(">BI", Kind.BLOCK, limits.MAX_FRAME_BODY + 1)
+    header = struct.pack(">BI", FrameKind.BLOCK, limits.MAX_FRAME_BODY + 1)
 
     async def main() -> None:
         with pytest.raises(FrameTooLargeError, match="exceeds the limit"):
@@ -84,20 +84,20 @@ def test_oversized_frame_refused_before_reading_body() -> None:
 def test_too_many_cids() -> None:
     body = struct.pack(">H", limits.MAX_REQUEST_CIDS + 1)
     with pytest.raises(FrameTooLargeError, match="MAX_REQUEST_CIDS"):
-        decode_frame(Kind.REQUEST, body)
+        decode_frame(FrameKind.REQUEST, body)
 
 
 @pytest.mark.parametrize(
     ("kind", "body", "message"),
     [
         (99, b"", "unknown frame kind"),
-        (Kind.REQUEST, b"\x00\x00", "no CIDs"),
-        (Kind.REQUEST, b"\x00\x01\x05abcde", "bad CID"),
-        (Kind.REQUEST, b"\x00\x01\xff", "bad CID length"),
-        (Kind.REQUEST, Request(CIDS).encode()[5:] + b"x", "trailing"),
-        (Kind.END, b"x", "must be empty"),
-        (Kind.ERROR, b"\x63hi", "unknown status"),
-        (Kind.BLOCK, b"", "empty"),
+        (FrameKind.REQUEST, b"\x00\x00", "no CIDs"),
+        (FrameKind.REQUEST, b"\x00\x01\x05abcde", "bad CID"),
+        (FrameKind.REQUEST, b"\x00\x01\xff", "bad CID length"),
+        (FrameKind.REQUEST, Request(CIDS).encode()[5:] + b"x", "trailing"),
+        (FrameKind.END, b"x", "must be empty"),
+        (FrameKind.ERROR, b"\x63hi", "unknown status"),
+        (FrameKind.BLOCK, b"", "empty"),
     ],
 )
 def test_malformed_frames(kind: int, body: bytes, message: str) -> None:

@@ -92,6 +92,7 @@ class Swarm:
         gateways: list[str] | None = None,
         training: dict[str, Any] | None = None,  # settings over TINY_TRAINING
         backup_step_s: float | None = None,
+        allow_private_addrs: bool = True,  # False: a public run, as a user who left it out
     ) -> None:
         self.tmp = tmp
         self.gateways = list(gateways or [])  # the run config's trustless gateways
@@ -120,7 +121,8 @@ class Swarm:
                 "collect_timeout_s": collect_timeout_s,
             },
             "access": {"peers": [n.peer for n in self.nodes.values()]},
-            "network": {"allow_private_addrs": True},  # everyone is on 127.0.0.1
+            # Everyone is on 127.0.0.1: without this no node has an address others may dial.
+            "network": {"allow_private_addrs": allow_private_addrs},
             "training": {**TINY_TRAINING, **(training or {})},
         }
         if backup_step_s is not None:

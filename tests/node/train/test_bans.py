@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from cnode.node.coordinator import BanRecord
+from cnode.node.coordinator import BanKind, BanRecord
 from cnode.node.train import BannedError
 from cnode.node.train.swarm._bans import KnownBans
 
 
 def _ban(peer: str, reason: str = "outlier in 3 of the last 3 rounds") -> BanRecord:
-    return BanRecord(peer, "", reason, 3, "majority:3 of 4", 0)
+    return BanRecord(peer, "", BanKind.MAJORITY, reason, 3, "12D3KooWreporter", 0)
 
 
 def test_bans_are_replaced_whole_and_new_ones_reported() -> None:
@@ -26,5 +26,10 @@ def test_a_ban_of_this_node_raises_with_the_coordinators_reason() -> None:
     bans.take([_ban("other")])
     bans.check_not_banned("me", "run-a")
     bans.take([_ban("me", "sent NaN in round 4")])
-    with pytest.raises(BannedError, match="banned this node from run 'run-a': sent NaN in round 4"):
+    with pytest.raises(BannedError) as err:
         bans.check_not_banned("me", "run-a")
+    assert err.value.kind is BanKind.MAJORITY
+    assert str(err.value) == (
+        "the coordinator banned this node from run 'run-a' (a majority of the round's other "
+        "members (last report of …reporter)): sent NaN in round 4"
+    )

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cnode.aggregation import EvidenceKind
 from cnode.auth import Identity
 from cnode.node.cli import main
 from cnode.node.train import (
@@ -134,7 +135,7 @@ def test_malformed_and_foreign_codec_updates_are_left_out_and_reported(tmp_path:
     assert honest.members == tuple(sorted(n.peer for n in nodes[:2]))  # type: ignore[attr-defined]
     banned = {b.peer: b for b in honest.bans}  # type: ignore[attr-defined]
     assert set(banned) == {nodes[2].peer, nodes[3].peer}
-    assert banned[nodes[3].peer].reason.startswith("rejected: update ")
+    assert banned[nodes[3].peer].kind is EvidenceKind.REJECTED
     assert banned[nodes[3].peer].update_cid == str(own[3].header.update)
     assert len({n.state_cid for n in nodes}) == 1  # every node leaves out the same ones
 

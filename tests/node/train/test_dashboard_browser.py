@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from cnode.node.coordinator import BanKind
 from tests.support.browser import chromium_or_skip, open_page
 
 from .swarm import Swarm
@@ -83,6 +84,12 @@ def test_the_dashboard_shows_a_live_run_with_its_ban(swarm: Swarm, tmp_path: Pat
         reason = page.evaluate("document.querySelector('#bans-table tr.ban .reason').textContent")
         assert reason == ban.reason
         assert page.evaluate("document.querySelector('#bans-table tr.ban .cid').title") == evil.peer
+        # Its kind, and who decided it in words: "checked by the coordinator (report of …)".
+        decided = page.evaluate("document.querySelector('#bans-table tr.ban .by').textContent")
+        words = {BanKind.CHECKED: "checked by the coordinator (report of …"}
+        words[BanKind.MAJORITY] = "a majority of the round's other members ("
+        assert decided.startswith(f"{ban.kind} {words[ban.kind]}"), decided
+        assert "[object" not in page.evaluate("document.querySelector('#bans-table').innerText")
         reporters = page.evaluate(
             "[...document.querySelectorAll('#bans-table .reporter .cid')].map(e => e.title)"
         )

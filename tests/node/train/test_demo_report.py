@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from cnode.aggregation import EvidenceKind
 from cnode.node.train.demo._report import _evidence_lines
 
 
@@ -27,7 +30,7 @@ def test_a_reputation_ban_shows_the_losses_scores_and_reputations() -> None:
         ]
         * 3,
     }
-    text = _evidence_lines("reputation below the ban bound in 3 rounds in a row", figures)
+    text = _evidence_lines(EvidenceKind.REPUTATION, "below the bound 3 rounds", figures)
     lines = text.splitlines()
     assert len(lines) == 4
     assert "loss on its own data 6.930 -> 29.150" in lines[1]
@@ -44,7 +47,47 @@ def test_an_outlier_ban_shows_distances_and_weights() -> None:
         "update_cids": ["bafy-4"],
         "outlier_score": 1.5,
     }
-    (_, line) = _evidence_lines("outlier", figures).splitlines()
+    (head, line) = _evidence_lines(EvidenceKind.OUTLIER, "outlier", figures).splitlines()
+    assert head == "  outlier evidence: outlier"
     assert "distance to the aggregate 3.2" in line
     assert "4.0x the median distance (outlier above 1.5)" in line
     assert "CenteredClip weight 0.125" in line
+
+
+def test_the_ban_section_shows_the_kind_and_who_decided_by_name(tmp_path: Path) -> None:
+    from rich.console import Console
+
+    from cnode.node.coordinator import BanKind, BanRecord
+    from cnode.node.train.demo._report import _ban_section
+    from cnode.node.train.demo._swarm import _Proc
+
+    procs = [
+        _Proc("honest-1", "honest", tmp_path, "12D3KooWhonest1", 1),
+        _Proc("honest-2", "honest", tmp_path, "12D3KooWhonest2", 2),
+        _Proc("attacker", "attacker", tmp_path, "12D3KooWattacker", 3),
+    ]
+    report = {
+        "event": "ban_reported",
+        "accused": "12D3KooWattacker",
+        "kind": "outlier",
+        "reason": "outlier in 3 of the last 5 rounds",
+        "figures": {"rounds": [4], "distances": [3.25], "update_cids": ["bafy-4"]},
+    }
+    events = {"honest-1": [], "honest-2": [report], "attacker": []}
+    ban = BanRecord(
+        "12D3KooWattacker", "", BanKind.CHECKED, "reputation low", 4, "12D3KooWhonest2", 0
+    )
+    console = Console(record=True, width=200)
+    assert _ban_section(procs, events, [ban], console) == []
+    text = console.export_text()
+    assert (
+        "ban (checked): attacker attacker banned for round 4, checked by the coordinator" in text
+    )
+    assert "(report of honest-2): reputation low" in text
+    assert "outlier evidence: outlier in 3 of the last 5 rounds" in text
+    # No ban in the signed state, or an honest one: each is a problem the report names.
+    honest_ban = BanRecord("12D3KooWhonest1", "", BanKind.ADMIN, "x", None, "admin", 0)
+    assert _ban_section(procs, events, [honest_ban], Console(file=None, quiet=True)) == [
+        "the attacker was not banned by the coordinator",
+        "an honest peer was banned",
+    ]

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cnode.node.train import StopReason
 from tests.support.fixtures import hf_hub  # noqa: F401 (fixture)
 from tests.support.hf_hub import FakeHub
 
@@ -85,7 +86,8 @@ def test_a_hub_serving_other_bytes_is_refused_loudly(
     hf_hub.tamper(REPO, "model.safetensors", bytes(weights), record.hf_revision)
 
     c = swarm.start("c", rounds=2)
-    assert swarm.wait_exit(c, timeout=120) == 1, swarm.describe()
+    assert swarm.wait_exit(c, timeout=120) == StopReason.UNREACHABLE.exit_code, swarm.describe()
+    assert c.events("stopped")[-1]["stop_reason"] == "unreachable"
     reason = c.events("stopped")[-1]["reason"]
     assert "CatchUpError" in reason and "do not match the manifest's chunk" in reason, reason
     assert not c.events("round")

@@ -2,23 +2,36 @@
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
+import psutil
 import pytest
+import tomli_w
 import torch
 
+from cnode.auth import Identity, save_identity
+from cnode.node._config import IDENTITY_FILE
+from cnode.node.cli import main
 from cnode.node.train import (
+    StopReason,
     TextData,
     TrainingConfig,
     TrainingConfigError,
     build_model,
+    check_model_fits,
     evaluate,
+    limits,
+    memory_need,
     model_state,
     train_local,
 )
 
 
 def test_empty_table_gives_the_tiny_default_model() -> None:
-    config = TrainingConfig.from_dict({})
+    config = TrainingConfig.for_run({})
     assert config == TrainingConfig()
+    assert TrainingConfig.from_dict({}) == TrainingConfig(scores=False)  # a record before scores
     state = model_state(build_model(config))
     assert 100_000 < sum(t.numel() for t in state.values()) < 300_000
     assert all(t.dtype == torch.float32 for t in state.values())
@@ -34,7 +47,7 @@ def test_empty_table_gives_the_tiny_default_model() -> None:
         ({"lr": "fast"}, "lr must be float"),
         ({"model": {"n_layer": True}}, "n_layer must be int"),
         ({"data": {"seq_len": 128}}, "seq_len must be <="),
-        ({"model": {"n_embd": 65536, "n_head": 1}}, "MAX_MODEL_PARAMETERS"),
+        ({"model": {"n_embd": 65536, "n_head": 1}}, "MAX_MODEL_PARAMETERS_CEILING"),
     ],
 )
 def test_bad_training_settings_are_clear_errors(raw: dict, message: str) -> None:
@@ -72,3 +85,48 @@ def test_a_few_rounds_of_local_training_lower_the_held_out_loss() -> None:
         delta = train_local(model, state, data, config, peer_id="peerA", round_=round_).delta
         state = {k: state[k] + delta[k] for k in state}
     assert evaluate(model, state, data) < before - 0.3
+
+
+def test_a_model_over_the_machines_memory_is_refused_at_start_with_the_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # ~6.4B parameters: under the ceiling, but 7 x 25.8 GB to train is more than this machine.
+    model = {"n_layer": 32, "n_embd": 4096, "n_head": 32, "n_positions": 64, "vocab_size": 1024}
+    config = TrainingConfig.from_dict({"model": model})
+    need = memory_need(model_parameters := config.model.approx_parameters())
+    assert 6e9 < model_parameters < limits.MAX_MODEL_PARAMETERS_CEILING
+    with pytest.raises(TrainingConfigError, match=r"does not fit this machine.*GB is available"):
+        check_model_fits(config)
+    with pytest.raises(
+        TrainingConfigError,
+        match=r"~6,447M parameters need 181.05 GB to train \(7 whole-model buffers\)",
+    ):
+        check_model_fits(config, available=need.peak_bytes - 1)
+    assert check_model_fits(config, available=need.peak_bytes) == need
+    # The same through `cnode train`: one line with the figures, before any network or model.
+    home = tmp_path / "home"
+    home.mkdir()
+    save_identity(Identity.generate(), home / IDENTITY_FILE)
+    run = tmp_path / "run.toml"
+    raw = {
+        "run": "r1",
+        "coordinator": Identity.generate().peer_id_str,
+        "training": {"model": model},
+    }
+    run.write_text(tomli_w.dumps(raw), encoding="utf-8")
+    started = time.monotonic()
+    assert main(["train", "--home", str(home), "--run-config", str(run), "--run", "r1"]) == (
+        StopReason.CONFIGURATION.exit_code
+    )
+    err = capsys.readouterr().err
+    assert "does not fit this machine" in err and "to train" in err and "Traceback" not in err
+    assert time.monotonic() - started < 10.0
+
+
+def test_a_network_supplied_size_over_the_ceiling_is_refused_before_allocation() -> None:
+    # 1e12 parameters (4 TB): refused while the dict is read, so nothing of that size exists.
+    rss = psutil.Process().memory_info().rss
+    raw = {"model": {"n_layer": 1000, "n_embd": 8192, "n_head": 64}}
+    with pytest.raises(TrainingConfigError, match="MAX_MODEL_PARAMETERS_CEILING"):
+        TrainingConfig.for_run(raw)
+    assert psutil.Process().memory_info().rss - rss < 64 << 20

@@ -28,6 +28,7 @@ import tomli_w
 from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE
 from cnode.node.coordinator.server import CoordinatorProcess
+from cnode.node.train import StopReason
 from cnode.node.train._report import read_report
 
 from .swarm import TINY_TRAINING
@@ -230,7 +231,8 @@ def test_a_node_cut_off_from_its_peers_stops_with_a_clear_error(
         bed.blackhole(3, peer_host)
         bed.blackhole(peer_host, 3)
 
-    assert bed.wait_exit("c", timeout=300) == 1, bed.describe()
+    assert bed.wait_exit("c", timeout=300) == StopReason.UNREACHABLE.exit_code, bed.describe()
+    assert bed.events("c", "stopped")[0]["stop_reason"] == "unreachable"
     (stopped,) = bed.events("c", "stopped")
     # It names the members it could not reach, and why it could not recover.
     assert bed.peers["a"] in stopped["reason"] and bed.peers["b"] in stopped["reason"], stopped

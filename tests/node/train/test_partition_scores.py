@@ -113,7 +113,7 @@ def test_spread_scores_agree_name_a_lying_scorer_and_replay_bit_for_bit(tmp_path
     assert len({(s.admitted, tuple(s.reputation.items())) for s in spreads}) == 1
     spread = spreads[0]
     assert attacker not in spread.inputs
-    assert spread.left_out[attacker].startswith("left out by scores: score ")
+    assert spread.left_out[attacker].startswith("left out by scores: ")
     assert honest_target in spread.admitted  # the lie did not keep it out
     assert [b.peer for b in spread.wrong] == [liar]
     assert spread.wrong[0].update_cid == str(records[liar][0])
@@ -133,6 +133,9 @@ def test_spread_scores_agree_name_a_lying_scorer_and_replay_bit_for_bit(tmp_path
         for b in nodes:
             if a is not b:
                 _copy_all(a.store, b.store)
+    # A node-local fact: one node never got the (left-out) attacker's header block. Its
+    # checkpoint must still be the others' (specs/manifest.md#checkpoint-determinism).
+    nodes[2].store.delete(headers[attacker][0])
     outputs = {p: r.output for p, (_, r) in results.items()}
     outcomes = [
         n.apply_partitions(1, results, outputs, parts=parts, dropped={}, scores=spread)
@@ -145,6 +148,7 @@ def test_spread_scores_agree_name_a_lying_scorer_and_replay_bit_for_bit(tmp_path
     assert nodes[1].scoring is not None and nodes[1].scoring.reputation == spread.reputation
 
     manifest = nodes[1].store_checkpoint()
+    assert {n.store_checkpoint() for n in nodes if n is not nodes[1]} == {manifest}  # all agree
     verifier = BlockStore(tmp_path / "verifier")
     _copy_all(nodes[1].store, verifier)
     report = replay_checkpoint(verifier, manifest)

@@ -191,3 +191,14 @@ def test_scores_go_with_every_partition_mode_and_bad_modes_are_refused() -> None
         TrainingConfig.from_dict({"partitioned": "sometimes"})
     with pytest.raises(TrainingConfigError, match=re.escape("verify_partitions must be 0..64")):
         TrainingConfig.from_dict({"verify_partitions": 65})
+
+
+def test_a_round_in_which_nothing_was_exchanged_is_no_progress(tmp_path: Path) -> None:
+    # Every partition kept its parent (no result recorded): the state stays, the round is not
+    # logged for a checkpoint, and the outcome says so (the loop warns and stores nothing).
+    node = _node(tmp_path, 0, MEAN)
+    before = node.state_cid
+    outcome = node.apply_partitions(1, {}, {0: None, 1: None}, parts=2, dropped={})
+    assert outcome.empty and outcome.members == ()
+    assert node.round == 1 and node.state_cid == before
+    assert node.since_checkpoint == []

@@ -4,15 +4,19 @@ with an error naming what is wrong (specs/training.md#scores-in-partitioned-roun
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from cnode.aggregation import limits as agg_limits
 from cnode.auth import Identity, seal
 from cnode.node.train import PeerUpdateError, limits
 from cnode.node.train.scores._records import (
+    BadScoreRecordError,
     ScoreRecord,
+    TargetLosses,
     open_score_record,
     score_record_cid,
     seal_score_record,
@@ -64,9 +68,13 @@ def _losses(*values: Any) -> dict[str, Any]:
         ({"scores": {TARGET: [1, 2]}}, "must be [header CID, 4 losses]"),
         ({"scores": {TARGET: ["nope", 1.0, 1.0, 1.0, 1.0]}}, "bad header CID"),
         ({"scores": _losses(1.0, 1.0, 1.0, True)}, "value 4 is not a loss"),
-        ({"scores": _losses("inf", 1.0, 1.0, 1.0)}, "value 1 is not a loss"),
+        ({"scores": _losses("-inf", 1.0, 1.0, 1.0)}, "value 1 is not a loss"),
         ({"scores": _losses(1.0, "NaN", 1.0, 1.0)}, "value 2 is not a loss"),
-        ({"scores": _losses(0.0, 1.0, 1.0, 1.0)}, "a loss before the update must be > 0"),
+        # Issue 29's record: a finite but extreme loss, out of [0, MAX_SCORE_LOSS].
+        ({"scores": _losses(5.0, -1e308, 5.0, 4.9)}, "value 2 is not a loss in [0, MAX_SCORE"),
+        ({"scores": _losses(-1.0, 1.0, 1.0, 1.0)}, "value 1 is not a loss"),
+        ({"scores": _losses(1.0, 1.0, agg_limits.MAX_SCORE_LOSS * 2, 1.0)}, "value 3 is not"),
+        ({"scores": _losses(1.0, 1.0, 1.0, 1e308)}, "value 4 is not a loss"),
         ({"unscored": {TARGET: "x"}}, "both scored and unscored"),
     ],
 )
@@ -74,9 +82,36 @@ def test_a_malformed_record_is_refused_naming_the_field(
     changes: dict[str, Any], words: str
 ) -> None:
     envelope = seal(KEY, "cnode/score-record/v1", _payload(**changes))
-    with pytest.raises(PeerUpdateError, match="score record") as caught:
+    # Signed by its scorer: the refusal is ban evidence (BadScoreRecordError), naming the field.
+    with pytest.raises(BadScoreRecordError, match="score record") as caught:
         open_score_record(envelope, run="fixture-run")
     assert words in caught.value.reason
+    assert caught.value.peer == KEY.peer_id_str
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        (0.0, 0.0, 0.0, 0.0),
+        (5e-324, "inf", "nan", 5e-324),
+        ("inf", 1.0, "nan", "inf"),
+        (agg_limits.MAX_SCORE_LOSS, 0.0, 1.0, agg_limits.MAX_SCORE_LOSS),
+    ],
+)
+def test_every_in_range_loss_opens_and_scores_an_integer(losses: tuple[Any, ...]) -> None:
+    envelope = seal(KEY, "cnode/score-record/v1", _payload(scores=_losses(*losses)))
+    record = open_score_record(envelope, run="fixture-run")
+    score = record.scores[TARGET].score(TARGET)
+    assert all(isinstance(x, int) for x in (score.own, score.held, score.score))
+    assert ScoreRecord.from_payload(record.to_payload(), KEY.peer_id_str) == record or any(
+        x == "nan" for x in losses
+    )  # NaN != NaN: the payload round-trips, the dataclass compares unequal
+
+
+def test_measured_losses_are_stated_in_range() -> None:
+    header = open_score_record(ENVELOPE, run="fixture-run").scores[TARGET].header
+    got = TargetLosses.measured(header, (-0.0, 1e308, math.nan, 2.5))
+    assert got.to_payload()[1:] == [0.0, "inf", "nan", 2.5]
 
 
 def test_a_scorer_never_scores_itself() -> None:
@@ -90,9 +125,9 @@ def test_wrong_signer_run_round_type_and_size_are_refused() -> None:
     other = Identity.generate()
     with pytest.raises(PeerUpdateError, match="bad score record envelope"):
         open_score_record(ENVELOPE, run="fixture-run", signer=other.peer_id_str)
-    with pytest.raises(PeerUpdateError, match="score record is for run 'fixture-run'"):
+    with pytest.raises(BadScoreRecordError, match="score record is for run 'fixture-run'"):
         open_score_record(ENVELOPE, run="another-run")
-    with pytest.raises(PeerUpdateError, match="score record is for round 3"):
+    with pytest.raises(BadScoreRecordError, match="score record is for round 3"):
         open_score_record(ENVELOPE, run="fixture-run", round_=4)
     result = seal(KEY, "cnode/partition-result/v1", {"run": "fixture-run"})
     with pytest.raises(PeerUpdateError, match="bad score record envelope"):

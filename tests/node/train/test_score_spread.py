@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from cnode.aggregation import AggregationInputError, score_assignment, score_seed
+from cnode.aggregation import AggregationInputError, EvidenceKind, score_assignment, score_seed
 from cnode.auth import Identity
 from cnode.node.train import limits
 from cnode.node.train.scores._records import ScoreRecord, TargetLosses
@@ -84,7 +84,7 @@ def test_agreeing_scorers_give_the_scores_and_a_bad_update_is_left_out() -> None
     assert set(spread.scores) == set(MEMBERS)
     assert spread.scores[attacker].score < 0 < spread.scores[MEMBERS[0]].score
     assert attacker not in spread.admitted and attacker not in spread.inputs
-    assert spread.left_out[attacker].startswith("left out by scores: score ")
+    assert spread.left_out[attacker].startswith("left out by scores: ")
     assert spread.inputs == tuple(m for m in MEMBERS if m != attacker)
     assert spread.reputation[attacker] < 0 and spread.wrong == ()
     params = spread.to_params()
@@ -110,7 +110,7 @@ def test_a_dispute_is_recomputed_and_the_wrong_scorer_named() -> None:
     assert target in spread.admitted
     (ban,) = spread.wrong
     assert ban.peer == liar and ban.round == ROUND
-    assert ban.reason.startswith(f"signed a wrong score of {target[-8:]}")
+    assert ban.kind is EvidenceKind.WRONG_SCORE and target[-8:] in ban.reason
     assert ban.update_cid == str(records[liar][0])  # the offending signed record
     assert ban.figures["seed"] == SEED.hex() and ban.figures["target_header"] == str(
         HEADERS[target]
@@ -159,3 +159,24 @@ def test_reputation_keeps_a_repeat_offender_out_even_with_a_passing_score() -> N
     assert spread.scores[attacker].score >= 0
     assert attacker not in spread.admitted
     assert "reputation" in spread.left_out[attacker]
+
+
+def test_a_refused_record_says_nothing_and_its_signer_is_named() -> None:
+    """Issue 29: a record whose signature verified but whose content did not decode (an
+    out-of-range loss) is left out like a missing one; its scorer is named with the record's
+    CID as evidence, and the round's scores come from the other records."""
+    records = _records({})
+    bad = MEMBERS[1]
+    cid = records.pop(bad)[0]
+    why = "losses of x: value 2 is not a loss in [0, MAX_SCORE_LOSS] or 'inf' / 'nan': '-1e308'"
+    spread = resolve_scores(
+        run=RUN, round_=ROUND, members=MEMBERS, headers=HEADERS, base=BASE, seed=SEED,
+        records=records, reputation={}, recompute=lambda t: _losses(t, GOOD),
+        refused={bad: (cid, why)},
+    )  # fmt: skip
+    assert [(w.peer, w.update_cid) for w in spread.wrong] == [(bad, str(cid))]
+    assert spread.wrong[0].kind is EvidenceKind.BAD_SCORE_RECORD
+    assert spread.wrong[0].figures == {"score_record": str(cid)}
+    assert bad not in spread.to_params()["records"]
+    # Its targets keep the score of their other scorer (every member has two).
+    assert set(spread.scores) == set(MEMBERS)

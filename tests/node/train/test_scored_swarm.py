@@ -2,16 +2,15 @@
 
 Real ``cnode train`` processes, the real coordinator over HTTP, real libp2p on 127.0.0.1. A node
 that trains on corrupted text (``--attack flipped_tokens``) is left out of every aggregate by the
-scores its two scorers sign, and banned within 3 rounds on evidence that a replay of the
-checkpoints recomputes (the losses of each low round); the honest nodes agree on every state and
-none is accused. The tiny model trains 16 local steps at lr 0.01: with the swarm tests' 3 steps
-at 3e-3 the attacker's harm is too small to cross the ban bound before round 5
-(specs/aggregation.md, Unresolved).
+scores its two scorers sign, and its reputation falls every round (revision 4: a ban needs the
+reputation, an EMA of standings started at 0, below BAN_REPUTATION three rounds in a row, which
+takes 9 rounds; tests/node/coordinator/test_reputation_evidence.py plays them); a replay of the
+checkpoints recomputes every score; the honest nodes agree on every state and none is accused.
+The tiny model trains 16 local steps at lr 0.01, so the attacker's harm shows from round 1.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +33,7 @@ def _recorded_scores(store: BlockStore, manifest: CID) -> dict[int, dict[str, An
     return {r: p["scores"] for r, p in meta.aggregation.params["rounds"]}
 
 
-def test_a_data_attacker_is_left_out_and_banned_within_3_rounds_on_recomputable_evidence(
+def test_a_data_attacker_is_left_out_and_its_reputation_falls_on_recomputable_scores(
     tmp_path: Path, swarms: list[Swarm]
 ) -> None:
     training = {"partitioned": "always", "scores": True, "local_steps": 16, "lr": 0.01}
@@ -52,13 +51,8 @@ def test_a_data_attacker_is_left_out_and_banned_within_3_rounds_on_recomputable_
     for node in honest:
         assert swarm.wait_exit(node, timeout=300) == 0, swarm.describe()
 
-    # Banned within 3 rounds on the first reputation report: the coordinator replayed the score
-    # records it holds and found the report's figures (no majority waited for).
-    (ban,) = swarm.run_state().bans
-    assert ban.peer == bad.peer and ban.round <= ROUNDS, ban
-    assert ban.reason.startswith("reputation below the ban bound"), ban
-    assert ban.by in {f"checked:{n.peer}" for n in honest}, ban
-    assert {e["accused"] for n in honest for e in n.events("ban_reported")} == {bad.peer}
+    # No honest peer is accused (revision 4 bans the attacker only from round 9).
+    assert {e["accused"] for n in honest for e in n.events("ban_reported")} <= {bad.peer}
 
     # The honest nodes agree on every round's state; the attacker's update entered none.
     finals = final_states(honest)
@@ -73,7 +67,7 @@ def test_a_data_attacker_is_left_out_and_banned_within_3_rounds_on_recomputable_
         assert 2 * len(rounds["a"][r]["members"]) >= len(honest), r
 
     # Every checkpoint replays: partitions, scores, reputations and admission, from the signed
-    # headers and score records. The ban evidence's losses are the replayed ones.
+    # headers and score records.
     store = BlockStore(tmp_path / "verifier")
     for node in [*honest, bad]:
         held = BlockStore(load_config(node.home).blocks_dir(node.home))
@@ -86,26 +80,7 @@ def test_a_data_attacker_is_left_out_and_banned_within_3_rounds_on_recomputable_
         report = replay_checkpoint(store, manifest)
         assert str(report.state_cid) == rounds["a"][r]["state_cid"]
         recorded |= _recorded_scores(store, manifest)
-    evidence = next(
-        e["figures"] for e in honest[0].events("ban_reported") if e["accused"] == bad.peer
-    )
-    assert len(evidence["rounds"]) == 3
-    for r, seed, scores, reputation, bound in zip(
-        evidence["rounds"],
-        evidence["seeds"],
-        evidence["scores"],
-        evidence["reputations"],
-        evidence["bounds"],
-        strict=True,
-    ):
-        assert recorded[r]["seed"] == seed
-        losses = recorded[r]["peers"][bad.peer]
-        for key, value in zip(
-            ("own_before", "own_after", "held_before", "held_after"), losses[:4], strict=False
-        ):
-            assert math.isclose(scores[key], value, rel_tol=1e-12), (r, key)
-        # The ban is on the reputation (a running average of the scores), so one round's score
-        # may be positive while the reputation stays below the bound.
-        assert scores["score"] == losses[6]
-        assert reputation < bound, (r, reputation, bound)
+    reps = [recorded[r]["reputation"][bad.peer] for r in range(1, ROUNDS + 1)]
+    assert all(r < 0 for r in reps), reps  # below every honest start (0) from round 1
+    for r in range(1, ROUNDS + 1):
         assert set(recorded[r]["records"]) == {bad.peer, *(n.peer for n in honest)}

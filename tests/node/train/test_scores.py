@@ -52,21 +52,27 @@ def _rounds_of(node: NodeTrainer, cid: Any) -> list[Any]:
 
 
 @pytest.mark.slow
-def test_a_node_training_on_flipped_tokens_is_left_out_and_banned_within_3_rounds(
+def test_a_node_training_on_flipped_tokens_is_left_out_and_its_reputation_falls(
     tmp_path: Path,
 ) -> None:
+    """Revision 4 (issue 24): the attacker is left out of every aggregate by its standings and
+    its reputation (an EMA of standings, in hundredths of a spread) falls every round; no honest
+    peer is recommended. A ban takes REPUTATION_BAN_ROUNDS rounds below BAN_REPUTATION, which an
+    EMA started at 0 reaches from round 7 (tests/node/coordinator/test_reputation_evidence.py
+    plays those rounds); every recorded score replays."""
     nodes = [
         NodeTrainer(
             CONFIG,
             run="r1",
-            identity=Identity.generate(),
+            # Fixed identities: shards follow peer ids, so random ones made the test's layout,
+            # and with it which honest update helps its own data, change from run to run.
+            identity=Identity.from_seed(bytes([40 + i]) * 32),
             store=BlockStore(tmp_path / f"n{i}"),
             attack="flipped_tokens" if i == 0 else None,
         )
         for i in range(4)
     ]
     attacker, honest = nodes[0].peer, nodes[1:]
-    bans: dict[str, int] = {}
     for round_ in (1, 2, 3):
         outcomes = _play_round(nodes, round_)
         assert len({node.state_cid for node in nodes}) == 1  # the attacker's node agrees too
@@ -74,41 +80,24 @@ def test_a_node_training_on_flipped_tokens_is_left_out_and_banned_within_3_round
             assert attacker not in outcome.members  # never aggregated
             # An honest update that does not measurably help its own data may sit a round out.
             assert 2 * len(outcome.members) >= len(honest)
-            for ban in outcome.bans:
-                assert ban.peer == attacker  # no honest peer is ever recommended
-                bans.setdefault(ban.reason, round_)
+            assert all(ban.peer == attacker for ban in outcome.bans)  # no honest peer, ever
         if round_ == 2:
             first = nodes[1].store_checkpoint()
             for node in nodes:
                 node.checkpoint, node.since_checkpoint = first, []
-    assert bans == {"reputation below the ban bound in 3 rounds in a row": 3}
-    rec = next(b for b in outcomes[1].bans if b.peer == attacker)
-    figures = rec.to_payload()["figures"]
-    assert figures["rounds"] == [1, 2, 3]
-    assert all(r < b for r, b in zip(figures["reputations"], figures["bounds"], strict=True))
 
-    # The evidence is recomputable: replay both checkpoints, which recomputes every score,
-    # admission and reputation and compares them with the record (and the layers' CIDs).
+    # Every score, admission and reputation replays from both checkpoints.
     second = nodes[1].store_checkpoint()
     replay_checkpoint(nodes[1].store, first)
     replay_checkpoint(nodes[1].store, second)
     rounds = _rounds_of(nodes[1], first) + _rounds_of(nodes[1], second)
-    for number, row in zip(figures["rounds"], figures["scores"], strict=True):
-        recorded = rounds[number - 1][1]["scores"]
-        losses = recorded["peers"][attacker][:4]
-        assert losses == [
-            row["own_before"],
-            row["own_after"],
-            row["held_before"],
-            row["held_after"],
-        ]
-        assert recorded["seed"] == figures["seeds"][number - 1]
-        assert recorded["reputation"][attacker] == figures["reputations"][number - 1]
-        assert attacker not in recorded["admitted"]
+    reps = [row[1]["scores"]["reputation"][attacker] for row in rounds]
+    assert all(r < 0 for r in reps), reps  # below every honest start (0) from round 1
+    assert all(attacker not in row[1]["scores"]["admitted"] for row in rounds)
     # The seed is sha256 over the round's header CIDs, which the checkpoint lists.
     manifest = read_manifest(nodes[1].store, first)
     headers = [str(c) for c in getattr(manifest, "meta", manifest).aggregation.updates]
-    assert score_seed(headers[: len(nodes)]).hex() == figures["seeds"][0]
+    assert score_seed(headers[: len(nodes)]).hex() == rounds[0][1]["scores"]["seed"]
 
     # A record whose scores were altered does not replay.
     tampered = [[n, dict(p)] for n, p in rounds[:2]]
@@ -142,4 +131,7 @@ def test_data_attacks_corrupt_the_training_text_only() -> None:
 def test_scores_setting_round_trips_and_is_absent_when_off() -> None:
     on = TrainingConfig.from_dict({"scores": True, "partitioned": "never"})
     assert on.scores and TrainingConfig.from_dict(on.to_dict()) == on
-    assert "scores" not in TrainingConfig().to_dict()  # runs without scores keep their bytes
+    off = TrainingConfig(scores=False)
+    assert "scores" not in off.to_dict()  # runs without scores keep their bytes
+    assert TrainingConfig.from_dict(off.to_dict()) == off
+    assert TrainingConfig().scores and TrainingConfig.for_run({}) == TrainingConfig()  # a run's

@@ -1,0 +1,163 @@
+"""Scale bench (issue 27): one node's checkpoint phases at 100M, 500M and 1B parameters.
+
+Run: ``.venv/bin/python bench/scale.py [--sizes 100M,500M,1B]``. A synthetic state of float32
+tensors in GPT-2 block shapes (qkv d x 3d, proj d x d, fc d x 4d, fc2 4d x d) goes through the
+real storage code; each phase runs in its own child process, so its peak RSS (``ru_maxrss``) is
+its own. Every phase prints seconds, MB/s, peak RSS and the ratio to its baseline measured in
+the same run: ``torch.save`` of the same state for saving, hashlib.sha256 over the same block
+bytes for verifying, reading the same block files for loading (assembling the state).
+
+What it does not cover yet (see docs/benchmarks.md): the exchange with 7 holder processes,
+aggregation and the late joiner's fetch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# parameters -> (d, blocks): 12 d^2 per block. 10M is a quick check that the bench runs.
+SIZES = {"10M": (512, 3), "100M": (1024, 8), "500M": (2048, 10), "1B": (2048, 20)}
+
+
+def _state(size: str) -> dict:  # type: ignore[type-arg]
+    import torch
+
+    d, blocks = SIZES[size]
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for b in range(blocks):
+        for name, shape in (("qkv", (d, 3 * d)), ("proj", (d, d)), ("fc", (d, 4 * d)),
+                            ("fc2", (4 * d, d))):  # fmt: skip
+            state[f"h.{b}.{name}.weight"] = torch.empty(shape).uniform_(-0.02, 0.02, generator=g)
+    return state
+
+
+def _peak() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _child(args: argparse.Namespace) -> None:
+    import torch
+
+    from cnode.storage import (
+        CID,
+        BlockStore,
+        CheckpointMeta,
+        export_car,
+        load_checkpoint,
+        save_checkpoint,
+        verify_checkpoint,
+    )
+
+    store = BlockStore(Path(args.store))
+    before = _peak()  # after imports
+    out: dict = {}  # type: ignore[type-arg]
+    if args.child in ("save", "torch_save"):
+        state = _state(args.size)
+        before = _peak()  # the state itself is the caller's, not the phase's
+        start = time.perf_counter()
+        if args.child == "save":
+            out["cid"] = str(save_checkpoint(store, state, CheckpointMeta(run_id="b", round=1)))
+        else:
+            torch.save(state, Path(args.store).parent / "state.pt")
+    elif args.child == "verify":
+        start = time.perf_counter()
+        report = verify_checkpoint(store, CID.parse(args.cid))
+        assert report.ok, report.faults
+    elif args.child == "sha256":
+        start = time.perf_counter()
+        for f in sorted((Path(args.store) / "blocks").rglob("*")):
+            if f.is_file():
+                hashlib.sha256(f.read_bytes()).digest()
+    elif args.child == "load":
+        start = time.perf_counter()
+        tensors, _ = load_checkpoint(store, CID.parse(args.cid))
+        assert all(isinstance(t, torch.Tensor) for t in tensors.values())
+    elif args.child == "read_files":
+        start = time.perf_counter()
+        kept = [f.read_bytes() for f in sorted((Path(args.store) / "blocks").rglob("*"))
+                if f.is_file()]  # fmt: skip
+        assert kept
+    else:  # car
+        start = time.perf_counter()
+        export_car(store, CID.parse(args.cid), Path(args.store).parent / "c.car")
+    seconds = time.perf_counter() - start
+    print(json.dumps({**out, "seconds": seconds, "peak": _peak(), "before": before}))
+
+
+def _run(*argv: str) -> dict:  # type: ignore[type-arg]
+    done = subprocess.run(
+        [sys.executable, __file__, *argv], capture_output=True, text=True, timeout=3600, check=True
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _row(size: str, phase: str, got: dict, model: int, base: dict | None, what: str) -> None:  # type: ignore[type-arg]
+    extra = (got["peak"] - got["before"]) / 2**20
+    ratio = ""
+    if base:
+        speed = model / base["seconds"] / 1e6
+        ratio = f"; {what} {speed:.0f} MB/s -> {base['seconds'] / got['seconds']:.2f}x"
+    print(
+        f"{size:>5} {phase:<8} {got['seconds']:7.2f} s {model / got['seconds'] / 1e6:6.0f} MB/s "
+        f"peak RSS {got['peak'] / 2**20:7.0f} MiB (+{extra:.0f} MiB over its start; model "
+        f"{model / 2**20:.0f} MiB){ratio}",
+        flush=True,
+    )  # fmt: skip
+
+
+def bench(size: str, tmp: Path) -> None:
+    d, blocks = SIZES[size]
+    params = blocks * 12 * d * d
+    model = params * 4
+    root = tmp / size / "blocks"
+    root.mkdir(parents=True)
+    common = ("--size", size, "--store", str(root))
+    base_save = _run("--child", "torch_save", *common)
+    (tmp / size / "state.pt").unlink()
+    save = _run("--child", "save", *common)
+    cid = ("--cid", save["cid"])
+    _row(size, "save", save, model, base_save, "torch.save")
+    _run("--child", "sha256", *common)  # warm the page cache for both
+    sha = _run("--child", "sha256", *common)
+    _row(size, "verify", _run("--child", "verify", *common, *cid), model, sha, "sha256")
+    raw = _run("--child", "read_files", *common)
+    _row(size, "load", _run("--child", "load", *common, *cid), model, raw, "read files")
+    _row(size, "car", _run("--child", "car", *common, *cid), model, raw, "read files")
+    shutil.rmtree(tmp / size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sizes", default="100M,500M,1B")
+    parser.add_argument("--child")
+    parser.add_argument("--size", default="100M")
+    parser.add_argument("--store")
+    parser.add_argument("--cid")
+    args = parser.parse_args()
+    if args.child:
+        _child(args)
+        return
+    sizes = args.sizes.split(",")
+    unknown = [s for s in sizes if s not in SIZES]
+    if unknown:
+        parser.error(f"--sizes: unknown {', '.join(unknown)} (known: {', '.join(SIZES)})")
+    print(f"# scale bench, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load "
+          f"{os.getloadavg()[0]:.1f}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="cnode-scale-", dir=os.environ.get("BENCH_DIR")) as t:
+        for size in sizes:
+            bench(size, Path(t))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Where score losses are computed, and how device differences stay out of the integer scores.
+
+Scores are recomputed by other nodes (every member in a full round, the assigned scorers and
+the disputes' recomputation in a partitioned round, ``verify --replay``), on whatever hardware
+they have. So a score's losses are computed in two arithmetics:
+
+* **fast**: float32 on the node's device (``Placement.device``; the CPU for replay and for a
+  node without a GPU), in eval mode, no autocast. Not bf16 even in a ``bf16-mixed`` run: bf16
+  moves a loss by ~1e-5 relative (bench/score_precision.py), a fifth of a SCORE_UNIT of score,
+  so nearly every score would need the reference;
+* **reference**: float64 on the CPU, as every score was computed before issue 26.
+
+An integer score is ``round(x)`` of a real ``x = (before - after) / before / SCORE_UNIT``. Honest
+fast losses are within SCORE_DEVICE_RTOL (relative) of the reference, so their ``x`` is within
+``BOUNDARY_UNITS = 2 x SCORE_DEVICE_RTOL / SCORE_UNIT`` of the reference's. **The rule**: a node
+takes the fast losses of a target unless one of its two ``x`` (own, held) lies within
+BOUNDARY_UNITS of a rounding boundary (a half-integer), or a fast loss is not finite; then it
+computes the target's four losses in the reference arithmetic and takes those. Both ways give
+the reference's integers: a fast ``x`` farther than BOUNDARY_UNITS from every boundary rounds as
+the reference ``x`` does. So honest nodes agree on every integer (and every decision built on
+them: admission, reputation, bans) whatever their devices, replay on any machine reproduces
+them, and two honest scorers of a partitioned round never dispute. The recorded losses are the
+ones taken (fast or reference): a replay compares them within SCORE_LOSS_RTOL (twice
+SCORE_DEVICE_RTOL: two devices, each within SCORE_DEVICE_RTOL of the reference) and the
+integers exactly. A scorer whose integers differ from the recomputation is still wrong beyond
+any honest device difference (the dispute rule of _spread.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from cnode.aggregation import limits as agg_limits
+
+from .. import limits
+from .._config import TrainingConfig
+from ..model import Placement, build_model, load_state
+
+__all__ = ["BOUNDARY_UNITS", "LossModels", "near_boundary", "settle_needed"]
+
+Losses = tuple[float, float, float, float]  # own_before, own_after, held_before, held_after
+
+# How close (in score units) to a rounding boundary a fast score must be for the reference to
+# settle it: twice the loss error any honest device may make, in units (module docstring).
+BOUNDARY_UNITS = 2 * limits.SCORE_DEVICE_RTOL / agg_limits.SCORE_UNIT
+
+
+def near_boundary(before: float, after: float) -> bool:
+    """Whether ``loss_score(before, after)`` could round otherwise in the reference arithmetic
+    (or the fast losses cannot be scored at all: not finite, or ``before <= 0``)."""
+    # loss_score's other edges (SCORE_LOSS_FLOOR, MAX_SCORE_LOSS, non-finite) are boundaries
+    # too: a loss within a factor 2 of one is left to the reference (cross-entropies are ~0.1-10).
+    lo, hi = 2 * agg_limits.SCORE_LOSS_FLOOR, agg_limits.MAX_SCORE_LOSS / 2
+    if not (lo < before < hi and lo < after < hi):
+        return True
+    x = (before - after) / before / agg_limits.SCORE_UNIT
+    return abs(x - math.floor(x) - 0.5) < BOUNDARY_UNITS
+
+
+def settle_needed(losses: Losses) -> bool:
+    """Whether a target's fast losses must be replaced by the reference's (the rule above)."""
+    own_before, own_after, held_before, held_after = losses
+    return near_boundary(own_before, own_after) or near_boundary(held_before, held_after)
+
+
+class LossModels:
+    """The run's model in the two arithmetics, built on first use and kept for the next rounds."""
+
+    def __init__(self, config: TrainingConfig, placement: Placement | None = None) -> None:
+        self.config = config
+        self.device = placement.device if placement is not None else torch.device("cpu")
+        self._fast: torch.nn.Module | None = None
+        self._reference: torch.nn.Module | None = None
+        self.settled = 0  # targets the reference settled (for the log and the bench)
+
+    def fast(
+        self,
+        state: Mapping[str, torch.Tensor],
+        update: Mapping[str, torch.Tensor] | None,
+        batches: Sequence[torch.Tensor],
+    ) -> list[float]:
+        """Losses of ``state`` (+ SCORE_STEP x ``update``) on ``batches``: float32, the device.
+        An empty ``batches`` gives [] without a forward pass."""
+        if not batches:
+            return []
+        if self._fast is None:
+            self._fast = build_model(self.config).float().eval()
+            torch.nn.Module.to(self._fast, self.device)
+        return _batched_losses(self._fast, _weights(state, update, torch.float32), batches,
+                               self.device)  # fmt: skip
+
+    def reference(
+        self,
+        state: Mapping[str, torch.Tensor],
+        update: Mapping[str, torch.Tensor] | None,
+        batches: Sequence[torch.Tensor],
+    ) -> list[float]:
+        """The same losses in float64 on the CPU: what settles a score near a boundary."""
+        if self._reference is None:
+            self._reference = build_model(self.config).double().eval()
+        load_state(self._reference, _weights(state, update, torch.float64))
+        with torch.no_grad():  # one batch per forward pass, the model's own loss, as always
+            return [float(self._reference(input_ids=b, labels=b).loss) for b in batches]
+
+
+def _weights(
+    state: Mapping[str, torch.Tensor], update: Mapping[str, torch.Tensor] | None, dtype: torch.dtype
+) -> dict[str, torch.Tensor]:
+    # Made on the CPU in ``dtype`` (SCORE_STEP is a power of two: the scaling is exact, the add
+    # rounds once), then copied to the device with the weights.
+    weights = {k: t.to(dtype) for k, t in state.items()}
+    if update is not None:
+        weights = {k: w + agg_limits.SCORE_STEP * update[k].to(dtype) for k, w in weights.items()}
+    return weights
+
+
+def _batched_losses(
+    model: torch.nn.Module,
+    weights: Mapping[str, torch.Tensor],
+    batches: Sequence[torch.Tensor],
+    device: torch.device,
+) -> list[float]:
+    """Each batch's mean next-token loss (the model's own ``loss``: cross-entropy of the logits
+    of positions 0..T-2 against tokens 1..T-1, mean over the batch's tokens), with the batches
+    run together in forward passes of up to SCORE_CHUNK_SEQUENCES sequences: on a GPU a
+    forward pass of a few sequences costs about what one of many does."""
+    load_state(model, dict(weights))
+    rows = torch.cat(list(batches))
+    sums = []
+    with torch.no_grad():
+        for start in range(0, rows.shape[0], limits.SCORE_CHUNK_SEQUENCES):
+            x = rows[start : start + limits.SCORE_CHUNK_SEQUENCES].to(device)
+            logits = model(input_ids=x).logits[:, :-1].float()
+            per_token = torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), x[:, 1:].reshape(-1), reduction="none"
+            )
+            sums.append(per_token.view(x.shape[0], -1).sum(dim=1))
+    per_row = torch.cat(sums).cpu()  # one sync
+    out, at = [], 0
+    for batch in batches:
+        n = batch.shape[0]
+        out.append(float(per_row[at : at + n].sum() / (n * (batch.shape[1] - 1))))
+        at += n
+    return out

@@ -1,0 +1,117 @@
+"""Scores on the node's device (issue 26): fast float32 losses, the float64 reference near a
+rounding boundary, and the same integer scores as the reference whatever the arithmetic."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cnode.aggregation import limits as agg_limits
+from cnode.aggregation import loss_score, score_seed, score_update
+from cnode.node.train import TextData, TrainingConfig, build_model, model_state
+from cnode.node.train.limits import SCORE_DEVICE_RTOL, SCORE_LOSS_RTOL
+from cnode.node.train.scores import BOUNDARY_UNITS, RoundScoring, near_boundary, settle_needed
+
+SMALL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32}
+CONFIG = TrainingConfig.for_run(
+    {"model": SMALL, "data": {"seq_len": 32, "eval_sequences": 16}, "partitioned": "never"}
+)
+
+
+def _after(x_units: float, before: float = 5.0) -> float:
+    """The loss after an update whose score is ``x_units`` (real-valued) from ``before``."""
+    return before * (1 - x_units * agg_limits.SCORE_UNIT)
+
+
+def test_the_boundary_follows_from_the_device_tolerance() -> None:
+    assert pytest.approx(2 * SCORE_DEVICE_RTOL / agg_limits.SCORE_UNIT) == BOUNDARY_UNITS
+    assert SCORE_LOSS_RTOL == 2 * SCORE_DEVICE_RTOL
+    assert 0 < BOUNDARY_UNITS < 0.5  # a boundary band narrower than a unit: most scores are fast
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "near"),
+    [
+        (5.0, _after(12.5), True),  # on a boundary
+        (5.0, _after(12.5 + BOUNDARY_UNITS / 2), True),
+        (5.0, _after(-3.5 - BOUNDARY_UNITS / 2), True),
+        (5.0, _after(12.0), False),  # the middle of a unit
+        (5.0, _after(12.5 + 2 * BOUNDARY_UNITS), False),
+        (5.0, float("inf"), True),  # not finite: the reference says
+        (5.0, float("nan"), True),
+        (0.0, 1.0, True),  # a before loss that cannot be scored
+    ],
+)
+def test_near_boundary(before: float, after: float, near: bool) -> None:
+    assert near_boundary(before, after) is near
+
+
+def test_a_fast_score_off_the_boundary_rounds_as_the_reference_does() -> None:
+    # Every fast loss within SCORE_DEVICE_RTOL of the reference: the integer is the same.
+    for x in (3.0, 3.3, 3.45, -7.2, 120.44):
+        if near_boundary(5.0, _after(x)):
+            continue
+        for err_b, err_a in ((1, -1), (-1, 1), (1, 1)):
+            before = 5.0 * (1 + err_b * SCORE_DEVICE_RTOL)
+            after = _after(x) * (1 + err_a * SCORE_DEVICE_RTOL)
+            assert loss_score(before, after) == loss_score(5.0, _after(x))
+
+
+def _updates(state: dict[str, torch.Tensor], n: int, scale: float) -> dict[str, dict]:
+    g = torch.Generator().manual_seed(1)
+    return {
+        f"peer-{i}": {k: torch.randn(t.shape, generator=g) * scale for k, t in state.items()}
+        for i in range(n)
+    }
+
+
+def test_fast_scores_give_the_references_integers_and_near_ones_take_its_losses() -> None:
+    data = TextData.build(CONFIG.data, CONFIG.model)
+    state = model_state(build_model(CONFIG))
+    updates = _updates(state, 8, 3e-3)
+    headers = {p: f"bafy-header-{p}" for p in updates}
+    scoring = RoundScoring(CONFIG, data)
+    scored = scoring.score(1, state, updates, headers)
+    seed = score_seed(headers.values())
+    for peer, update in updates.items():
+        own, held = scoring._batches(seed, peer)  # the batches score() took
+        ob, hb = scoring.models.reference(state, None, [own, held])
+        oa, ha = scoring.models.reference(state, update, [own, held])
+        reference = score_update(peer, ob, oa, hb, ha)
+        got = scored.scores[peer]
+        assert (got.own, got.held, got.score) == (reference.own, reference.held, reference.score)
+        fast = (got.own_before, got.own_after, got.held_before, got.held_after)
+        for a, b in zip(fast, (ob, oa, hb, ha), strict=True):
+            assert abs(a - b) <= SCORE_DEVICE_RTOL * abs(b)  # the tolerance holds here
+        if settle_needed(fast):  # pragma: no cover - only when a score sits on a boundary
+            assert fast == (ob, oa, hb, ha)
+    # measure() (a partitioned round's scorer) gives score()'s integers, its losses within the
+    # tolerance (score() runs every "before" batch in one forward pass).
+    for peer in sorted(updates)[:2]:
+        measured = scoring.measure(seed, state, peer, updates[peer])
+        s = scored.scores[peer]
+        recorded = (s.own_before, s.own_after, s.held_before, s.held_after)
+        assert all(
+            abs(a - b) <= SCORE_LOSS_RTOL * abs(b) for a, b in zip(measured, recorded, strict=True)
+        )
+        again = score_update(peer, *measured)
+        assert (again.own, again.held, again.score) == (s.own, s.held, s.score)
+
+
+def test_a_score_near_a_boundary_is_settled_by_the_reference(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    data = TextData.build(CONFIG.data, CONFIG.model)
+    state = model_state(build_model(CONFIG))
+    scoring = RoundScoring(CONFIG, data)
+    peer, update = next(iter(_updates(state, 1, 3e-3).items()))
+    seed = score_seed(["bafy-header"])
+    own, held = scoring._batches(seed, peer)
+    ob, hb = scoring.models.reference(state, None, [own, held])
+    oa, ha = scoring.models.reference(state, update, [own, held])
+    # A band as wide as a unit puts every score "near a boundary": the reference settles all.
+    monkeypatch.setattr("cnode.node.train.scores._settle.BOUNDARY_UNITS", 0.5)
+    assert scoring.measure(seed, state, peer, update) == (ob, oa, hb, ha)
+    assert scoring.models.settled == 1
+    scored = scoring.score(1, state, {peer: update}, {peer: "bafy-header"})
+    assert scored.scores[peer].held_after == ha and scoring.models.settled == 2
