@@ -90,7 +90,11 @@ def _route_library_logging(level: int) -> None:
         logger = logging.getLogger(name)
         for handler in [h for h in logger.handlers if isinstance(h, _ToStructlog)]:
             logger.removeHandler(handler)
-        logger.addHandler(_ToStructlog())
+        handler = _ToStructlog()
+        # The handler's own level too: a library logger that sets its own level (py-libp2p's
+        # auto-connector forces INFO on itself) would otherwise pass its info lines to us.
+        handler.setLevel(level)
+        logger.addHandler(handler)
         logger.setLevel(level)
         logger.propagate = False  # not to the root logger's plain stderr lines
 

@@ -79,6 +79,14 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
     both answers, as go-multistream's ``SelectProtoOrFail`` does: one round trip. Listeners
     read the two messages in order either way; several proposals, or a peer that restarts the
     handshake, fall back to the library's own code.
+16. Every swarm runs an auto-connector (go-libp2p's connection-manager dialer) aiming at 200
+    connections: while under ``min_connections`` (50) it wakes every 10 s, logs
+    ``AUTO_CONNECTOR_STATE`` and ``initiating 200 new dials`` at info (its logger forces INFO on
+    itself), and dials up to 32 peers of the peerstore at once: stale addresses, members that
+    left, peers the run banned (whom cnode never dials). A cnode node dials whom the
+    coordinator lists (train/swarm/_peers.PeerFinder) and nothing else.
+    :func:`switch_off_auto_connector` replaces it before the host runs with one that never
+    starts: neither its periodic task nor its redial-on-disconnect trigger dials or logs.
 """
 
 from __future__ import annotations
@@ -100,6 +108,7 @@ from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.io.trio import TrioTCPStream
 from libp2p.network import swarm as _swarm_module
+from libp2p.network.auto_connector import AutoConnector
 from libp2p.network.stream.net_stream import NetStream, StreamState
 from libp2p.peer.id import ID
 from libp2p.protocol_muxer import multiselect_client as _multiselect_client
@@ -459,3 +468,23 @@ def pipeline_protocol_select() -> None:
     select_one_of._cnode_pipelined = True  # type: ignore[attr-defined]
     select_one_of.__wrapped__ = original  # type: ignore[attr-defined]
     client.select_one_of = select_one_of  # type: ignore[method-assign]
+
+
+# -- 16. an auto-connector that dials 200 peers the run does not need -----------------------------
+
+
+class _StoppedAutoConnector(AutoConnector):
+    """An auto-connector that never starts: ``maybe_connect`` and the periodic task return
+    at once when not started (the swarm still calls ``start``, ``stop`` and the trigger)."""
+
+    async def start(self) -> None:
+        self._started = False
+
+
+def switch_off_auto_connector(swarm: Any) -> None:
+    """Give ``swarm`` (not yet running) an auto-connector that never dials (idempotent)."""
+    current = swarm.auto_connector
+    if not isinstance(current, _StoppedAutoConnector):
+        swarm.auto_connector = _StoppedAutoConnector(
+            swarm, auto_connect_interval=current.auto_connect_interval
+        )

@@ -14,7 +14,8 @@ A :class:`GatewayHolder` is one holder of the multi-holder scheduler (``_schedul
 
 The scheduler drops a gateway for the transfer on any of these errors and logs the evidence.
 httpx exceptions stay in this module. No timeout here: the scheduler's no-progress scope
-cancels a stalled request (``on_frame`` is called on every piece received).
+cancels a stalled request (``on_frame`` is called on every piece received, with its size: the
+scheduler also drops a gateway under MIN_SOURCE_RATE, a trickle that keeps resetting that timer).
 """
 
 from __future__ import annotations
@@ -85,7 +86,7 @@ class GatewayHolder:
         self,
         cids: list[CID],
         on_block: OnBlock,
-        on_frame: Callable[[], None],
+        on_frame: Callable[[int], None],
         on_block_start: Callable[[CID], None],
     ) -> set[CID]:
         """Fetch ``cids`` in order; ``on_block`` each verified one; return those lacked (404)."""
@@ -99,7 +100,7 @@ class GatewayHolder:
         return lacked
 
     async def _fetch(
-        self, cid: CID, on_frame: Callable[[], None], on_block_start: Callable[[CID], None]
+        self, cid: CID, on_frame: Callable[[int], None], on_block_start: Callable[[CID], None]
     ) -> VerifiedBlock | None:
         if self.mode == "raw":
             url, accept, media, bound = (
@@ -117,7 +118,7 @@ class GatewayHolder:
             )
         try:
             async with self.client.stream("GET", url, headers={"Accept": accept}) as response:
-                on_frame()
+                on_frame(0)
                 if response.status_code == 404:
                     return None
                 if response.status_code != 200:
@@ -135,7 +136,7 @@ class GatewayHolder:
                 on_block_start(cid)
                 body = bytearray()
                 async for piece in response.aiter_bytes():
-                    on_frame()
+                    on_frame(len(piece))
                     body += piece
                     if len(body) > bound:
                         raise PeerProtocolError(f"{self.name} sent over {bound} bytes for {cid}")

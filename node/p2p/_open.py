@@ -130,6 +130,7 @@ def _build_host(
         muxer_opt=_defects.muxers(),
     )
     _defects.release_inbound_slots(host.get_network())
+    _defects.switch_off_auto_connector(host.get_network())
     may_fetch = allow
     if admission is not None:
         may_fetch = lambda peer: allow(peer) and admission.allow(peer)  # noqa: E731

@@ -6,13 +6,16 @@ has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder
 fast holders take more work and nobody idles while work is left. A request that makes no
 progress for NO_PROGRESS_TIMEOUT_S is abandoned; a holder whose request fails (timeout, broken
 stream, protocol error, refusal) is dropped for this transfer and its unfinished CIDs go back to
-the queue. A holder that sends bytes not matching their CID is dropped and reported with the
-evidence. A CID is requested from a second holder only if the first did not deliver it, so
-nothing is fetched twice unless its first copy was bad. End game: a worker with nothing left to
-take moves the unsent tail of a slower holder's request to its own holder (the slower request
-stops once only moved CIDs are left), and takes over everything from a holder
-STEAL_SLOWER_FACTOR times slower once that one has had STEAL_MIN_OBSERVED_S to show its rate
-(cancelling its request, partial block included): one slow holder cannot hold up the end.
+the queue. A holder that delivers under MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it has a
+request in flight (a trickle, which resets the no-progress timer forever) is dropped too, its
+requests cancelled and their CIDs put back (``_source_rate``). A holder that sends bytes not
+matching their CID is dropped and reported with the evidence. A CID is requested from a
+second holder only if the first did not deliver it, so nothing is fetched twice unless its
+first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
+slower holder's request to its own holder (the slower request stops once only moved CIDs are
+left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower once that one
+has had STEAL_MIN_OBSERVED_S to show its rate (cancelling its request, partial block
+included): one slow holder cannot hold up the end.
 
 Holders answer in request order (specs/blocks.md#interaction), and each BLOCK's CID is seen
 before its bytes: so the scheduler knows which block is on the wire, and that every CID passed
@@ -47,6 +50,7 @@ from ._exceptions import (
     StreamBroken,
 )
 from ._exchange import request_blocks
+from ._source_rate import CountedStream, RateWindow
 from ._wire import ByteStream, Status
 
 log = structlog.get_logger(__name__)
@@ -72,9 +76,10 @@ class DirectHolder(Protocol):
 
     It answers one request like ``request_blocks`` does: blocks in request order, each
     verified against its CID before ``on_block``; ``on_block_start(cid)`` once a block's
-    bytes begin to arrive; ``on_frame()`` on any progress; returns the CIDs it lacks; raises
-    the same errors (BadBlockError, PeerProtocolError, RemoteRefusedError, StreamBroken,
-    DialError).
+    bytes begin to arrive; ``on_frame(n)`` on any progress, with the ``n`` bytes received
+    since the last call (0 for headers: the minimum rate counts them); returns the CIDs it
+    lacks; raises the same errors (BadBlockError, PeerProtocolError, RemoteRefusedError,
+    StreamBroken, DialError).
     """
 
     name: str
@@ -83,7 +88,7 @@ class DirectHolder(Protocol):
         self,
         cids: list[CID],
         on_block: OnBlock,
-        on_frame: Callable[[], None],
+        on_frame: Callable[[int], None],
         on_block_start: Callable[[CID], None],
     ) -> set[CID]: ...
 
@@ -124,6 +129,7 @@ class _Holder:
     dropped: str | None = None
     refused: bool = False  # it refused this node outright (FORBIDDEN, or not admitted)
     first_request: float | None = None  # trio time its first request started
+    window: RateWindow = field(default_factory=RateWindow)  # bytes on the wire, for the rate
 
     def observed_s(self) -> float:
         """Seconds since its first request (0 before any)."""
@@ -288,7 +294,7 @@ class Transfer:
                 best, take = request, tail
         if best is not None:
             best.stolen.update(take)
-            log.debug("work_moved", blocks=len(take), src=best.holder.peer[-8:], dst=thief.peer)
+            log.debug("work_moved", blocks=len(take), src=best.holder.peer, dst=thief.peer)
             if best.only_stolen_left() and best.scope is not None:
                 best.abandoned = True
                 best.scope.cancel()
@@ -328,12 +334,17 @@ class Transfer:
         self._requests = set()
         live = [h for h in self.holders.values() if h.dropped is None]
         if self._pending and live:
-            async with trio.open_nursery() as nursery:
-                for holder in live:
-                    for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
-                        nursery.start_soon(self._worker, holder)
+            async with trio.open_nursery() as watching:
+                watching.start_soon(self._watch_rates)
+                async with trio.open_nursery() as nursery:
+                    for holder in live:
+                        for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
+                            nursery.start_soon(self._worker, holder)
+                watching.cancel_scope.cancel()
         if self._pending:
-            reasons = {h.peer[-8:]: h.dropped or "lacks them" for h in self.holders.values()}
+            # Keyed by the whole peer id or gateway URL: two gateways whose URLs end alike
+            # must not share a key.
+            reasons = {h.peer: h.dropped or "lacks them" for h in self.holders.values()}
             raise FetchError(
                 f"{len(self._pending)} blocks could not be fetched from any holder "
                 f"(holders: {reasons or 'none'}); {self.blocks} blocks fetched are kept",
@@ -355,6 +366,7 @@ class Transfer:
             request = _Request(holder, batch)
             self._requests.add(request)
             holder.in_flight += 1
+            holder.window.busy()
             if holder.first_request is None:
                 holder.first_request = trio.current_time()
             lacked: set[CID] = set()
@@ -386,6 +398,8 @@ class Transfer:
             finally:
                 self._requests.discard(request)
                 holder.in_flight -= 1
+                if not holder.in_flight:
+                    holder.window.idle()
                 holder.lacks |= lacked
                 # Taken CIDs are the taker's now, skipped ones went back to the queue already:
                 # neither is done nor returned here.
@@ -411,6 +425,20 @@ class Transfer:
         self._pending.extendleft(reversed(nodes))
         self._pending.extend(leaves)
         self._notify()
+
+    async def _watch_rates(self) -> None:
+        """Drop every holder under MIN_SOURCE_RATE over a window; runs until cancelled."""
+        while True:
+            await trio.sleep(limits.SOURCE_RATE_WINDOW_S / 4)
+            for holder in self.holders.values():
+                reason = holder.window.too_slow() if holder.dropped is None else None
+                if reason is None:
+                    continue
+                self._drop(holder, reason)
+                # Its requests end now (TooSlowError in each worker) and their CIDs go back.
+                for request in self._requests:
+                    if request.holder is holder and request.scope is not None:
+                        request.scope.cancel()
 
     def _drop(self, holder: _Holder, reason: str) -> None:
         if holder.dropped is None:
@@ -441,7 +469,7 @@ class Transfer:
             self._skip(request, index[cid])
             if cid in request.stolen:
                 # It lacked what came before, and this one was moved: do not receive it twice.
-                log.debug("moved_block_started", holder=holder.peer[-8:], cid=str(cid))
+                log.debug("moved_block_started", holder=holder.peer, cid=str(cid))
                 raise _Abandoned
 
         async def on_block(block: VerifiedBlock) -> None:
@@ -465,8 +493,9 @@ class Transfer:
         with trio.CancelScope() as scope:
             request.scope = scope
 
-            def on_frame() -> None:
+            def on_frame(received: int = 0) -> None:
                 scope.deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
+                holder.window.add(received)
 
             on_frame()
             direct = self.direct.get(holder.peer)
@@ -475,7 +504,12 @@ class Transfer:
             stream = await self.open_stream(holder.peer)
             try:
                 lacked = await request_blocks(
-                    stream, request.cids, on_block, on_frame, on_block_start, request.arrived.add
+                    CountedStream(stream, holder.window.add),
+                    request.cids,
+                    on_block,
+                    on_frame,
+                    on_block_start,
+                    request.arrived.add,
                 )
             except BaseException:
                 # Also on cancellation: tell the holder to stop sending (bounded, shielded).
@@ -486,6 +520,8 @@ class Transfer:
             return lacked
         if request.abandoned:
             raise _Abandoned
+        if holder.dropped is not None:
+            raise trio.TooSlowError(holder.dropped)
         raise trio.TooSlowError(f"no progress for {limits.NO_PROGRESS_TIMEOUT_S} s")
 
     def report(self, root: CID) -> FetchReport:

@@ -43,6 +43,14 @@ STEAL_SLOWER_FACTOR = 4.0
 STEAL_MIN_OBSERVED_S = 1.0
 # A request that yields no frame for this long is abandoned and its blocks go to other holders.
 NO_PROGRESS_TIMEOUT_S = 10.0
+# A source (a holder or a gateway) with a request in flight that delivers fewer than
+# MIN_SOURCE_RATE bytes per second over SOURCE_RATE_WINDOW_S (bytes received on the wire, block
+# bytes or not) is dropped for the transfer and its work moved, whether or not it sends bytes:
+# a trickle resets NO_PROGRESS_TIMEOUT_S forever. 16 KiB/s is 1/1000 of what one honest holder
+# delivers on loopback and well under any link a run can use; 20 s lets a 1 MiB block at that
+# rate, a slow dial and admission fit. Rates are checked every SOURCE_RATE_WINDOW_S / 4.
+MIN_SOURCE_RATE = 16 * 1024
+SOURCE_RATE_WINDOW_S = 20.0
 # A requester that sends no complete REQUEST frame within this time has its stream reset.
 REQUEST_READ_TIMEOUT_S = 10.0
 # Largest yamux frame we send, its 12-byte header included (defect 12): one Noise transport

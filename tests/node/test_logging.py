@@ -261,6 +261,28 @@ def test_libp2p_standard_logging_becomes_structured_lines(
     configure_logging(json=True)
 
 
+def test_a_library_logger_with_its_own_info_level_stays_quiet_at_info(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """py-libp2p's auto-connector sets INFO on its own logger (issue 23: ``initiating 200 new
+    dials`` every 10 s in every node): at info its lines are not ours to print."""
+    import logging
+
+    import libp2p.network.auto_connector  # noqa: F401  (its module sets the logger's level)
+
+    chatty = logging.getLogger("libp2p.network.auto_connector")
+    assert chatty.level == logging.INFO  # the library's own setting
+    configure_logging(json=True)
+    chatty.info("Connections (%s) below target (%s); initiating %s new dials", 0, 200, 200)
+    chatty.warning("a real warning")
+    lines = capsys.readouterr().err.splitlines()
+    assert [json.loads(line)["message"] for line in lines] == ["a real warning"]
+    configure_logging(json=True, level="debug")
+    chatty.info("initiating %s new dials", 200)
+    assert json.loads(capsys.readouterr().err)["level"] == "info"  # --debug shows it
+    configure_logging(json=True)
+
+
 def test_console_lines_for_people(capsys: pytest.CaptureFixture[str]) -> None:
     configure_logging(json=False)
     structlog.get_logger("test").info("hello", n=1)

@@ -835,3 +835,32 @@ def test_pipelined_select_opens_streams_to_a_real_listener_and_hears_na() -> Non
                     await client.new_stream(info.peer_id, [TProtocol("/cnode-test/none/1")])
 
     trio.run(main)
+
+
+# -- 16. an auto-connector that dials peers the run does not need ----------------------------
+
+
+async def _auto_dialed(fix: bool, wait_s: float) -> bool:
+    """Whether a host that only knows a peer's address (never told to connect) dials it
+    within ``wait_s``."""
+    server, client = _host(), _host()
+    if fix:
+        defects.switch_off_auto_connector(client.get_network())
+        defects.switch_off_auto_connector(client.get_network())  # idempotent
+    async with server.run(LOOPBACK):
+        info = info_from_p2p_addr(server.get_addrs()[0])
+        client.get_peerstore().add_addrs(info.peer_id, info.addrs, 600)
+        async with client.run(LOOPBACK):
+            # The library's connector runs a cycle as it starts: a dial within a second or two.
+            with trio.move_on_after(wait_s):
+                while info.peer_id not in client.get_connected_peers():
+                    await trio.sleep(0.05)
+            return info.peer_id in client.get_connected_peers()
+
+
+def test_auto_connector_canary() -> None:
+    assert trio.run(_auto_dialed, False, 10.0)  # it dials within ~0.1 s
+
+
+def test_auto_connector_switched_off() -> None:
+    assert not trio.run(_auto_dialed, True, 1.0)

@@ -9,6 +9,7 @@ source, and nothing bad is stored.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,6 +25,7 @@ from cnode.node.p2p import (
     GatewayHolder,
     P2PSettings,
     gateway_client,
+    limits,
     open_p2p_node,
 )
 from cnode.storage import (
@@ -46,6 +48,7 @@ from .conftest import make_tensors
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 RAW_TYPE = "application/vnd.ipld.raw"
 CAR_TYPE = "application/vnd.ipld.car; version=1; order=dfs; dups=n"
+TRICKLE_S = 0.2  # the "trickle" gateway: 5 bytes/s (issue 29's was 1 byte per 5 s)
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,15 @@ def _bad_app(store: BlockStore, behaviour: str) -> web.Application:
                                 content_type="text/html")  # fmt: skip
         if behaviour == "slow":
             await asyncio.sleep(0.5)
+        if behaviour == "trickle":  # the right bytes, one per TRICKLE_S, until the client goes
+            response = web.StreamResponse(
+                headers={"Content-Type": RAW_TYPE, "Content-Length": str(len(data))}
+            )
+            await response.prepare(request)
+            for i in range(len(data)):
+                await asyncio.sleep(TRICKLE_S)
+                await response.write(data[i : i + 1])
+            return response
         if behaviour == "wrong-bytes" and cid.codec == RAW:
             data = data[:-1] + bytes([data[-1] ^ 1])
         if request.query.get("format") != "car":
@@ -205,3 +217,50 @@ def test_a_slow_gateways_work_moves_to_a_fast_one(
     assert verify_checkpoint(store, root).ok
     assert report.per_holder_bytes[f"gateway:{fast.url}"] > 0.8 * report.bytes
     assert report.seconds < 10  # the slow one alone: ~0.5 s x 30+ blocks / 2 workers
+
+
+# -- a trickling gateway (issue 29): the right bytes, far under MIN_SOURCE_RATE ---------------
+
+
+@pytest.fixture
+def short_window(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits, "SOURCE_RATE_WINDOW_S", 1.0)
+
+
+@pytest.mark.usefixtures("short_window")
+def test_a_trickling_gateway_alone_fails_naming_its_url(
+    origin: tuple[BlockStore, CID], tmp_path: Path, servers: ExitStack
+) -> None:
+    src, root = origin
+    url = servers.enter_context(app_thread(_bad_app(src, "trickle")))
+    store = BlockStore(tmp_path / "joiner")
+    start = time.monotonic()
+    with pytest.raises(FetchError, match="could not be fetched") as info:
+        fetch_via(store, root, [(url, "raw")])
+    assert time.monotonic() - start < 15  # a window or so, not the trickle's hours
+    assert f"'gateway:{url}': 'too slow:" in str(info.value)  # the whole URL
+    _nothing_bad_stored(store)
+
+
+@pytest.mark.usefixtures("short_window")
+def test_a_trickling_gateway_beside_an_honest_one_is_dropped_and_the_fetch_done(
+    origin: tuple[BlockStore, CID],
+    tmp_path: Path,
+    servers: ExitStack,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """End-game stealing off: only the rate rule moves the trickler's work (which includes the
+    manifest root when it takes that first: the case issue 29 saw stall for 150 s)."""
+    monkeypatch.setattr(limits, "STEAL_MIN_OBSERVED_S", 1e9)
+    src, root = origin
+    trickle = servers.enter_context(app_thread(_bad_app(src, "trickle")))
+    honest = servers.enter_context(gateway_thread(src))
+    alone = fetch_via(BlockStore(tmp_path / "alone"), root, [(honest.url, "raw")])
+    store = BlockStore(tmp_path / "joiner")
+    report = fetch_via(store, root, [(trickle, "raw"), (honest.url, "raw")])
+    assert verify_checkpoint(store, root).ok
+    assert "too slow" in report.dropped[f"gateway:{trickle}"]
+    assert report.per_holder_bytes == {f"gateway:{honest.url}": report.bytes}
+    # The honest one's own time, plus at most one window and a check interval (and slack
+    # for a loaded machine).
+    assert report.seconds < alone.seconds + 1.25 * limits.SOURCE_RATE_WINDOW_S + 5

@@ -161,6 +161,71 @@ def test_only_silent_holders_fail_after_timeout_and_keep_nothing(tmp_path: Path)
     assert not list(out.store.iter_cids())
 
 
+# -- a holder that trickles (issue 29): under MIN_SOURCE_RATE over a window ------------------
+
+# A trickler here sends one 1000-byte block per 8 s: a whole frame every 8 s keeps the
+# no-progress timer (10 s) from ever firing; 125 bytes/s is far under MIN_SOURCE_RATE.
+TRICKLE_BLOCK_S = 8.0
+
+
+@pytest.fixture
+def small_rates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 4 s window and a floor that suits 1000-byte test blocks: honest holders here send
+    ~4 kB/s, a trickler 2 x 125 bytes/s."""
+    monkeypatch.setattr(limits, "SOURCE_RATE_WINDOW_S", 4.0)
+    monkeypatch.setattr(limits, "MIN_SOURCE_RATE", 1000)
+
+
+@pytest.mark.usefixtures("small_rates")
+def test_a_trickling_holder_is_dropped_and_the_honest_one_finishes_at_its_own_speed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """End-game stealing is switched off, so only the rate rule can move the trickler's work:
+    the fetch ends about one window after the start, not at the trickler's pace (~48 s)."""
+    monkeypatch.setattr(limits, "STEAL_MIN_OBSERVED_S", 1e9)
+    blocks = blocks_of(24)
+    cids = list(blocks)
+    trickle = FakeHolder("trickler-peer-id-full", blocks, block_s=TRICKLE_BLOCK_S)
+    honest = FakeHolder("honest", blocks, block_s=0.5)
+    out = _run(tmp_path, [trickle, honest], cids)
+    assert out.error is None, out.error
+    assert set(out.store.iter_cids()) == set(cids)
+    assert trickle.requests  # it was given work
+    assert list(out.report.dropped) == ["trickler-peer-id-full"]
+    assert "too slow" in out.report.dropped["trickler-peer-id-full"]
+    assert "MIN_SOURCE_RATE" in out.report.dropped["trickler-peer-id-full"]
+    honest_alone = len(cids) * 0.5 / limits.MAX_IN_FLIGHT_PER_HOLDER
+    assert out.seconds <= honest_alone + 1.25 * limits.SOURCE_RATE_WINDOW_S + 1.0
+
+
+@pytest.mark.usefixtures("small_rates")
+def test_a_fetch_whose_only_holder_trickles_fails_naming_it(tmp_path: Path) -> None:
+    blocks = blocks_of(24)
+    cids = list(blocks)
+    out = _run(tmp_path, [FakeHolder("only-trickler-full-id", blocks, block_s=8.0)], cids)
+    assert out.error is not None
+    text = str(out.error)
+    assert "'only-trickler-full-id': 'too slow:" in text  # the whole id, not its tail
+    assert out.seconds <= 1.25 * limits.SOURCE_RATE_WINDOW_S + 0.01
+    assert out.report.dropped["only-trickler-full-id"].startswith("too slow")
+
+
+def test_a_holder_at_the_minimum_rate_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Steady at twice MIN_SOURCE_RATE (its pieces come 2 s apart, so a 4 s window sees a
+    little under its mean rate): never dropped, every block arrives."""
+    monkeypatch.setattr(limits, "SOURCE_RATE_WINDOW_S", 4.0)
+    blocks = blocks_of(24)
+    cids = list(blocks)
+    # ~1010 wire bytes per frame; two streams: 2 x 1010 / block_s bytes/s.
+    monkeypatch.setattr(limits, "MIN_SOURCE_RATE", 2 * 1000 / 8.0 / 2)
+    holder = FakeHolder("steady", blocks, block_s=8.0)
+    out = _run(tmp_path, [holder], cids)
+    _assert_fetched_once(out, [holder], cids)
+    assert out.report.dropped == {}
+
+
 # -- a holder that lacks some blocks ---------------------------------------------------------
 
 
