@@ -19,6 +19,8 @@ from ._codec import CODECS as CODECS
 from ._codec import decode_update_tensor as decode_update_tensor
 from ._codec import encode_update_tensor as encode_update_tensor
 from ._codec import encoded_nbytes as encoded_nbytes
+from ._codec import result_codec as result_codec
+from ._codec import wire_codec as wire_codec
 from ._exceptions import AggregationError as AggregationError
 from ._exceptions import AggregationInputError as AggregationInputError
 from ._exceptions import AggregatorConfigError as AggregatorConfigError
@@ -95,6 +97,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "new_attack",
     "partition_count",
     "partition_segments",
+    "result_codec",
     "score_assignment",
     "score_seed",
     "score_update",
@@ -105,5 +108,6 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "update_reputation",
     "validate_update",
     "verification_choice",
+    "wire_codec",
     "worker_momentum",
 ]

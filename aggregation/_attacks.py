@@ -24,6 +24,7 @@ from typing import Protocol
 import torch
 
 from . import limits
+from ._sparse_attack import sparse_spike
 
 __all__ = ["ATTACKS", "ATTACKS_DATA_LEVEL", "Attack", "flip_labels", "new_attack"]
 
@@ -162,6 +163,7 @@ _STATELESS: dict[str, Attack] = {
     "label_flip": label_flip,
     "nan": nan,
     "sign_flip": sign_flip,
+    "sparse_spike": sparse_spike,
 }
 
 # Names of attacks that act on the training data (the trainer applies flip_labels first).

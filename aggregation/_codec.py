@@ -1,6 +1,6 @@
 """Update codecs: how a peer's float32 update is put into bytes, and read back bit-identically.
 
-Three codecs (specs/training.md#update-codecs):
+Four codecs (specs/training.md#update-codecs):
 
 * ``f32``: the tensor as it is (float32, its shape);
 * ``bf16``: rounded to bfloat16 (its shape); decoding widens to float32, exactly;
@@ -12,6 +12,10 @@ Three codecs (specs/training.md#update-codecs):
   ``round(x / scale)`` in [-127, 127] per value. One layer's bytes are
   ``B x float32 LE scales`` then ``n x int8 values``, ``B = ceil(n / CODEC_BLOCK)``, stored as
   a 1-D uint8 tensor.
+* ``sparse-topk``: per chunk of ``SPARSE_CHUNK`` values the K largest magnitudes, 2 bits each,
+  with 12-bit offsets (``_sparse.py``). On the wire its name carries K: ``sparse-topk:64``
+  (:func:`wire_codec`); a partition's aggregate of a sparse run travels as ``sparse-int8:2K``
+  (:func:`result_codec`).
 
 Encoding runs on the sender only. Decoding runs on every receiver and must give the same bytes
 everywhere: it is ``float32(int8) * float32(scale)``, one exactly rounded IEEE product per
@@ -27,28 +31,60 @@ import torch
 
 from . import limits
 from ._exceptions import AggregationInputError, UpdateEncodingError
+from ._sparse import decode_sparse, encode_sparse, parse_sparse, sparse_nbytes_max
 
 __all__ = [
     "CODECS",
     "decode_update_tensor",
     "encode_update_tensor",
     "encoded_nbytes",
+    "result_codec",
+    "wire_codec",
 ]
 
-CODECS = ("bf16", "f32", "int8-blockwise")
+# The codecs a run may name (training.update_codec).
+CODECS = ("bf16", "f32", "int8-blockwise", "sparse-topk")
 _QMAX = 127
 # The largest scale whose products stay finite: 127 x scale <= float32 max.
 _MAX_SCALE = torch.finfo(torch.float32).max / _QMAX
 
 
+def wire_codec(name: str, density: float) -> str:
+    """The codec string updates of a run travel and are recorded with: ``name``, or for
+    ``sparse-topk`` ``sparse-topk:K`` with ``K = round(density x SPARSE_CHUNK)`` in
+    1..SPARSE_CHUNK (the receiver's bound on values per chunk)."""
+    _check_codec(name)
+    if name != "sparse-topk":
+        return name
+    if not (math.isfinite(density) and 0 < density <= 1):
+        raise AggregationInputError(f"update density {density!r} is not in (0, 1]")
+    k = min(limits.SPARSE_CHUNK, max(1, round(density * limits.SPARSE_CHUNK)))
+    return f"sparse-topk:{k}"
+
+
+def result_codec(codec: str) -> str:
+    """How a partition's aggregate of updates encoded with ``codec`` travels: the same codec,
+    except that a sparse run's aggregate keeps SPARSE_RESULT_FACTOR x K values per chunk with
+    8 bits each (``sparse-int8:2K``; it is not error-fed, so it gets more bits)."""
+    parsed = parse_sparse(codec)
+    if parsed is None:
+        _check_codec(codec)
+        return codec
+    k = min(limits.SPARSE_CHUNK, limits.SPARSE_RESULT_FACTOR * parsed[1])
+    return f"sparse-int8:{k}"
+
+
 def _check_codec(codec: str) -> None:
-    if codec not in CODECS:
+    if codec not in CODECS and parse_sparse(codec) is None:
         raise AggregationInputError(f"unknown update codec {codec!r} (known: {', '.join(CODECS)})")
 
 
 def encoded_nbytes(numel: int, codec: str) -> int:
-    """How many bytes ``codec`` makes of a tensor of ``numel`` values."""
+    """How many bytes ``codec`` makes of a tensor of ``numel`` values (for a sparse codec the
+    most it can make: every chunk at its quota)."""
     _check_codec(codec)
+    if parse_sparse(codec) is not None:
+        return sparse_nbytes_max(numel, codec)
     if codec == "f32":
         return 4 * numel
     if codec == "bf16":
@@ -70,6 +106,8 @@ def encode_update_tensor(tensor: torch.Tensor, codec: str) -> torch.Tensor:
         return t
     if codec == "bf16":
         return t.to(torch.bfloat16)
+    if parse_sparse(codec) is not None:
+        return encode_sparse(t.reshape(-1), codec)
     flat = t.reshape(-1)
     n = flat.numel()
     blocks = math.ceil(n / limits.CODEC_BLOCK)
@@ -93,7 +131,9 @@ def decode_update_tensor(encoded: torch.Tensor, codec: str, shape: tuple[int, ..
 
     Raises:
         UpdateEncodingError: the dtype, shape or length is wrong, a scale is NaN, Inf, negative
-            or so large that a value would overflow, or a value is -128 (outside [-127, 127]).
+            or so large that a value would overflow, or a value is -128 (outside [-127, 127]);
+            for a sparse codec also (``decode_sparse``) a chunk with too many values, an offset
+            out of range, duplicate or unsorted, or a padding bit set.
     """
     _check_codec(codec)
     numel = math.prod(shape)
@@ -104,6 +144,8 @@ def decode_update_tensor(encoded: torch.Tensor, codec: str, shape: tuple[int, ..
         if tuple(encoded.shape) != tuple(shape):
             raise UpdateEncodingError(f"shape {tuple(encoded.shape)}, expected {tuple(shape)}")
         return encoded.to(torch.float32).contiguous()
+    if parse_sparse(codec) is not None:
+        return decode_sparse(encoded, codec, numel).reshape(shape)
     if encoded.dtype != torch.uint8 or encoded.dim() != 1:
         raise UpdateEncodingError(
             f"int8-blockwise stores 1-D uint8 bytes, got {encoded.dtype} of shape "

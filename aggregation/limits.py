@@ -29,6 +29,16 @@ TILE_WORK_ELEMENTS = 1 << 17
 # value. 4096 keeps the scales at 0.1% of the bytes (ratio to f32: 0.2510).
 CODEC_BLOCK = 4096
 
+# Sparse update codecs (_sparse.py, specs/aggregation.md#sparse-codecs). Part of the wire format.
+# Values per chunk: each chunk keeps its own top K and addresses them with 12-bit offsets.
+SPARSE_CHUNK = 4096
+# K per chunk of a run's updates (training.update_density x SPARSE_CHUNK) when nothing else is
+# said: 1/64, SparseLoCo's density, measured on bench/codec_loss.py (specs/training.md).
+SPARSE_DEFAULT_K = 64
+# A partition's aggregate in a sparse run keeps RESULT_FACTOR x K values per chunk: the largest
+# of the union of its inputs' supports, so what every member fetches stays flat in n.
+SPARSE_RESULT_FACTOR = 2
+
 # Partitioned aggregation (_partition.py, specs/aggregation.md "Partitioned aggregation"): the
 # flat update is cut into SEGMENTS segments of equal size (within one value), the unit a
 # partition is made of and the layer an update is stored as. A fixed count, not a fixed size, so
@@ -74,6 +84,7 @@ IPM_EPSILON = 0.1  # inner-product manipulation: send -epsilon x mean of honest 
 IPM_LARGE_EPSILON = 10.0  # the variant aimed at the plain mean
 STALE_DELAY_ROUNDS = 5  # the stale attacker replays its own update from this many rounds ago
 ALIE_MAX_Z = 3.0  # cap on z when f is so large that the formula's quantile reaches 1
+SPIKE_FRACTION = 1 / 4096  # sparse_spike: share of coordinates holding the whole budget
 
 # Scores and reputation (_scores.py, specs/aggregation.md "Scores and reputation"). Part of the
 # result: every node of a run must use the same values, or admission, hence the aggregate, differs.

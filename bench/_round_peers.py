@@ -167,9 +167,9 @@ class _Peer:
         from cnode.storage import manifest_closure
 
         t: dict[str, Any] = dict.fromkeys(
-            ("wait", "fetch", "aggregate", "results", "verify", "assemble"), 0.0
+            ("wait", "fetch", "scores", "aggregate", "results", "verify", "assemble"), 0.0
         )
-        t.update(fetched_bytes=0, verify_bytes=0, retries=0)
+        t.update(fetched_bytes=0, verify_bytes=0, score_bytes=0, retries=0)
         t0, c0 = time.perf_counter(), time.process_time()
         own = await trio.to_thread.run_sync(self.trainer.train, round_)
         t["train"] = own.local.seconds
@@ -267,6 +267,9 @@ class _Peer:
         t["fetch"] = time.perf_counter() - t3
         t["cpu_fetch"] = time.process_time() - c3
         await self._barrier("fetched", round_, t)  # as in full mode: phases timed apart
+        if trainer.scoring is not None:
+            await self._scores(round_, mine, t)
+            await self._barrier("scored", round_, t)
         # aggregate: CenteredClip of the partition, its output stored, the result signed
         t4, c4 = time.perf_counter(), time.process_time()
         results: dict[int, tuple[Any, Any]] = {}
@@ -342,6 +345,43 @@ class _Peer:
         )
         t["assemble"] = time.perf_counter() - t9
         t["cpu_assemble"] = time.process_time() - c9
+
+    async def _scores(self, round_: int, mine: dict[str, Any], t: dict[str, Any]) -> None:
+        """As a partitioned round with scores: this peer's score targets (targets_of), each
+        update whole from its author, and their four losses (RoundScoring.measure). The bench
+        then aggregates every input (no admission: the records are not exchanged)."""
+        import trio
+
+        from cnode.aggregation import score_seed
+        from cnode.node.train import load_update
+        from cnode.node.train.scores import targets_of
+
+        trainer, me = self.trainer, self.trainer.peer
+        seed = score_seed(str(cid) for cid, _header in mine.values())
+        targets = [p for p in targets_of(RUN, round_, sorted(mine), me) if p != me]
+        began, cpu = time.perf_counter(), time.process_time()
+
+        async def fetch(peer: str) -> None:
+            got = await self._tries(t, peer, self.node.fetch, mine[peer][1].update, [peer])
+            t["score_bytes"] += got.bytes
+
+        with trio.fail_after(WAIT_S):
+            async with trio.open_nursery() as nursery:
+                for peer in targets:
+                    nursery.start_soon(fetch, peer)
+
+        def measure() -> None:
+            assert trainer.scoring is not None
+            for peer in targets:
+                update = load_update(
+                    trainer.store, mine[peer][1].update, peer=peer,
+                    codec=trainer.config.wire_codec, shapes=trainer.state,
+                )  # fmt: skip
+                trainer.scoring.measure(seed, trainer.state, peer, update)
+
+        await trio.to_thread.run_sync(measure)
+        t["scores"] = time.perf_counter() - began
+        t["cpu_scores"] = time.process_time() - cpu
 
     async def _fetch_result(
         self,

@@ -5,10 +5,14 @@ for ``--rounds`` rounds in one process; updates travel as blocks copied between 
 (what the block exchange does), each round aggregated by every node with CenteredClip. Only the
 run's ``update_codec`` differs between runs, so the loss difference is the codec's (with error
 feedback for the lossy ones). ``cnode demo --codec`` shows the same on real processes, but its
-identities, hence shards, are fresh each time.
+identities, hence shards, are fresh each time. ``--partitioned``: each round is partitioned
+instead (4 partitions, node p aggregates partition p, every node applies the 4 outputs), so the
+result codec (``sparse-int8:2K`` in a sparse run) is in the loop too; the wire bytes then also
+count the 3 other partitions' outputs.
 
     .venv/bin/python bench/codec_loss.py                       # f32, bf16, int8-blockwise
     .venv/bin/python bench/codec_loss.py --rounds 8 --codec f32 int8-blockwise
+    .venv/bin/python bench/codec_loss.py --codec f32 sparse-topk --density 0.015625 0.03125
 """
 
 from __future__ import annotations
@@ -30,14 +34,50 @@ from cnode.storage import BlockStore, manifest_closure
 PEERS = 4
 
 
-def _run(codec: str, rounds: int, work: Path) -> tuple[list[float], int, str]:
-    config = TrainingConfig.from_dict({"update_codec": codec})
+def _copy(src: BlockStore, dst: BlockStore, root: object) -> int:
+    """Copy the blocks of the manifest ``root`` that ``dst`` lacks; the bytes copied."""
+    copied = 0
+    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
+        if not dst.has(cid):
+            dst.put(cid, src.get(cid))
+            copied += src.size(cid)
+    return copied
+
+
+def _partitioned_round(nodes: list[NodeTrainer], round_: int, headers: dict) -> int:
+    """Node p aggregates partition p; every node fetches the others' outputs and applies all.
+    Returns the bytes of outputs node 0 fetched."""
+    parts = len(nodes)
+    results = {}
+    for p, node in enumerate(nodes):
+        envelope, result = node.aggregate_partition(
+            round_, headers, partition=p, parts=parts, missing={}
+        )
+        cid = node.store.put_new(envelope, 0x71)
+        results[p] = (cid, result)
+    wire = 0
+    for node in nodes:
+        for p, (cid, result) in results.items():
+            node.store.put(cid, nodes[p].store.get(cid))
+            if result.output is not None:
+                got = _copy(nodes[p].store, node.store, result.output)
+                wire += got if node is nodes[0] else 0
+    outputs = {p: r.output for p, (_, r) in results.items()}
+    for node in nodes:
+        node.apply_partitions(round_, results, outputs, parts=parts, dropped={})
+    return wire
+
+
+def _run(
+    codec: str, rounds: int, work: Path, density: float = 1 / 64, partitioned: bool = False
+) -> tuple[list[float], int, str]:
+    config = TrainingConfig.from_dict({"update_codec": codec, "update_density": density})
     nodes = [
         NodeTrainer(
             config,
             run="bench",
             identity=Identity.from_seed(bytes([i + 1]) * 32),
-            store=BlockStore(work / codec / f"n{i}"),
+            store=BlockStore(work / f"{codec}-{density}" / f"n{i}"),
         )
         for i in range(PEERS)
     ]
@@ -54,7 +94,10 @@ def _run(codec: str, rounds: int, work: Path) -> tuple[list[float], int, str]:
                 node.store.put(o.header_cid, o.envelope)
                 header = open_update_header(o.envelope, run="bench", round_=round_)
                 headers[src.peer] = (o.header_cid, header)
-            node.aggregate(round_, headers, {})
+            if not partitioned:
+                node.aggregate(round_, headers, {})
+        if partitioned:
+            wire += _partitioned_round(nodes, round_, headers)
         assert len({n.state_cid for n in nodes}) == 1
         losses.append(nodes[0].evaluate())
     return losses, wire, str(nodes[0].state_cid)
@@ -64,14 +107,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--codec", nargs="+", choices=CODECS, default=list(CODECS))
+    parser.add_argument(
+        "--density",
+        nargs="+",
+        type=float,
+        default=[1 / 64],
+        help="sparse-topk: training.update_density values to run (one run each)",
+    )
+    parser.add_argument("--partitioned", action="store_true", help="partitioned rounds")
     args = parser.parse_args()
+    runs = [
+        (f"{c}@{d:g}" if c == "sparse-topk" else c, c, d)
+        for c in args.codec
+        for d in (args.density if c == "sparse-topk" else [1 / 64])
+    ]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory(prefix="cnode-codec-loss-") as tmp:
-        for codec in args.codec:
+        for codec, name, density in runs:
             began = time.perf_counter()
-            losses, wire, state = _run(codec, args.rounds, Path(tmp))
+            losses, wire, state = _run(name, args.rounds, Path(tmp), density, args.partitioned)
             results[codec] = (losses, wire)
             print(
                 f"{codec:>15}: loss per round {' '.join(f'{v:.4f}' for v in losses)}; "
@@ -84,7 +140,7 @@ def main() -> None:
             print(
                 f"{codec:>15} vs f32 after {args.rounds} rounds: loss {losses[-1]:.4f} vs "
                 f"{ref_loss:.4f} ({(losses[-1] / ref_loss - 1) * 100:+.2f}%), bytes "
-                f"{wire / ref_wire:.3f}x"
+                f"{wire / ref_wire:.4f}x"
             )
 
 

@@ -19,10 +19,12 @@ CenteredClip (cnode.aggregation.scored_config). "centered_clip" is the previous 
 aggregates each of N_PEERS contiguous partitions apart (aggregate_partition) with SEGMENT = 64
 values per segment: the MLP's 2410 values make 38 segments, 3 or 4 per partition, so partitions
 differ by at most one segment, as with real models whose partitions hold many segments of
-SEGMENT_VALUES. --pre nnm | bucket2 are bench-only experiments (bench/_mixing.py).
+SEGMENT_VALUES. --pre nnm | bucket2 are bench-only experiments (bench/_mixing.py). --codec
+sends every update through an update codec with error feedback (bench/_codec_pass.py).
 
     nice -n 5 .venv/bin/python bench/robustness.py --mode full,partitioned --json  # ~4 min
     .venv/bin/python bench/robustness.py --quick    # one seed, 20 rounds, ~12 s
+    .venv/bin/python bench/robustness.py --codec sparse-topk --aggregators mean,scored_clip
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from pathlib import Path
 
 import structlog
 import torch
+from _codec_pass import through_codec, wire
 from sklearn.datasets import load_digits
 
 from cnode.aggregation import (
@@ -259,6 +262,10 @@ def score_round(
     return seed, scores
 
 
+# --codec, as its wire string (one setting per invocation; a list so main() can set it).
+CODEC = ["f32"]
+
+
 def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float:
     xtr, ytr, xhe, yhe, xte, yte = load_data(s.seed)
     shards = make_shards(ytr, s.shards, s.seed)
@@ -279,6 +286,7 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
     g = torch.Generator().manual_seed(5000 + s.seed)
     rng = torch.Generator().manual_seed(6000 + s.seed)
     momenta: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
+    residuals: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
     prev = None
     reputation: dict[str, int] = {}
     policy = ReputationPolicy()
@@ -289,9 +297,14 @@ def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float
             sent = list(momenta)
         else:
             sent = list(deltas)
+        for i in range(N_PEERS) if CODEC[0] != "f32" else []:
+            if i not in attackers:
+                sent[i], residuals[i] = through_codec(sent[i], residuals[i], CODEC[0])
         honest = [sent[i] for i in range(N_PEERS) if i not in attackers]
         for a in attackers if not absent else []:
             sent[a] = attacks[a](honest, sent[a], rng, N_PEERS, s.f)
+            if CODEC[0] != "f32":
+                sent[a] = through_codec(sent[a], None, CODEC[0])[0]
         present = [i for i in range(N_PEERS) if not (absent and i in attackers)]
         received = {ids[i]: sent[i] for i in present}
         if s.aggregator in SCORED:
@@ -349,7 +362,11 @@ def main() -> int:
     ap.add_argument("--f", default="4", help="attacker counts (comma-separated)")
     ap.add_argument("--mode", default="full", help="full | partitioned | full,partitioned")
     ap.add_argument("--json", action="store_true", help="end with one JSON line (default row)")
+    ap.add_argument(
+        "--codec", default="f32", help="update codec: f32 | int8-blockwise | sparse-topk"
+    )
     args = ap.parse_args()
+    CODEC[0] = wire(args.codec)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(1)
 
@@ -399,7 +416,7 @@ def main() -> int:
         f"# final test accuracy %, n={N_PEERS}, rounds={rounds}, seeds={len(seeds)}, "
         f"momentum={args.momentum}, tau_scale={_or_default(args.tau_scale)}, "
         f"reject_score={_or_default(args.reject_score)}, start={_or_default(args.start)}, "
-        f"pre={args.pre}, scored_reject={args.scored_reject}"
+        f"pre={args.pre}, scored_reject={args.scored_reject}, codec={CODEC[0]}"
     )
     for mode in modes:
         for shards in shard_kinds:

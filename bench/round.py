@@ -15,13 +15,17 @@ which). Per round, each cnode peer:
 ``--mode full`` (every peer fetches every update and aggregates everything):
 
 * fetch      the other N-1 updates whole, every block verified against its CID;
-* aggregate  CenteredClip of all N updates, apply, state CID.
+* aggregate  scores of all N updates (training.scores), CenteredClip of the admitted, apply,
+             state CID.
 
 ``--mode partitioned`` (parts = partition_count(N, SEGMENTS), aggregators =
 assign_partitions("bench", round, sorted peer ids, parts)):
 
 * fetch      this peer's partition's segments of the N-1 other updates (fetch_update_segments,
              from each update's author);
+* scores     this peer's score targets (targets_of: 2 of the others), each update whole from its
+             author, and their four losses (RoundScoring.measure); the records are not
+             exchanged, so the partitions aggregate every input with scored_config();
 * aggregate  CenteredClip of the partition (NodeTrainer.aggregate_partition), output stored,
              result signed and stored; its CID goes to the others as a file in the work dir
              (bench-only coordination, like the address files: the coordinator is left out);
@@ -37,13 +41,21 @@ wall time when other work shares the machine); bytes received per peer per round
 split into exchange (inputs + results) and verification; whether every peer ends on one state CID.
 The baseline runs in the same invocation: N processes with torch.distributed (gloo, loopback), the
 same model and step, ``all_reduce(delta) / N`` and apply. ``overhead_s`` = publish + fetch +
-aggregate + results + verify + assemble (the medians): what a round costs beyond training and
-waiting for the slowest trainer; compared with the all-reduce. No coordinator is involved.
+scores + aggregate + results + verify + assemble (the medians): what a round costs beyond
+training and waiting for the slowest trainer; compared with the all-reduce. No coordinator is
+involved.
+Where a venv has hivemind 1.1.12 (``CNODE_BENCH_HIVEMIND_PYTHON`` or /opt/hivemind-venv, never a
+cnode dependency), its all-reduce of the same float32 model runs too (bench/_hivemind_allreduce.py:
+N processes, DecentralizedAverager, matchmaking done before the timed trigger) and each swarm's
+overhead is compared with it. Bytes in per peer are also given as a ratio to an f32 update
+(``in_vs_f32``: exchange + verification + scores, everything a peer receives but headers).
+Scores are on, as in a default run: in full mode ``aggregate`` scores every update (they are all
+held); in partitioned mode each peer fetches its score targets whole and measures their losses.
 
 ``--json`` ends the output with ONE JSON line. One swarm: ``{"peers", "mode", "codec", "params",
 "update_bytes", "bytes_in_per_peer", "bytes_in_ratio", "verify_bytes_per_peer", "verify_ratio",
-"overhead_s", "allreduce_s", "overhead_vs_allreduce", "phases": {phase: s}, "cpu": {phase: CPU s},
-"states"}``
+"overhead_s", "allreduce_s", "overhead_vs_allreduce", "bytes_in_vs_f32", "hivemind_s",
+"overhead_vs_hivemind", "phases": {phase: s}, "cpu": {phase: CPU s}, "states"}``
 (``allreduce_s`` and the ratio null with ``--no-baseline``; ``states``: distinct final state
 CIDs, 1 when the peers agree). Several swarms: ``{"peers", "params", "allreduce_s", "runs":
 [one object as above per swarm]}``.
@@ -66,6 +78,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _hivemind_allreduce import measure as hivemind_allreduce
 from _round_peers import allreduce_peer, cnode_peer
 
 # n_layer=6, n_embd=368 (4 heads), vocab 1024, 64 positions: 10,152,000 parameters (+ LayerNorms).
@@ -74,15 +87,19 @@ TRAINING = {
     "local_steps": 1,
     "batch_size": 4,
     "data": {"eval_sequences": 8},
+    "scores": True,  # as in a default run (TrainingConfig.for_run)
 }
 # For many peers on a small machine: n_layer=3, n_embd=192.
 SMALL = {**TRAINING, "model": {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_positions": 64}}
-PHASES = ("train", "publish", "wait", "fetch", "aggregate", "results", "verify", "assemble")
-OVERHEAD = ("publish", "fetch", "aggregate", "results", "verify", "assemble")
+PHASES = (
+    "train", "publish", "wait", "fetch", "scores", "aggregate", "results", "verify", "assemble"
+)  # fmt: skip
+OVERHEAD = ("publish", "fetch", "scores", "aggregate", "results", "verify", "assemble")
 # Process CPU per phase (train and publish share one worker-thread call: measured together).
 CPU = (
     "train_publish",
     "fetch",
+    "scores",
     "aggregate",
     "results",
     "verify_fetch",
@@ -124,7 +141,7 @@ def _median(results: list[list[dict[str, Any]]], key: str, skip_first: bool) -> 
 
 
 def _report_cnode(
-    mode: str, codec: str, cnode: list[list[dict[str, Any]]], skip: bool, n: int
+    mode: str, codec: str, cnode: list[list[dict[str, Any]]], skip: bool, n: int, params: int
 ) -> dict[str, Any]:
     phases = {k: _median(cnode, k, skip) for k in (*PHASES, "round")}
     cpu_note = ", first round left out" if skip else ""
@@ -145,14 +162,22 @@ def _report_cnode(
     update = _median(cnode, "update_bytes", False)
     fetched = _median(cnode, "fetched_bytes", skip)
     verify = _median(cnode, "verify_bytes", skip)
+    scored = _median(cnode, "score_bytes", skip)
     states = {r["state"] for peer in cnode for r in peer[-1:]}
     overhead = sum(phases[k] for k in OVERHEAD)
     print(
         f"  update: {update / 1e6:.2f} MB (all its blocks); received per peer per round: "
         f"exchange {fetched / 1e6:.2f} MB = {fetched / update:.2f}x the update, "
-        f"verification {verify / 1e6:.2f} MB = {verify / update:.2f}x"
+        f"verification {verify / 1e6:.2f} MB = {verify / update:.2f}x, "
+        f"scores {scored / 1e6:.2f} MB = {scored / update:.2f}x"
     )
-    print(f"  overhead_s (publish+fetch+aggregate+results+verify+assemble): {overhead:.3f}")
+    f32 = 4 * params
+    print(
+        f"  received per peer per round, vs an f32 update ({f32 / 1e6:.2f} MB): exchange "
+        f"{fetched / f32:.4f}x, verification {verify / f32:.4f}x, scores {scored / f32:.4f}x, "
+        f"all {(fetched + verify + scored) / f32:.4f}x"
+    )
+    print(f"  overhead_s (publish+fetch+scores+aggregate+results+verify+assemble): {overhead:.3f}")
     print(f"  every peer ends on one state: {len(states) == 1} ({', '.join(sorted(states))[:120]})")
     retries = sum(r.get("retries", 0) for peer in cnode for r in peer)
     print(f"  fetches retried (a holder starved past NO_PROGRESS_TIMEOUT_S): {retries}")
@@ -166,6 +191,8 @@ def _report_cnode(
         "bytes_in_ratio": round(fetched / update, 4),
         "verify_bytes_per_peer": int(verify),
         "verify_ratio": round(verify / update, 4),
+        "score_bytes_per_peer": int(scored),
+        "bytes_in_vs_f32": round((fetched + verify + scored) / f32, 5),
         "overhead_s": round(overhead, 4),
         "phases": {k: round(v, 4) for k, v in phases.items()},
         "cpu": {k: round(v, 4) for k, v in cpu.items()},
@@ -229,7 +256,7 @@ def main() -> None:
         for codec in args.codec:
             spec = {**base_spec, "mode": mode, "codec": codec}
             cnode = _run(cnode_peer, n, lambda i, tmp, out, s=spec: (i, s, tmp, out))
-            runs.append({**_report_cnode(mode, codec, cnode, skip, n), "params": params})
+            runs.append({**_report_cnode(mode, codec, cnode, skip, n, params), "params": params})
             sys.stdout.flush()
     allreduce: float | None = None
     if not args.no_baseline:
@@ -241,16 +268,31 @@ def main() -> None:
         for key, value in b_rows:
             print(f"  {key:<10} {value:8.3f}")
         allreduce = dict(b_rows)["allreduce"]
+    hivemind = None if args.no_baseline else hivemind_allreduce(n, params)
+    if hivemind is not None:
+        print(
+            f"\nhivemind 1.1.12 all-reduce (DecentralizedAverager, {n} processes, the same "
+            f"float32 model, matchmaking excluded): median {hivemind[0]:.3f} s, max "
+            f"{hivemind[1]:.3f} s"
+        )
     print(f"\nsummary, {n} peers, {params:,} parameters:")
-    print("  mode         codec            bytes_in  verify  overhead_s  allreduce_s  ratio")
+    print(
+        "  mode         codec          bytes_in  verify  in_vs_f32  overhead_s  allreduce_s  ratio"
+    )
     for run in runs:
         run["allreduce_s"] = None if allreduce is None else round(allreduce, 4)
         ratio = None if not allreduce else run["overhead_s"] / allreduce
         run["overhead_vs_allreduce"] = None if ratio is None else round(ratio, 3)
+        run["hivemind_s"] = None if hivemind is None else round(hivemind[0], 4)
+        run["overhead_vs_hivemind"] = (
+            None if hivemind is None else round(run["overhead_s"] / hivemind[0], 3)
+        )
         print(
-            f"  {run['mode']:<12} {run['codec']:<16} {run['bytes_in_ratio']:7.2f}x "
-            f"{run['verify_ratio']:6.2f}x {run['overhead_s']:10.3f}  "
+            f"  {run['mode']:<12} {run['codec']:<14} {run['bytes_in_ratio']:7.2f}x "
+            f"{run['verify_ratio']:6.2f}x {run['bytes_in_vs_f32']:9.4f}x "
+            f"{run['overhead_s']:10.3f}  "
             f"{allreduce or float('nan'):10.3f}  {ratio or float('nan'):5.2f}x"
+            + (f"  vs hivemind {run['overhead_vs_hivemind']:.2f}x" if hivemind else "")
         )
     if args.json:
         if len(runs) == 1:

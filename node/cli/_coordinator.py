@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -100,9 +101,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     new.add_argument(
         "--update-codec",
-        choices=("f32", "bf16", "int8-blockwise"),  # cnode.aggregation.CODECS, without torch
+        choices=("f32", "bf16", "int8-blockwise", "sparse-topk"),  # aggregation.CODECS, no torch
         default="int8-blockwise",
-        help="how updates travel: training.update_codec (default int8-blockwise, 0.25x f32)",
+        help="how updates travel: training.update_codec (default int8-blockwise, 0.25x f32; "
+        "sparse-topk: the largest 1/64 of each chunk, 2 bits each, 0.0072x f32)",
+    )
+    new.add_argument(
+        "--update-density",
+        type=float,
+        default=None,
+        help="sparse-topk only: training.update_density, the share of values sent (default 1/64)",
     )
     new.add_argument(
         "--partitioned",
@@ -237,6 +245,13 @@ async def _serve_http(
 
 
 def _new_run(args: argparse.Namespace) -> int:
+    density = args.update_density
+    if density is not None and (args.update_codec != "sparse-topk" or not 0 < density <= 1):
+        print(
+            "error: --update-density must be in (0, 1] and goes with --update-codec sparse-topk",
+            file=sys.stderr,
+        )
+        return 2
     identity = key_identity(args.key)
     bind_context(peer=identity.peer_id_str, run=args.run)
     config = RunConfig(
@@ -250,7 +265,11 @@ def _new_run(args: argparse.Namespace) -> int:
         ),
         access=AccessConfig(users=args.user, peers=args.peer, orgs=args.org),
         network=NetworkConfig(allow_private_addrs=args.allow_private_addrs),
-        training={"update_codec": args.update_codec, "partitioned": args.partitioned},
+        training={
+            "update_codec": args.update_codec,
+            "partitioned": args.partitioned,
+            **({} if args.update_density is None else {"update_density": args.update_density}),
+        },
     )
     config.check()
     args.out.write_text(tomli_w.dumps(config.to_dict()), encoding="utf-8")

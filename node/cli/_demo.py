@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--codec",
         default="int8-blockwise",
-        choices=("f32", "bf16", "int8-blockwise"),
+        choices=("f32", "bf16", "int8-blockwise", "sparse-topk"),
         help="how updates travel: the run's training.update_codec (default int8-blockwise)",
     )
     parser.set_defaults(handler=_handle)

@@ -27,6 +27,7 @@ from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
 from ._round import header_cid as header_cid
+from ._round import load_update as load_update
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
 from ._trainer import NodeTrainer as NodeTrainer
@@ -120,6 +121,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "header_cid",
     "input_segments",
     "load_state",
+    "load_update",
     "model_numel",
     "model_state",
     "open_partition_result",

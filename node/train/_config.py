@@ -11,7 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from cnode.aggregation import CODECS
+from cnode.aggregation import CODECS, AggregationInputError, result_codec, wire_codec
 
 from . import limits
 from ._exceptions import TrainingConfigError
@@ -153,6 +153,10 @@ class TrainingConfig:
     # meant (old runs, and the extra.training of their checkpoints, which replay reads); new
     # runs (`cnode demo`, bench/round.py, the README's run config) write "int8-blockwise".
     update_codec: str = "f32"
+    # sparse-topk only: the share of values each chunk of an update keeps (K = round(density x
+    # 4096) per chunk; specs/training.md#update-codecs). Recorded with the run's config, so a
+    # replay reads updates with the same bound.
+    update_density: float = 1 / 64
     # Partitioned rounds (specs/training.md#partitioned-rounds): "auto" partitions a round whose
     # published member list has at least PARTITION_MIN_MEMBERS members, "always" every round,
     # "never" none (full replication: every member aggregates everything). The coordinator reads
@@ -171,8 +175,22 @@ class TrainingConfig:
     def samples_per_round(self) -> int:
         return self.local_steps * self.batch_size
 
+    @property
+    def wire_codec(self) -> str:
+        """The codec string updates are encoded, recorded and checked with (``sparse-topk:64``
+        for sparse-topk at density 1/64; the codec's name for the others)."""
+        return wire_codec(self.update_codec, self.update_density)
+
+    @property
+    def result_codec(self) -> str:
+        """The codec string a partition's aggregate is encoded with (``cnode.aggregation.
+        result_codec``): the update codec, or ``sparse-int8:2K`` in a sparse run."""
+        return result_codec(self.wire_codec)
+
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        if self.update_codec != "sparse-topk" and self.update_density == 1 / 64:
+            del out["update_density"]  # only sparse reads it: other runs keep their bytes
         if not self.scores:  # absent = off, so runs without scores keep their bytes
             del out["scores"]
         return out
@@ -230,6 +248,10 @@ class TrainingConfig:
             raise TrainingConfigError(
                 f"training.update_codec {self.update_codec!r} is not one of {', '.join(CODECS)}"
             )
+        try:
+            self.wire_codec  # noqa: B018 (checks update_density)
+        except AggregationInputError as exc:
+            raise TrainingConfigError(f"training.update_density: {exc}") from exc
         if not 0 <= self.verify_partitions <= limits.MAX_VERIFY_PARTITIONS:
             raise TrainingConfigError(
                 f"training.verify_partitions must be 0..{limits.MAX_VERIFY_PARTITIONS}"

@@ -212,7 +212,7 @@ class NodeTrainer:
             # Testing aid (`--attack`): send what the attack harness makes of the honest update.
             delta = self.attack([], delta, self._rng, 1, 1)
             delta = {k: t.to(torch.float32).contiguous() for k, t in delta.items()}
-        codec = self.config.update_codec
+        codec = self.config.wire_codec
         if self.residual is not None and self.residual.round == round_ - 1:
             delta = {k: t + self.residual.tensors[k] for k, t in delta.items()}
         encoded, decoded = encode_update(delta, codec)
@@ -270,7 +270,7 @@ class NodeTrainer:
                     self.store,
                     header.update,
                     peer=peer,
-                    codec=self.config.update_codec,
+                    codec=self.config.wire_codec,
                     shapes=self.state,
                 )
             except MalformedUpdateError as exc:
@@ -348,7 +348,9 @@ class NodeTrainer:
         output = work.output
         if self.attack_name == "wrong_partition" and output is not None:
             # Testing aid (`--attack wrong_partition`): sign an output its inputs do not give.
-            output = store_wrong_output(self.store, output, self.config.update_codec)
+            output = store_wrong_output(
+                self.store, output, self.config.result_codec, numel=state_numel(self.state)
+            )
         result = PartitionResult(
             self.run,
             round_,

@@ -82,3 +82,18 @@ def test_flip_labels_and_momentum() -> None:
     m = worker_momentum(None, u, 0.9)
     m = worker_momentum(m, {"a": torch.zeros(3)}, 0.9)
     assert torch.allclose(m["a"], torch.full((3,), 0.9))
+
+
+def test_sparse_spike_puts_the_whole_norm_in_a_few_coordinates_against_the_mean() -> None:
+    honest, own = _setup()
+    out = ATTACKS["sparse_spike"](honest, own, torch.Generator(), 10, 4)
+    flat = torch.cat([out[k].reshape(-1).double() for k in sorted(out)])
+    norm = torch.cat([own[k].reshape(-1).double() for k in sorted(own)]).norm()
+    kept = flat != 0
+    assert int(kept.sum()) == max(1, -(-flat.numel() // 4096))
+    assert float(flat.norm()) == pytest.approx(float(norm), rel=1e-5)
+    mean = torch.cat(
+        [torch.stack([u[k].reshape(-1).double() for u in honest]).mean(0) for k in sorted(own)]
+    )
+    assert bool((flat[kept].sign() == -mean[kept].sign()).all())
+    assert float(mean[kept].abs().min()) >= float(mean[~kept].abs().max())

@@ -51,6 +51,11 @@ def test_round_trip_sizes_and_error_bounds(codec: str, shape: tuple[int, ...]) -
         assert torch.equal(decoded, x)
     elif codec == "bf16":
         assert torch.equal(decoded, x.to(torch.bfloat16).to(torch.float32))
+    elif codec == "sparse-topk":  # at most K per chunk, each kept value where the input was
+        back = decoded.reshape(-1)
+        for start in range(0, back.numel(), limits.SPARSE_CHUNK):
+            assert int((back[start : start + limits.SPARSE_CHUNK] != 0).sum()) <= 64
+        assert bool((x.reshape(-1)[back != 0] != 0).all())
     else:  # each value within half a step (absmax / 254) of its block
         flat, back = x.reshape(-1), decoded.reshape(-1)
         for start in range(0, flat.numel(), limits.CODEC_BLOCK):

@@ -8,6 +8,16 @@ def test_all_is_sorted_and_resolves() -> None:
 
 
 def test_attack_registry_is_complete() -> None:
-    expected = {"alie", "gaussian", "ipm", "ipm_large", "label_flip", "nan", "sign_flip", "stale"}
+    expected = {
+        "alie",
+        "gaussian",
+        "ipm",
+        "ipm_large",
+        "label_flip",
+        "nan",
+        "sign_flip",
+        "sparse_spike",
+        "stale",
+    }
     assert set(pkg.ATTACKS) == expected
     assert {"label_flip"} == pkg.ATTACKS_DATA_LEVEL

@@ -235,7 +235,7 @@ def replay_rounds(
                     store,
                     header.update,
                     peer=header.peer,
-                    codec=config.update_codec,
+                    codec=config.wire_codec,
                     shapes=state,
                 )
             except PeerUpdateError as exc:
@@ -293,7 +293,7 @@ def _replay_spread(
             raise CatchUpError(f"round {number}: the disputed update of {target} is not listed")
         update = load_update(
             store, by_peer[target][1].update, peer=target,
-            codec=scoring.config.update_codec, shapes=parent,
+            codec=scoring.config.wire_codec, shapes=parent,
         )  # fmt: skip
         recomputed[target] = TargetLosses(
             cids[target], *scoring.measure(seed, parent, target, update)

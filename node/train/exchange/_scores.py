@@ -174,7 +174,7 @@ class PartitionScores:
                 trainer.store,
                 header.update,
                 peer=target,
-                codec=trainer.config.update_codec,
+                codec=trainer.config.wire_codec,
                 shapes=trainer.state,
             )
         except (MalformedUpdateError, PeerUpdateError) as exc:

@@ -267,7 +267,7 @@ def aggregate_own_partition(
                 store,
                 header.update,
                 peer=member,
-                codec=config.update_codec,
+                codec=config.wire_codec,
                 numel=numel,
                 indices=indices,
             )
@@ -302,7 +302,7 @@ def aggregate_own_partition(
     for i in indices:
         length = ranges[i][1] - ranges[i][0]
         piece = aggregate[offset : offset + length].contiguous()
-        encoded[segment_layer(i)] = encode_update_tensor(piece, config.update_codec)
+        encoded[segment_layer(i)] = encode_update_tensor(piece, config.result_codec)
         offset += length
     meta = CheckpointMeta(
         run_id=run,
@@ -310,7 +310,7 @@ def aggregate_own_partition(
         round=round_,
         extra={
             "base": str(base),
-            "codec": config.update_codec,
+            "codec": config.result_codec,
             "layout": RESULT_LAYOUT,
             "partition": partition,
             "parts": parts,
@@ -369,7 +369,7 @@ def apply_partitions(
             numel=numel,
             partition=partition,
             parts=parts,
-            codec=config.update_codec,
+            codec=config.result_codec,
         )
         for i, values in segments.items():
             start, stop = ranges[i]
@@ -424,16 +424,17 @@ def input_segments(numel: int, parts: int, partition: int) -> Sequence[int]:
     return partition_segments(len(segment_ranges(numel)), parts, partition)
 
 
-def store_wrong_output(store: BlockStore, output: CID, codec: str) -> CID:
-    """A result manifest like ``output`` with every value negated and tenfold: what the
+def store_wrong_output(store: BlockStore, output: CID, codec: str, *, numel: int) -> CID:
+    """A result manifest like ``output`` (of a state of ``numel`` values, encoded with the
+    result codec ``codec``) with every value negated and tenfold: what the
     ``--attack wrong_partition`` testing aid signs instead of its honest output."""
     manifest = read_manifest(store, output)
+    ranges = segment_ranges(numel)
     wrong = {}
     for layer in manifest.layers:
-        values = decode_update_tensor(load_layer(store, layer), codec, (math.prod(layer.shape),))
-        if codec != "int8-blockwise":
-            values = values.reshape(layer.shape)
-        wrong[layer.name] = encode_update_tensor((values * -10.0).reshape(-1), codec)
+        start, stop = ranges[int(layer.name.rsplit(".", 1)[1])]
+        values = decode_update_tensor(load_layer(store, layer), codec, (stop - start,))
+        wrong[layer.name] = encode_update_tensor(values * -10.0, codec)
     meta = CheckpointMeta(
         run_id=manifest.run_id, kind="update", round=manifest.round, extra=dict(manifest.extra)
     )

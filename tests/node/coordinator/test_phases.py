@@ -127,6 +127,13 @@ def test_new_run_writes_a_config_pinning_the_key(tmp_path: Path, cli_logging: No
     args = ["coordinator", "new-run", "d2", "--key", str(key), "--out", str(other)]
     assert main([*args, "--update-codec", "f32", "--partitioned", "never"]) == 0
     assert load_run_config(other).training == {"update_codec": "f32", "partitioned": "never"}
+    sparse = ["--update-codec", "sparse-topk", "--update-density", "0.03125"]
+    assert main([*args, *sparse]) == 0
+    assert load_run_config(other).training == {
+        "update_codec": "sparse-topk", "partitioned": "auto", "update_density": 0.03125,
+    }  # fmt: skip
+    assert main([*args, "--update-density", "0.5"]) == 2  # only with sparse-topk
+    assert main([*args, "--update-codec", "sparse-topk", "--update-density", "2"]) == 2
 
 
 def test_two_clients_with_one_key_recover_from_counter_order(serve: Any, peers: Any) -> None:
