@@ -30,6 +30,7 @@ from cnode.node.p2p import (
     P2PNode,
     P2PSettings,
     check_peer_address,
+    limits,
     open_p2p_node,
 )
 from cnode.storage import CID, BlockStore, InvalidCIDError
@@ -126,11 +127,29 @@ def register(subparsers: Any) -> None:
     p.set_defaults(handler=_serve)
 
 
+def upload_rate_problem(rate: int) -> str | None:
+    """Why an upload cap of ``rate`` bytes/s cannot serve anyone, or None (0 is no cap).
+
+    Fetchers drop a holder that delivers under MIN_SOURCE_RATE (specs/blocks.md, 13a), so a cap
+    below it would have this node dropped as "too slow" by every fetcher it serves.
+    """
+    if 0 < rate < limits.MIN_SOURCE_RATE:
+        return (
+            f"must be 0 (no cap) or at least MIN_SOURCE_RATE ({limits.MIN_SOURCE_RATE} bytes/s), "
+            f"got {rate}: fetchers drop a holder slower than that"
+        )
+    return None
+
+
 def _serve(args: argparse.Namespace) -> int:
     _home, config, identity, store = open_home(args)
     rate = config.upload_rate_bytes_per_s if args.rate is None else args.rate
     if rate < 0:
         raise UsageError("--rate must be >= 0")
+    problem = upload_rate_problem(rate)
+    if problem:
+        where = "--rate" if args.rate is not None else "upload_rate_bytes_per_s (config.toml)"
+        raise UsageError(f"{where} {problem}")
     announce = [parse_cid(text) for text in args.announce]
     if announce and not args.run:
         raise UsageError("--announce needs --run")

@@ -149,6 +149,11 @@ def _handle(args: argparse.Namespace) -> int:
         raise UsageError("--hf-repo needs --checkpointer (checkpointers upload)")
     if args.rounds < 0 or args.join_after_round < 0:
         raise UsageError("--rounds and --join-after-round must be >= 0")
+    from ._serve import upload_rate_problem
+
+    problem = upload_rate_problem(config.upload_rate_bytes_per_s)
+    if problem:
+        raise UsageError(f"upload_rate_bytes_per_s (config.toml) {problem}")
     gateway = None
     if args.gateway is not None:
         from ._gateway import parse_host_port

@@ -210,3 +210,30 @@ def test_import_hf_refuses_nonfinite_unless_allowed(
     )
     assert main([*args, "--allow-nonfinite"]) == 0
     assert "hf_nonfinite_tensor" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("rate", "message"), [("-1", "--rate must be >= 0"), ("1000", "got 1000")])
+def test_serve_refuses_an_upload_cap_fetchers_would_drop(
+    home: Path, rate: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A cap under MIN_SOURCE_RATE would make every fetcher drop this holder as too slow."""
+    assert main(["checkpoint", "serve", "--open", "--rate", rate, "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and err.count("cnode: error: --rate ") == 1 and message in err
+    if rate == "1000":
+        assert "at least MIN_SOURCE_RATE (16384 bytes/s)" in err
+
+
+def test_serve_and_train_refuse_a_config_upload_cap_fetchers_would_drop(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home.mkdir()
+    (home / "config.toml").write_text("upload_rate_bytes_per_s = 16383\n")
+    assert main(["checkpoint", "serve", "--open", "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert "cnode: error: upload_rate_bytes_per_s (config.toml) must be 0 (no cap) or at " in err
+    assert "got 16383" in err
+    run_config = str(home / "run.toml")  # never read: the cap is refused first
+    assert main(["train", "--run", "r", "--run-config", run_config, "--home", str(home)]) == 1
+    err = capsys.readouterr().err
+    assert "cnode: error: upload_rate_bytes_per_s (config.toml) must be 0 (no cap)" in err
