@@ -25,10 +25,12 @@ ONE_SWARM_AT_A_TIME = frozenset(
         "test_hub_fallback",
         "test_late_join",
         "test_netbed",
+        "test_outer_swarm",
         "test_partitioned_swarm",
         "test_score_edges_swarm",
         "test_scored_swarm",
         "test_swarm",
+        "test_unreachable_swarm",
         "test_user_flow",
     )
 )

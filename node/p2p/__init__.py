@@ -37,6 +37,9 @@ from ._exceptions import PeerProtocolError as PeerProtocolError
 from ._exceptions import RejectedMessage as RejectedMessage
 from ._exceptions import RemoteRefusedError as RemoteRefusedError
 from ._exceptions import StreamBroken as StreamBroken
+from ._fetch_types import DirectHolder as DirectHolder
+from ._fetch_types import FetchProgress as FetchProgress
+from ._fetch_types import FetchReport as FetchReport
 from ._gateway import GatewayServer as GatewayServer
 from ._gateway import RunningGateway as RunningGateway
 from ._gateway import gateway_beside_trio as gateway_beside_trio
@@ -46,9 +49,6 @@ from ._gateway_client import check_gateway_url as check_gateway_url
 from ._gateway_client import gateway_client as gateway_client
 from ._node import P2PNode as P2PNode
 from ._open import open_p2p_node as open_p2p_node
-from ._scheduler import DirectHolder as DirectHolder
-from ._scheduler import FetchProgress as FetchProgress
-from ._scheduler import FetchReport as FetchReport
 from ._settings import P2PSettings as P2PSettings
 from ._settings import check_peer_address as check_peer_address
 from ._subscription import Subscription as Subscription

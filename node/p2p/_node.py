@@ -44,7 +44,8 @@ from ._exceptions import (
     RemoteRefusedError,
     StreamBroken,
 )
-from ._scheduler import DirectHolder, FetchReport, ProgressFn, Transfer
+from ._fetch_types import DirectHolder, FetchReport
+from ._scheduler import ProgressFn, Transfer
 from ._server import BlockServer
 from ._settings import NodeIdentity, P2PSettings, peer_info
 from ._stream import Libp2pStream

@@ -8,10 +8,8 @@ checkpoint and the ban policy. The network loop (_loop.py) calls it from a worke
 from __future__ import annotations
 
 import collections
-import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -35,6 +33,7 @@ from ._exceptions import (
     PeerUpdateError,
     StateMismatchError,
 )
+from ._outcome import OwnUpdate, RoundOutcome, finite_params
 from ._round import (
     RoundResult,
     UpdateHeader,
@@ -47,7 +46,6 @@ from ._round import (
 from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from .model import (
     DATA_ATTACKS,
-    LocalResult,
     Placement,
     Residual,
     State,
@@ -79,44 +77,6 @@ from .scores import RoundScoring, SpreadScores, checkpoint_reputation
 __all__ = ["NodeTrainer", "OwnUpdate", "RoundOutcome"]
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True)
-class OwnUpdate:
-    """This node's contribution to a round."""
-
-    round: int
-    header: UpdateHeader
-    envelope: bytes  # the signed header as published
-    header_cid: CID
-    local: LocalResult
-    seconds_store: float
-
-
-@dataclass(frozen=True)
-class RoundOutcome:
-    """What a round did to this node's state."""
-
-    round: int
-    result: RoundResult
-    members: tuple[str, ...]  # peers whose update was aggregated
-    dropped: dict[str, str]  # peer -> why its update was not used (missing, bad header, ...)
-    bans: list[BanRecommendation]
-    seconds: float
-    # Nothing could be exchanged: no partition had a result, every one kept its parent. The
-    # state is the parent's; the round is no progress and is not checkpointed.
-    empty: bool = False
-
-
-def _finite(params: Mapping[str, Any]) -> dict[str, Any]:
-    # DAG-CBOR has no NaN/Infinity: keep such derived figures as text.
-    out: dict[str, Any] = {}
-    for key, value in params.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            out[key] = repr(value)
-        else:
-            out[key] = value
-    return out
 
 
 class NodeTrainer:
@@ -318,7 +278,7 @@ class NodeTrainer:
                 round_,
                 result.state_cid,
                 tuple(used[p] for p in sorted(used)),
-                _finite(result.aggregation.params)
+                finite_params(result.aggregation.params)
                 | ({"scores": scored.to_params()} if scored is not None else {}),
             )
         )

@@ -19,7 +19,7 @@ from pathlib import Path
 import trio
 
 from cnode.node.p2p import StreamBroken
-from cnode.node.p2p._scheduler import RequestStream
+from cnode.node.p2p._fetch_types import RequestStream
 from cnode.node.p2p._wire import Block, End, Lacking, Request
 from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock, compute_cid
 
