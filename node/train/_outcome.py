@@ -7,10 +7,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cnode.aggregation import BanRecommendation, RoundResult
+from cnode.aggregation import BanRecommendation
 from cnode.storage import CID
 
-from ._round import UpdateHeader
+from ._round import RoundResult, UpdateHeader
 from .model import LocalResult
 
 __all__ = ["OwnUpdate", "RoundOutcome", "finite_params"]
