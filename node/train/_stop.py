@@ -14,6 +14,7 @@ import enum
 from cnode.auth import AuthError
 from cnode.node._exceptions import ConfigError, UsageError
 from cnode.node.coordinator import (
+    BadRunState,
     CoordinatorRejected,
     CoordinatorUnavailable,
     RunConfigError,
@@ -90,7 +91,7 @@ _BY_TYPE: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Sto
         ),
         StopReason.UNREACHABLE,
     ),
-    ((CoordinatorUnavailable, RoundStalledError), StopReason.COORDINATOR),
+    ((CoordinatorUnavailable, BadRunState, RoundStalledError), StopReason.COORDINATOR),
     (
         (
             TrainingConfigError,

@@ -1,6 +1,6 @@
 """The node side of the bounds (issue 29): a coordinator answer nested 100,000 deep, a
 ``javascript:`` URL and a pinned coordinator that is no peer id each end ``cnode train`` with
-one line and exit status 1, at once (no traceback, no 60 s of retries)."""
+one line and the exit status of its stop reason, at once (no traceback, no 60 s of retries)."""
 
 from __future__ import annotations
 
@@ -26,8 +26,12 @@ from cnode.node.coordinator import (
 )
 from cnode.node.coordinator._client_core import Core
 from cnode.node.coordinator._json import JSONTooDeep, json_depth, loads_bounded
+from cnode.node.train import StopReason
 
 DEEP = b"[" * 100_000
+
+CONFIGURATION = StopReason.CONFIGURATION.exit_code
+COORDINATOR = StopReason.COORDINATOR.exit_code
 
 
 class _Deep(BaseHTTPRequestHandler):
@@ -83,7 +87,8 @@ def _train(tmp_path: Path, config: Path, *extra: str) -> list[str]:
 
 
 def _one_line(err: str) -> str:
-    lines = [line for line in err.splitlines() if line.startswith("cnode: error:")]
+    said = ("cnode: error:", "cnode: stopped (")  # a usage error, or a stop and its reason
+    lines = [line for line in err.splitlines() if line.startswith(said)]
     assert len(lines) == 1 and "Traceback" not in err, err
     return lines[0]
 
@@ -127,7 +132,8 @@ def test_train_against_a_deep_answer_is_one_line(
 ) -> None:
     config = _run_config(tmp_path)
     started = time.monotonic()
-    assert main(_train(tmp_path, config, "--coordinator", deep_url)) == 1
+    # The coordinator misbehaved: the "coordinator" reason of the closed set, its exit status.
+    assert main(_train(tmp_path, config, "--coordinator", deep_url)) == COORDINATOR
     line = _one_line(capsys.readouterr().err)
     assert "MAX_JSON_DEPTH" in line
     assert time.monotonic() - started < limits.COORDINATOR_OUTAGE_S / 2  # not retried
@@ -138,12 +144,12 @@ def test_non_http_url_is_refused_at_once(
     tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     started = time.monotonic()
-    assert main(_train(tmp_path, _run_config(tmp_path), "--coordinator", url)) == 1
+    assert main(_train(tmp_path, _run_config(tmp_path), "--coordinator", url)) == CONFIGURATION
     assert "is not an http(s) URL" in _one_line(capsys.readouterr().err)
     assert time.monotonic() - started < 10.0
     # The same URL in the run config: refused when the file is read, naming the field.
     config = _run_config(tmp_path, url=url)
-    assert main(_train(tmp_path / "again", config)) == 1
+    assert main(_train(tmp_path / "again", config)) == CONFIGURATION
     line = _one_line(capsys.readouterr().err)
     assert "url " in line and "is not an http(s) URL" in line
 
@@ -152,7 +158,7 @@ def test_pinned_coordinator_must_be_a_peer_id(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config = _run_config(tmp_path, coordinator="not-a-peer-id")
-    assert main(_train(tmp_path, config)) == 1
+    assert main(_train(tmp_path, config)) == CONFIGURATION
     assert "coordinator:" in _one_line(capsys.readouterr().err)
     for bad in ("12D3KooW", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", "x" * 200):
         with pytest.raises(RunConfigError, match=r"^coordinator: "):

@@ -62,9 +62,9 @@ def test_the_ban_section_shows_the_kind_and_who_decided_by_name(tmp_path: Path) 
     from cnode.node.train.demo._swarm import _Proc
 
     procs = [
-        _Proc("honest-1", "honest", tmp_path, "12D3KooWhonest1", 1),
-        _Proc("honest-2", "honest", tmp_path, "12D3KooWhonest2", 2),
-        _Proc("attacker", "attacker", tmp_path, "12D3KooWattacker", 3),
+        _Proc("honest-1", "honest", tmp_path, "12D3KooWhonest1", 1, 11),
+        _Proc("honest-2", "honest", tmp_path, "12D3KooWhonest2", 2, 12),
+        _Proc("attacker", "attacker", tmp_path, "12D3KooWattacker", 3, 13),
     ]
     report = {
         "event": "ban_reported",

@@ -17,7 +17,7 @@ from cnode.auth import Identity, save_identity
 from cnode.node._config import CONFIG_FILE, IDENTITY_FILE, load_config
 from cnode.node._exceptions import ConfigError
 from cnode.node.cli import main
-from cnode.node.train import DeviceError, TrainingConfig
+from cnode.node.train import DeviceError, StopReason, TrainingConfig
 from cnode.node.train._round import open_update_header
 from cnode.node.train._trainer import NodeTrainer
 from cnode.node.train.model import Placement, TextData, build_model, resolve_device, train_local
@@ -85,7 +85,7 @@ def test_cnode_train_refuses_a_bad_device_before_anything_starts(
     run = tmp_path / "run.toml"
     run.write_text(tomli_w.dumps({"run": "r1", "coordinator": Identity.generate().peer_id_str}))
     args = ["train", "--home", str(home), "--run-config", str(run), "--run", "r1"]
-    assert main([*args, "--device", "tpu"]) == 1
+    assert main([*args, "--device", "tpu"]) == StopReason.CONFIGURATION.exit_code
     assert "unknown device 'tpu'" in capsys.readouterr().err
     assert not (home / "blocks").exists()  # nothing stored
     (home / CONFIG_FILE).write_text('precision = "fp16"\n')

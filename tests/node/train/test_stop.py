@@ -10,7 +10,7 @@ import errno
 import pytest
 
 from cnode.auth import AuthError
-from cnode.node.coordinator import CoordinatorRejected, CoordinatorUnavailable
+from cnode.node.coordinator import BanKind, CoordinatorRejected, CoordinatorUnavailable
 from cnode.node.hub import HubLoginError
 from cnode.node.p2p import FetchError
 from cnode.node.train import (
@@ -30,7 +30,7 @@ from cnode.storage import CID, RAW, BlockNotFoundError, compute_cid
 
 CASES = [
     (None, StopReason.FINISHED),
-    (BannedError("peer x is banned: outlier"), StopReason.BANNED),
+    (BannedError("peer x is banned: outlier", BanKind.MAJORITY), StopReason.BANNED),
     (CoordinatorRejected(403, "banned", "peer x is banned"), StopReason.BANNED),
     (UnreachableError(1, {"12D3KooWa": "no address"}), StopReason.UNREACHABLE),
     (CatchUpError("no holder served the checkpoint"), StopReason.UNREACHABLE),
