@@ -87,6 +87,8 @@ that fails without the workaround. Nothing else in cnode touches py-libp2p inter
     coordinator lists (train/swarm/_peers.PeerFinder) and nothing else.
     :func:`switch_off_auto_connector` replaces it before the host runs with one that never
     starts: neither its periodic task nor its redial-on-disconnect trigger dials or logs.
+17. Pubsub's own stream handler lets a protobuf ``DecodeError`` out (a malformed or cut-short
+    frame from any peer), which kills the host as in 3: ``_pubsub_guard.guard_pubsub_handlers``.
 """
 
 from __future__ import annotations

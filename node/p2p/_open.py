@@ -26,6 +26,7 @@ from ._admission import PeerAdmission, serve_admit
 from ._bucket import TokenBucket
 from ._exceptions import DialError, ListenError, P2PError, StreamBroken
 from ._node import P2PNode
+from ._pubsub_guard import guard_pubsub_handlers
 from ._server import BlockServer
 from ._settings import NodeIdentity, P2PSettings
 from ._stream import Libp2pStream
@@ -158,6 +159,7 @@ def _build_host(
         )
     router = _defects.gossipsub_router()
     pubsub = Pubsub(host, router, strict_signing=True)
+    guard_pubsub_handlers(host, pubsub, router)  # defect 17
     try:
         addrs = [multiaddr.Multiaddr(a) for a in settings.listen]
     except (ValueError, multiaddr.exceptions.Error) as exc:
