@@ -45,12 +45,17 @@ class RoundsConfig:
     # After a round's list is published, how long members have to fetch its updates and report
     # what they hold (op `collected`) before the round's input set is decided without the rest.
     collect_timeout_s: float = 90.0
-    # Partitioned rounds: after the collect deadline, backup k of a partition without a result
-    # may submit it from collect deadline + k x backup_step_s (k < MAX_PARTITION_BACKUPS).
+    # Partitioned rounds: the shortest backup step. The aggregator of a partition has the first
+    # step of the result window, then backup k may submit from window + (k + 1) steps
+    # (k < MAX_PARTITION_BACKUPS); a step is longer when the round measured a slower swarm
+    # (specs/coordinator.md#pace).
     backup_step_s: float = 15.0
     # Partitioned rounds: once every partition has a result, how long members have to recompute
     # their chosen partitions and report `checked` before the round is agreed without the rest.
     verify_timeout_s: float = 60.0
+    # The most seconds past a nominal deadline (collect, verify; score records: at most
+    # SCORE_CLOSE_MAX_S) that the pace rule keeps a phase open for members still missing.
+    late_max_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ class RunConfig:
         d = asdict(self)
         if not self.gateways:
             del d["gateways"]  # a run without gateways keeps the bytes it had before the key
+        if self.rounds.late_max_s == RoundsConfig.late_max_s:
+            del d["rounds"]["late_max_s"]  # likewise a run at the default late bound
         return d
 
     def public_dict(self) -> dict[str, Any]:
@@ -110,8 +117,17 @@ class RunConfig:
 
     @property
     def partitioned(self) -> str:
-        """The run's ``training.partitioned`` mode (the one training key the coordinator reads)."""
+        """The run's ``training.partitioned`` mode (one of the two training keys the coordinator
+        reads, with ``scores``)."""
         return str(self.training.get("partitioned", "auto"))
+
+    @property
+    def scored(self) -> bool:
+        """Whether members score updates (``training.scores``, on unless the run config says
+        false: node/train's default). The coordinator reads it for one thing: a partitioned
+        round's result window waits for the score records to close (specs/coordinator.md#pace).
+        """
+        return self.training.get("scores", True) is not False
 
     def partition_rounds(self, members: int) -> bool:
         """Whether a round published with ``members`` members is partitioned."""
@@ -166,13 +182,17 @@ class RunConfig:
             raise RunConfigError(
                 f"rounds.collect_timeout_s must be in (0, {limits.MAX_ROUND_TIMEOUT_S}]"
             )
-        for name in ("backup_step_s", "verify_timeout_s"):
+        for name in ("backup_step_s", "verify_timeout_s", "late_max_s"):
             if not 0 < getattr(r, name) <= limits.MAX_ROUND_TIMEOUT_S:
                 raise RunConfigError(f"rounds.{name} must be in (0, {limits.MAX_ROUND_TIMEOUT_S}]")
         mode = self.training.get("partitioned", "auto")
         if mode not in PARTITIONED_MODES:
             raise RunConfigError(
                 f"training.partitioned must be one of {', '.join(PARTITIONED_MODES)}, got {mode!r}"
+            )
+        if not isinstance(self.training.get("scores", True), bool):
+            raise RunConfigError(
+                f"training.scores must be true or false, got {self.training['scores']!r}"
             )
         if r.warmup_s < 0 or r.cooldown_s < 0 or r.checkpoint_every < 0:
             raise RunConfigError("rounds.warmup_s, cooldown_s and checkpoint_every must be >= 0")

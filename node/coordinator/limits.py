@@ -130,12 +130,23 @@ MAX_PARTITION_BACKUPS = 3
 # the collect deadline (when aggregators stop fetching and aggregate), or until every member has
 # reported one; then the round's score records are closed and every node reads the same set.
 SCORE_CLOSE_MARGIN_S = 5.0
-# Past that nominal score deadline, missing records delay the close (a loaded scorer is late, not
-# wrong): with a strict majority of members' records in, for this many more nominal score windows
-# (publish -> nominal deadline); without a majority, until there is one, at most
-# SCORE_CLOSE_MAX_S past the nominal deadline (the node's SCORES_WAIT_S is longer).
-SCORE_LATE_WINDOWS = 1.0
+# Deadlines that follow the swarm (_pace.py, specs/coordinator.md#pace): past a phase's nominal
+# deadline, members still missing keep it open (a loaded member is late, not wrong): once a
+# strict majority reported, until PACE_FACTOR x the median member's time for the phase after its
+# start; without a majority, until there is one; never more than its late bound past
+# the nominal deadline: the run's rounds.late_max_s (default 60 s) for `collected` reports of a
+# full round and `checked` reports of a partitioned one; for score records, at most
+# SCORE_CLOSE_MAX_S (the node's SCORES_WAIT_S is longer).
+PACE_FACTOR = 2.0
 SCORE_CLOSE_MAX_S = 40.0
+# Partition results: the result window opens at the collect deadline, or when the score records
+# close if later (aggregators wait for them). The aggregator has the first step of it; backup k
+# (from 0) may submit from window + (k + 1) steps; partitions still without a result after
+# MAX_PARTITION_BACKUPS + 1 steps keep the parent state. A step is rounds.backup_step_s, or the
+# median member's time to score (publish -> score record) when that is longer, at most
+# BACKUP_STEP_MAX_S: a swarm that needed 20 s to fetch and score two updates needs about that to
+# fetch and aggregate one partition.
+BACKUP_STEP_MAX_S = 60.0
 # A signed score record sent with op `score` (its bytes are kept and served to every member, so
 # one that its scorer will not serve over libp2p is still the same for everyone); the node's
 # own bound is equal (node/train/limits.py).

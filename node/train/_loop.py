@@ -256,6 +256,7 @@ class _Session:
                 client,
                 fetcher,
                 collect_timeout_s=self.run_config.rounds.collect_timeout_s,
+                late_max_s=self.run_config.rounds.late_max_s,
             )
             loop = RoundLoop(
                 run_id=run,
@@ -270,7 +271,6 @@ class _Session:
                     node,
                     client,
                     fetcher,
-                    backup_step_s=self.run_config.rounds.backup_step_s,
                     withhold=settings.attack == "withhold",
                 ),
                 headers=self.headers,

@@ -108,9 +108,11 @@ MAX_PARTITION_RESULT_BYTES = 96 * 1024
 # after every result is out. Each costs about one update of traffic (its inputs' slices).
 VERIFY_PARTITIONS = 1
 MAX_VERIFY_PARTITIONS = 64
-# How long a node waits for the round's results to be recorded (past the collect deadline the
-# backups take over, each BACKUP_STEP later), and for the agreed record after its check.
-RESULTS_WAIT_S = 300.0
+# How long a node waits for the round's results to be recorded (the result window opens at the
+# collect deadline or the scores' close, up to SCORE_CLOSE_MAX_S late; then the aggregator and
+# three backups have a step each, at most BACKUP_STEP_MAX_S = 60 s), and for the agreed record
+# after its check.
+RESULTS_WAIT_S = 420.0
 # Evidence of a wrong partition result (a CAR, specs/training.md#verification): the partition's
 # segments of every input plus manifests; the coordinator refuses more (its own limit is equal).
 MAX_EVIDENCE_BYTES = 256 * 1024 * 1024

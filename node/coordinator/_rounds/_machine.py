@@ -9,6 +9,7 @@ called after each change and by the server's deadline tick, so a restart simply 
 from __future__ import annotations
 
 import json
+import sqlite3
 from typing import Any
 
 import structlog
@@ -18,6 +19,7 @@ from .._bans._bans import BanBook
 from .._codes import ErrorCode as E
 from .._config import RunConfig
 from .._exceptions import RequestRefused
+from .._pace import phase_closes_at
 from .._store._store import Store
 from .._wire._admin import (
     AdminAction,
@@ -181,7 +183,10 @@ class RunMachine:
         if row["status"] == RoundStatus.CLOSED and row["deadline"] is not None:
             dues.append(float(row["deadline"]))
         for published in s.rounds_with_status(RoundStatus.PUBLISHED):
-            dues += self.partitions.due(published)
+            if published["parts"]:
+                dues += self.partitions.due(published)
+            else:
+                dues.append(self._collect_closes_at(published))
         return min(dues) if dues else None
 
     def advance(self, now: float) -> None:
@@ -200,7 +205,7 @@ class RunMachine:
                 continue
             members = json.loads(published["members"] or "[]")
             reports = s.collected(int(published["round"]))
-            if len(reports) >= len(members) or now >= float(published["collect_deadline"]):
+            if len(reports) >= len(members) or now >= self._collect_closes_at(published):
                 self._agree(int(published["round"]), members, reports, now)
                 return True
         run = s.run_row()
@@ -267,6 +272,20 @@ class RunMachine:
             self._log(now, "members_dropped", round=n, peers=dropped)
             return True
         return self._waiting(f"round {n}: {active - ready} of {active} members not ready yet")
+
+    def _collect_closes_at(self, row: sqlite3.Row) -> float:
+        """When a full round's input set is decided without the members that have not reported
+        `collected`: by the pace rule (_pace.py) from the collect deadline, so a member that is
+        slow to fetch delays the decision instead of changing it."""
+        members = json.loads(row["members"] or "[]")
+        times = self.store.report_times(int(row["round"]), "collected_at", members)
+        return phase_closes_at(
+            float(row["published_at"]),
+            float(row["collect_deadline"]),
+            times,
+            len(members),
+            self.config.rounds.late_max_s,
+        )
 
     def _waiting(self, text: str | None) -> bool:
         if self.store.run_row()["waiting"] != text:

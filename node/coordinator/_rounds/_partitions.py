@@ -3,10 +3,11 @@
 A partitioned round is published with ``parts`` > 0: member ``aggregators[p]`` aggregates
 partition ``p`` of everyone's update and records its signed partition result header here (op
 `result`); the first accepted header of a partition stands, so no aggregator can show different
-results to different nodes. Backups take a silent partition over after the collect deadline, one
-every ``backup_step_s``. Once every partition has a result, members recompute the partitions
-chosen for them and report `checked`; a wrong result is self-proving evidence, which the
-coordinator recomputes itself (``_evidence.py``) and bans its signer at once.
+results to different nodes. Backups take a silent partition over one after another, a step
+apart, once the aggregator had the first step of the result window (its start and step follow
+the round's measured pace: ``_pace.py``). Once every partition has a result, members recompute
+the partitions chosen for them and report `checked`; a wrong result is self-proving evidence,
+which the coordinator recomputes itself (``_evidence.py``) and bans its signer at once.
 
 Runs inside the caller's ``Store.tx()`` like :class:`RunMachine`, which calls it.
 """
@@ -28,6 +29,7 @@ from .._bans._bans import BanBook
 from .._codes import ErrorCode as E
 from .._config import RunConfig
 from .._exceptions import RequestRefused
+from .._pace import median_time, phase_closes_at
 from .._store._store import Store
 from .._wire._ban_records import BanKind
 from .._wire._protocol import PartitionResultEntry, RoundStatus, ms
@@ -86,34 +88,58 @@ class PartitionRules:
             "results": results,
             "verify_deadline_ms": ms(row["verify_deadline"]),
             "scores": scores,
-            "scores_closed": self._scores_closed(row, members, scores, time.time()),
+            "scores_closed": self._scores_closed(row, time.time()),
+            "results_open_ms": ms(row["results_open"]),
+            "backup_step_ms": ms(row["backup_step"]),
         }
 
-    @staticmethod
-    def _scores_closed(
-        row: sqlite3.Row, members: list[str], scores: dict[str, str], now: float
-    ) -> bool:
-        """No score record is taken any more: every member sent one, or the round is agreed,
-        or the score deadline passed *and* the swarm had its time (specs/coordinator.md
-        #scores). The nominal score deadline is SCORE_CLOSE_MARGIN_S before the collect
-        deadline, or a quarter of the collect window before it when that is shorter. Past it,
-        records still missing keep the records open: with a strict majority of members in, for
-        SCORE_LATE_WINDOWS more nominal windows; without, until a majority is in, at most
-        SCORE_CLOSE_MAX_S past the nominal deadline. A loaded machine or slow link delays the
-        scores (and the ban they may carry), it does not change them. The verdict only moves
-        from open to closed: ``now`` grows, and records are only added while open."""
-        if row["status"] == RoundStatus.AGREED or set(members) <= set(scores):
+    def _scores_closed(self, row: sqlite3.Row, now: float) -> bool:
+        """No score record is taken any more: the round is agreed, or its score phase closed
+        (specs/coordinator.md#scores-in-partitioned-rounds). The verdict only moves from open
+        to closed: ``now`` grows, and records are only added while open."""
+        if row["status"] == RoundStatus.AGREED:
             return True
+        at = self._scores_close_at(row)
+        return at is not None and now >= at
+
+    def _scores_close_at(self, row: sqlite3.Row) -> float | None:
+        """When a published partitioned round's score records close: once every member sent
+        one, else by the pace rule (_pace.py) from the nominal score deadline,
+        SCORE_CLOSE_MARGIN_S before the collect deadline (or a quarter of the collect window
+        before it, when that is shorter): the moment aggregators stop fetching. A loaded
+        machine or slow link delays the scores (and the ban they may carry), it does not
+        change them."""
         end, start = row["collect_deadline"], row["published_at"]
         if end is None or start is None:
-            return False
+            return None
         window = float(end) - float(start)
-        deadline = float(end) - min(limits.SCORE_CLOSE_MARGIN_S, window / 4)
-        if now >= deadline + limits.SCORE_CLOSE_MAX_S:
-            return True
-        majority = 2 * len(set(scores) & set(members)) > len(members)
-        late = limits.SCORE_LATE_WINDOWS * max(deadline - float(start), 0.0)
-        return majority and now >= deadline + late
+        nominal = float(end) - min(limits.SCORE_CLOSE_MARGIN_S, window / 4)
+        members = json.loads(row["members"] or "[]")
+        times = self.store.report_times(int(row["round"]), "scored_at", members)
+        late = min(self.config.rounds.late_max_s, limits.SCORE_CLOSE_MAX_S)
+        return phase_closes_at(float(start), nominal, times, len(members), late)
+
+    def _results_open_at(self, row: sqlite3.Row) -> float:
+        """When round ``row``'s result window opens: at the collect deadline, or when the score
+        records close if that is later (every aggregator waits for them)."""
+        opens = float(row["collect_deadline"])
+        if self.config.scored:
+            closes = self._scores_close_at(row)
+            opens = max(opens, opens if closes is None else closes)
+        return opens
+
+    def _backup_step(self, row: sqlite3.Row) -> float:
+        """The round's backup step: rounds.backup_step_s, or the median member's time to score
+        when longer (publish -> score record: fetching and scoring two updates; a partition is
+        about one update to fetch and aggregate), at most BACKUP_STEP_MAX_S."""
+        step = self.config.rounds.backup_step_s
+        if self.config.scored:
+            members = json.loads(row["members"] or "[]")
+            times = self.store.report_times(int(row["round"]), "scored_at", members)
+            median = median_time(float(row["published_at"]), times, len(members))
+            if median is not None:
+                step = max(step, min(median, limits.BACKUP_STEP_MAX_S))
+        return step
 
     # -- ops ------------------------------------------------------------------------------------
 
@@ -176,16 +202,24 @@ class PartitionRules:
     ) -> None:
         backups = backup_aggregators(self.config.run, n, members, partition)
         backups = backups[: limits.MAX_PARTITION_BACKUPS]
-        start, step = float(row["collect_deadline"]), self.config.rounds.backup_step_s
-        if peer in backups and now >= start + backups.index(peer) * step:
+        if row["results_open"] is None:
+            raise RequestRefused(
+                E.NOT_YOUR_PARTITION,
+                f"partition {partition} of round {n} is aggregated by {aggregator}; its backups "
+                f"({', '.join(backups) or 'none'}) may submit it one step after the result "
+                "window opens (the collect deadline, or the score records' close), not before",
+            )
+        start, step = float(row["results_open"]), float(row["backup_step"])
+        if peer in backups and now >= start + (backups.index(peer) + 1) * step:
             return
         who = ", ".join(
-            f"{b} from {ms(start + k * step)} ms since the epoch" for k, b in enumerate(backups)
+            f"{b} from {ms(start + (k + 1) * step)} ms since the epoch"
+            for k, b in enumerate(backups)
         )
         raise RequestRefused(
             E.NOT_YOUR_PARTITION,
             f"partition {partition} of round {n} is aggregated by {aggregator}; "
-            f"after the collect deadline its backups may submit it: {who or 'none'}",
+            f"after its step of the result window its backups may submit it: {who or 'none'}",
         )
 
     def score(self, peer: str, n: int, data: bytes, now: float) -> str:
@@ -194,7 +228,7 @@ class PartitionRules:
         (specs/coordinator.md#scores-in-partitioned-rounds). Its signature was checked; its
         payload is the nodes' to judge (they ignore what a record may not say)."""
         record = str(compute_cid(data, DAG_CBOR))
-        row, members, _parts = self._listed(peer, n)
+        row, _members, _parts = self._listed(peer, n)
         scores = self.store.score_records(n)
         if peer in scores:
             if scores[peer] == record:
@@ -202,7 +236,7 @@ class PartitionRules:
             raise RequestRefused(
                 E.SCORE_RECORDED, f"round {n} already has {peer}'s score record {scores[peer]}"
             )
-        if self._scores_closed(row, members, scores, now):
+        if self._scores_closed(row, now):
             raise RequestRefused(
                 E.SCORES_CLOSED, f"round {n}'s score records are closed (deadline passed)"
             )
@@ -233,15 +267,25 @@ class PartitionRules:
     # -- transitions ------------------------------------------------------------------------------
 
     def due(self, row: sqlite3.Row) -> list[float]:
-        """When a published round next has something to do without a request."""
-        start = float(row["collect_deadline"])
-        parts = int(row["parts"] or 0)
-        if parts == 0:
-            return [start]
+        """When a published partitioned round next has something to do without a request."""
         if row["verify_deadline"] is not None:
-            return [float(row["verify_deadline"])]
+            return [self._verify_closes_at(row)]
+        if row["results_open"] is None:
+            return [self._results_open_at(row)]
         steps = int(row["backup_steps"] or 0)
-        return [start + min(steps, limits.MAX_PARTITION_BACKUPS) * self.config.rounds.backup_step_s]
+        steps = min(steps, limits.MAX_PARTITION_BACKUPS) + 1
+        return [float(row["results_open"]) + steps * float(row["backup_step"])]
+
+    def _verify_closes_at(self, row: sqlite3.Row) -> float:
+        """When the round is agreed without the members that have not reported `checked`: by
+        the pace rule from the verify deadline (the phase started when every result was in)."""
+        n, deadline = int(row["round"]), float(row["verify_deadline"])
+        members = json.loads(row["members"] or "[]")
+        voters = [p for p in members if self.store.ban_row(p) is None]
+        times = self.store.report_times(n, "checked_at", voters)
+        start = deadline - self.config.rounds.verify_timeout_s
+        late = self.config.rounds.late_max_s
+        return phase_closes_at(start, deadline, times, len(voters), late)
 
     def step(self, row: sqlite3.Row, now: float) -> bool:
         """Apply one due transition of published partitioned round ``row``; False when none."""
@@ -255,13 +299,20 @@ class PartitionRules:
                 return True
             members = json.loads(row["members"] or "[]")
             silent = sorted(p for p in set(members) - set(s.checked(n)) if s.ban_row(p) is None)
-            if not silent or now >= float(row["verify_deadline"]):
+            if not silent or now >= self._verify_closes_at(row):
                 self._agree(row, results, now, silent=silent)
                 return True
             return False
+        if row["results_open"] is None:
+            if now < self._results_open_at(row):
+                return False
+            step = self._backup_step(row)
+            s.set_round(n, results_open=now, backup_step=step)
+            self.log(now, "results_window", round=n, step=step)
+            return True
         steps = int(row["backup_steps"] or 0)
-        start = float(row["collect_deadline"])
-        if now < start + steps * r.backup_step_s:
+        start, step = float(row["results_open"]), float(row["backup_step"])
+        if now < start + (steps + 1) * step:
             return False
         if steps < limits.MAX_PARTITION_BACKUPS:
             s.set_round(n, backup_steps=steps + 1)

@@ -1,7 +1,8 @@
 """The coordinator database's schema, and the migration of a database an older version made.
 
 A new database gets every table; one of an older schema gains the columns added since (empty)
-and, from schema 4, the kind of each ban. See specs/coordinator.md#state.
+and, from schema 4, the kind of each ban (schema 5: each partitioned round's result window).
+See specs/coordinator.md#state.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from .._wire._ban_records import BanKind
 
 __all__ = ["SCHEMA_VERSION", "create_or_migrate"]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Columns added since schema 1 (a database of an older version gains them on open, empty):
 # peer addresses (discovery) and the per-round input-set decision (schema 2); partitioned rounds:
@@ -40,6 +41,10 @@ _ADDED_COLUMNS = (
     # Ban kinds (issue 28): a BanKind per ban, an EvidenceKind per ban report.
     ("bans", "kind", "TEXT"),
     ("ban_reports", "kind", "TEXT"),
+    # Deadlines that follow the swarm (issue 23, schema 5): when a partitioned round's result
+    # window opened and the backup step it was given (specs/coordinator.md#pace).
+    ("rounds", "results_open", "REAL"),
+    ("rounds", "backup_step", "REAL"),
 )
 
 # Schema 3 wrote a ban's kind into its `by` as a prefix; schema 4 keeps the kind apart and `by`

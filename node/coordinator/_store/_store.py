@@ -22,6 +22,9 @@ from ._schema import SCHEMA_VERSION, create_or_migrate
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
+# The members columns that record when a member made a phase's report (_pace.py reads them).
+_REPORT_TIMES = frozenset({"collected_at", "scored_at", "checked_at"})
+
 
 class Store:
     """SQLite access for one run. Not thread-safe: the server uses it from its event loop only.
@@ -258,6 +261,17 @@ class Store:
             (n,),
         ).fetchall()
         return {str(r[0]): json.loads(r[1] or "[]") for r in rows}
+
+    def report_times(self, n: int, column: str, members: list[str]) -> list[float]:
+        """When each of ``members`` made round ``n``'s report of a phase: ``column`` is one of
+        ``collected_at``, ``scored_at``, ``checked_at`` (those that reported only)."""
+        if column not in _REPORT_TIMES:
+            raise ValueError(f"{column!r} is not a report time column")
+        rows = self.db.execute(
+            f"SELECT peer, {column} FROM members WHERE round = ? AND {column} IS NOT NULL", (n,)
+        ).fetchall()
+        listed = set(members)
+        return [float(r[1]) for r in rows if r[0] in listed]
 
     def score_records(self, n: int) -> dict[str, str]:
         """Round ``n``'s recorded score records: member -> record CID."""

@@ -232,6 +232,10 @@ class RoundInfo:
     # whether no more are taken (every member sent one, or the score deadline passed).
     scores: dict[str, str] = field(default_factory=dict)
     scores_closed: bool = False
+    # Partitioned rounds, once their result window opened (specs/coordinator.md#pace): when,
+    # and its backup step. Backup k may submit from results_open_ms + (k + 1) x backup_step_ms.
+    results_open_ms: int | None = None
+    backup_step_ms: int | None = None
 
     def to_payload(self) -> dict[str, Any]:
         partitioned = encode_partitioned(
@@ -241,6 +245,8 @@ class RoundInfo:
             self.verify_deadline_ms,
             self.scores,
             self.scores_closed,
+            self.results_open_ms,
+            self.backup_step_ms,
         )
         return {
             "kind": "round",

@@ -51,10 +51,13 @@ def encode_partitioned(
     verify_deadline_ms: int | None,
     scores: Mapping[str, str] | None = None,
     scores_closed: bool = False,
+    results_open_ms: int | None = None,
+    backup_step_ms: int | None = None,
 ) -> dict[str, Any]:
     """The payload keys of a partitioned round; none for a full-replication one. ``scores`` only
     once a member sent a score record and ``scores_closed`` only once true, so a round record
-    that has neither keeps the bytes it had before scores were spread."""
+    that has neither keeps the bytes it had before scores were spread; likewise the result window
+    (``results_open_ms``, ``backup_step_ms``) only once it opened."""
     if parts == 0:
         return {}
     out = {
@@ -67,6 +70,9 @@ def encode_partitioned(
         out["scores"] = dict(sorted(scores.items()))
     if scores_closed:
         out["scores_closed"] = True
+    if results_open_ms is not None and backup_step_ms is not None:
+        out["results_open_ms"] = results_open_ms
+        out["backup_step_ms"] = backup_step_ms
     return out
 
 
@@ -115,6 +121,14 @@ def decode_partitioned(p: Mapping[str, Any]) -> dict[str, Any]:
     closed = p.get("scores_closed", False)
     if not isinstance(closed, bool):
         raise BadRunState("signed round field 'scores_closed' must be a boolean")
+    window = {key: p.get(key) for key in ("results_open_ms", "backup_step_ms")}
+    for key, value in window.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise BadRunState(f"signed round field {key!r} must be an integer or absent")
+    if (window["results_open_ms"] is None) != (window["backup_step_ms"] is None):
+        raise BadRunState("signed round fields 'results_open_ms' and 'backup_step_ms' go together")
+    if window["backup_step_ms"] is not None and window["backup_step_ms"] <= 0:
+        raise BadRunState("signed round field 'backup_step_ms' must be positive")
     return {
         "parts": parts,
         "aggregators": list(aggregators),
@@ -122,4 +136,5 @@ def decode_partitioned(p: Mapping[str, Any]) -> dict[str, Any]:
         "verify_deadline_ms": deadline,
         "scores": dict(scores),
         "scores_closed": closed,
+        **window,
     }

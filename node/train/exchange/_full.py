@@ -57,12 +57,16 @@ class UpdateExchange:
         fetcher: MemberFetcher,
         *,
         collect_timeout_s: float,
+        late_max_s: float,
     ) -> None:
         self.trainer = trainer
         self.client = client
         self.fetcher = fetcher
         # The run's rounds.collect_timeout_s: the agreed set gets no longer than this.
         self.collect_timeout_s = collect_timeout_s
+        # The run's rounds.late_max_s: how long past the collect deadline the coordinator may
+        # wait for members still fetching before it decides (specs/coordinator.md#pace).
+        self.late_max_s = late_max_s
         self.last_fetch_s = 0.0  # the last round's collect and complete, for its report
         self.last_aggregate_s = 0.0
 
@@ -99,12 +103,13 @@ class UpdateExchange:
         await check_banned()  # before anything else: a banned node says so
         await self.client.collected(round_, missing=sorted(got.missing))
         agreed: RoundInfo | None = None
-        with trio.move_on_after(max(deadline_s, 0.0) + limits.AGREED_WAIT_SLACK_S):
+        slack = self.late_max_s + limits.AGREED_WAIT_SLACK_S
+        with trio.move_on_after(max(deadline_s, 0.0) + slack):
             agreed = await self.client.wait_agreed(round_)
         if agreed is None or agreed.agreed is None:
             raise RoundStalledError(
-                f"round {round_}: no agreed input set {limits.AGREED_WAIT_SLACK_S:g} s after "
-                "the round's collect deadline"
+                f"round {round_}: no agreed input set {slack:g} s after the round's collect "
+                "deadline"
             )
         until = trio.current_time() + min(limits.AGREED_FETCH_S, self.collect_timeout_s)
         got = await self.complete(agreed, got, until=until)

@@ -6,8 +6,10 @@ Message by message (specs/training.md#partitioned-rounds):
    (``RoundInfo.aggregators``). This node, if it is one, fetches the partition's segments of every
    listed update (and its signed header), aggregates them, stores the output and reports the CID
    of its signed :class:`PartitionResult` (op ``result``).
-2. **Back up.** Past the round's collect deadline, a partition without a result passes to its
-   backups in a fixed order, one every ``backup_step_s``; a backup aggregates it the same way.
+2. **Back up.** A partition without a result passes to its backups in a fixed order, one step
+   apart, after the aggregator's own first step of the result window (the window and its step
+   are in the round record: the coordinator sets them from the round's pace,
+   specs/coordinator.md#pace); a backup aggregates it the same way.
 3. **Verify.** Once every partition has a recorded result, the seed (sha256 over the recorded
    result CIDs) picks ``training.verify_partitions`` other partitions this node recomputes. A
    result that differs goes to the coordinator as self-proving evidence (a CAR); the coordinator
@@ -86,14 +88,12 @@ class PartitionedExchange:
         client: CoordinatorClient,
         fetcher: MemberFetcher,
         *,
-        backup_step_s: float,
         withhold: bool = False,
     ) -> None:
         self.trainer = trainer
         self.node = node
         self.client = client
         self.fetcher = fetcher
-        self.backup_step_s = backup_step_s
         self.withhold = withhold  # testing aid: never publish a result (a backup takes over)
         self.verifier = PartitionVerifier(trainer, node, client)
         self.scores = PartitionScores(trainer, node, client, fetcher)
@@ -161,17 +161,31 @@ class PartitionedExchange:
     async def _aggregate(
         self, state: _Round, partition: int, *, backup_for: str | None, fetch_until: float
     ) -> None:
-        """Fetch the partition's inputs until trio time ``fetch_until``, then aggregate what
-        came (a member whose slice did not is listed as missing), store, sign and report."""
+        """Fetch the partition's inputs until trio time ``fetch_until`` (an aggregator in a
+        scored round: and until the score records close), then aggregate what came (a member
+        whose slice did not is listed as missing), store, sign and report."""
         info, me = state.info, self.trainer.peer
         indices = input_segments(state.numel, info.parts, partition)
         missing: dict[str, str] = {}
-        with trio.move_on_at(fetch_until):
+
+        async def fetch_inputs(done: trio.CancelScope) -> None:
             async with trio.open_nursery() as nursery:
                 for member in info.members:
                     if member != me:
                         missing[member] = "no fetch finished in time"
                         nursery.start_soon(self._get_input, state, member, indices, missing)
+            done.cancel()  # every input is in: stop waiting
+
+        with trio.CancelScope() as fetching:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fetch_inputs, fetching)
+                await trio.sleep_until(fetch_until)
+                if self.scores.enabled and backup_for is None:
+                    # The aggregator waits for the score records to close anyway: a member
+                    # whose slice is still on its way is not left out while they are open
+                    # (specs/coordinator.md#pace: a loaded machine delays, it does not decide).
+                    await self.scores.agreed(info)
+                fetching.cancel()
         if me in info.headers and me not in state.headers:
             own = self._own_header(info)
             if own is not None:
@@ -271,7 +285,6 @@ class PartitionedExchange:
         """Poll until every partition has a result (or the round is agreed), taking over a
         partition this node backs up when its time comes."""
         info = state.info
-        collect_end = (info.collect_deadline_ms or 0) / 1000
         with trio.move_on_after(limits.RESULTS_WAIT_S):
             while True:
                 with trio.move_on_after(limits.SLOW_POLL_S * 2):
@@ -281,13 +294,19 @@ class PartitionedExchange:
                 current = await self.client.round_info(info.round)
                 if current.agreed is not None or len(current.results) >= info.parts:
                     return current
-                await self._back_up(state, current, collect_end)
+                await self._back_up(state, current)
         raise RoundStalledError(
             f"round {info.round}: partition results still missing after {limits.RESULTS_WAIT_S:g} s"
         )
 
-    async def _back_up(self, state: _Round, current: RoundInfo, collect_end: float) -> None:
+    async def _back_up(self, state: _Round, current: RoundInfo) -> None:
+        """Take over a partition this node backs up once its time in the result window came
+        (the window and its step are the coordinator's, measured on the round: backup k from
+        ``results_open + (k + 1) x backup_step``)."""
         info, me = state.info, self.trainer.peer
+        if current.results_open_ms is None or current.backup_step_ms is None:
+            return  # the window has not opened: the aggregators still have the scores to wait for
+        opened, step = current.results_open_ms / 1000, current.backup_step_ms / 1000
         now = time.time()
         for partition in range(info.parts):
             if str(partition) in current.results or partition in state.done:
@@ -296,15 +315,15 @@ class PartitionedExchange:
             if me not in order:
                 continue
             k = order.index(me)
-            if now >= collect_end + k * self.backup_step_s and now >= collect_end:
-                log.info("partition_backup", partition=partition, k=k)
+            if now >= opened + (k + 1) * step:
+                log.info("partition_backup", partition=partition, k=k, step_s=step)
                 state.done.add(partition)
-                # Its turn lasts backup_step_s: fetch for half of it, then aggregate what came.
+                # Its turn lasts one step: fetch for half of it, then aggregate what came.
                 await self._aggregate(
                     state,
                     partition,
                     backup_for=info.aggregators[partition],
-                    fetch_until=trio.current_time() + self.backup_step_s / 2,
+                    fetch_until=trio.current_time() + step / 2,
                 )
 
     # -- 3: verification ----------------------------------------------------------------------

@@ -121,14 +121,18 @@ def start_server(settings: ServeSettings) -> Running:
     return Running(server, url, settings.identity, loop, thread)
 
 
-def run_config(peers: list[Identity], *, partitioned: str = "never", **rounds: Any) -> RunConfig:
-    """A test run; full replication unless ``partitioned`` says otherwise (``auto``, ``always``)."""
+def run_config(
+    peers: list[Identity], *, partitioned: str = "never", scores: bool = False, **rounds: Any
+) -> RunConfig:
+    """A test run; full replication unless ``partitioned`` says otherwise (``auto``, ``always``);
+    without scores unless ``scores`` (with them, a partitioned round's result window waits for
+    score records these tests mostly do not send)."""
     defaults: dict[str, Any] = {"min_participants": 2, "round_timeout_s": 30.0}
     return RunConfig(
         run="test-run",
         rounds=RoundsConfig(**(defaults | rounds)),
         access=AccessConfig(peers=[p.peer_id_str for p in peers]),
-        training={"partitioned": partitioned},
+        training={"partitioned": partitioned, "scores": scores},
     )
 
 

@@ -128,6 +128,18 @@ def _round_payload(**partitioned: Any) -> dict[str, Any]:
             {"parts": 1, "aggregators": ["a"], "verify_deadline_ms": 1.5},
             "'verify_deadline_ms' must be an integer",
         ),
+        (
+            {"parts": 1, "aggregators": ["a"], "results_open_ms": 5},
+            "'results_open_ms' and 'backup_step_ms' go together",
+        ),
+        (
+            {"parts": 1, "aggregators": ["a"], "results_open_ms": 5, "backup_step_ms": "1"},
+            "'backup_step_ms' must be an integer",
+        ),
+        (
+            {"parts": 1, "aggregators": ["a"], "results_open_ms": 5, "backup_step_ms": 0},
+            "'backup_step_ms' must be positive",
+        ),
     ],
 )
 def test_bad_partitioned_fields_in_a_signed_round(fields: dict[str, Any], words: str) -> None:
@@ -161,7 +173,7 @@ def test_a_schema_2_database_opens_migrated_and_runs_partitioned_rounds(
     _downgrade_to_schema_2(db)
     running = serve(config, db=db)
     with sqlite3.connect(db) as conn:
-        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("4",)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone() == ("5",)
         cols = {r[1] for r in conn.execute("PRAGMA table_info(rounds)")}
         assert {"parts", "backup_steps", "verify_deadline"} <= cols
     state = running.state()
@@ -199,6 +211,9 @@ def test_a_schema_2_database_opens_migrated_and_runs_partitioned_rounds(
         ({"rounds": {"backup_step_s": 0}}, "rounds.backup_step_s must be in"),
         ({"rounds": {"verify_timeout_s": -1.0}}, "rounds.verify_timeout_s must be in"),
         ({"rounds": {"verify_timeout_s": "60"}}, "verify_timeout_s must be float"),
+        ({"rounds": {"late_max_s": 0}}, "rounds.late_max_s must be in"),
+        ({"rounds": {"late_max_s": 1e9}}, "rounds.late_max_s must be in"),
+        ({"training": {"scores": "yes"}}, "training.scores must be true or false"),
     ],
 )
 def test_bad_partitioned_settings_refuse_the_run_config(raw: dict[str, Any], words: str) -> None:
@@ -210,6 +225,9 @@ def test_partitioned_settings_default_and_load() -> None:
     config = RunConfig.from_dict({"run": "r"})
     assert config.partitioned == "auto"
     assert config.rounds.backup_step_s == 15.0 and config.rounds.verify_timeout_s == 60.0
+    assert config.rounds.late_max_s == 60.0 and config.scored  # scores: on unless false
+    assert "late_max_s" not in config.to_dict()["rounds"]  # the default keeps the run's bytes
+    assert not RunConfig.from_dict({"run": "r", "training": {"scores": False}}).scored
     assert [config.partition_rounds(n) for n in (1, 2, 3, 64)] == [False, False, True, True]
     always = RunConfig.from_dict({"run": "r", "training": {"partitioned": "always"}})
     assert always.partition_rounds(1)

@@ -117,7 +117,7 @@ def test_results_from_aggregators_and_who_may_not_submit(serve: Any, peers: Any)
         e = await _rejected(
             clients[agg[1]].result(1, partition=0, header=first), "not_your_partition", agg[0]
         )
-        assert "after the collect deadline its backups may submit it" in e.message
+        assert "one step after the result window opens" in e.message
         await clients[agg[0]].result(1, partition=0, header=first)
         await clients[agg[0]].result(1, partition=0, header=first)  # a resend: the same answer
         # Another header for a recorded partition: refused, naming the one that stands.
@@ -147,9 +147,17 @@ def test_a_backup_takes_a_silent_partition_over_at_its_time(serve: Any, peers: A
         b0, b1 = backup_aggregators("test-run", 1, members, 2)[:2]
         header = _header("backup result 2")
         await _rejected(clients[b0].result(1, partition=2, header=header), "not_your_partition", b0)
+        # At the collect deadline the result window opens (no scores in this run); its step is
+        # backup_step_s (nothing measured a slower swarm). The aggregator has the first step.
+        with trio.fail_after(10):
+            while (record := await clients[b0].round_info(1)).results_open_ms is None:
+                await trio.sleep(0.05)
+        assert record.backup_step_ms == 1000
         assert info.collect_deadline_ms is not None
-        await trio.sleep(max(0.0, info.collect_deadline_ms / 1000 - time.time()) + 0.05)
-        # The first backup's time has come; the second's is one backup_step_s later.
+        assert record.results_open_ms >= info.collect_deadline_ms
+        await _rejected(clients[b0].result(1, partition=2, header=header), "not_your_partition", b0)
+        await trio.sleep(max(0.0, record.results_open_ms / 1000 + 1.0 - time.time()) + 0.05)
+        # The first backup's time has come; the second's is one step later.
         await _rejected(clients[b1].result(1, partition=2, header=header), "not_your_partition", b1)
         await clients[b0].result(1, partition=2, header=header)
         await _rejected(
@@ -207,7 +215,12 @@ def test_checked_by_every_member_agrees_the_round(serve: Any, peers: Any) -> Non
 
 
 def test_the_verify_deadline_agrees_without_the_silent(serve: Any, peers: Any) -> None:
-    running = serve(run_config(peers, partitioned="auto", min_participants=3, verify_timeout_s=0.5))
+    # One `checked` of three, no majority: agreed late_max_s past the verify deadline.
+    running = serve(
+        run_config(
+            peers, partitioned="auto", min_participants=3, verify_timeout_s=0.5, late_max_s=0.5
+        )
+    )
 
     async def main() -> None:
         clients, info = await _publish(running, peers[:3])
@@ -240,8 +253,10 @@ def test_partitions_without_any_result_keep_the_parent_after_the_backups(
         c = clients[info.members[0]]
         with trio.fail_after(10):
             agreed = await c.wait_agreed(1)
-        assert info.collect_deadline_ms is not None
-        window = info.collect_deadline_ms + limits.MAX_PARTITION_BACKUPS * step * 1000
+        assert info.collect_deadline_ms is not None and agreed.results_open_ms is not None
+        assert agreed.results_open_ms >= info.collect_deadline_ms and agreed.backup_step_ms == 200
+        # The aggregator's step, then one per backup.
+        window = agreed.results_open_ms + (limits.MAX_PARTITION_BACKUPS + 1) * step * 1000
         assert time.time() * 1000 >= window - 1
         assert agreed.results == {} and agreed.agreed == info.members
         assert agreed.excluded == {

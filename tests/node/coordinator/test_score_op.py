@@ -36,7 +36,7 @@ async def _rejected(call: Any, code: str) -> CoordinatorRejected:
 def test_score_records_are_listed_served_and_closed_once_every_member_sent_one(
     serve: Any, peers: Any
 ) -> None:
-    running = serve(run_config(peers, partitioned="auto", min_participants=4))
+    running = serve(run_config(peers, partitioned="auto", scores=True, min_participants=4))
     by_id = {p.peer_id_str: p for p in peers}
 
     async def main() -> None:
@@ -73,10 +73,13 @@ def test_score_records_close_when_the_swarm_had_its_time_not_at_a_fixed_second(
 ) -> None:
     # A 2 s collect window: the nominal score deadline is 0.5 s before its end (a quarter of
     # it, shorter than SCORE_CLOSE_MARGIN_S). One record of four by then: the records stay open
-    # (a loaded scorer is late, not absent). Three of four (a majority): they close one more
-    # nominal window (SCORE_LATE_WINDOWS) past the nominal deadline, and a fourth is refused.
+    # (a loaded scorer is late, not absent). Three of four (a majority): the median member's
+    # time is the second record's, and they close PACE_FACTOR times that after the publish
+    # (specs/coordinator.md#pace); a fourth is refused after that.
     running = serve(
-        run_config(peers, partitioned="auto", min_participants=4, collect_timeout_s=2.0)
+        run_config(
+            peers, partitioned="auto", scores=True, min_participants=4, collect_timeout_s=2.0
+        )
     )
     by_id = {p.peer_id_str: p for p in peers}
 
@@ -86,19 +89,67 @@ def test_score_records_close_when_the_swarm_had_its_time_not_at_a_fixed_second(
         await clients[members[0]].score(1, record=_record(by_id[members[0]]))
         assert info.collect_deadline_ms is not None
         end = info.collect_deadline_ms / 1000
+        start = end - 2.0  # published_at
         await trio.sleep(max(0.0, end - time.time() - 0.3))  # past the nominal deadline
         info = await clients[members[0]].round_info(1)
         assert info.scores_closed is False
-        for m in members[1:3]:  # late, but taken
-            await clients[m].score(1, record=_record(by_id[m]))
-        nominal = end - 0.5
-        closes = nominal + limits.SCORE_LATE_WINDOWS * (nominal - (end - 2.0))
-        await trio.sleep(max(0.0, closes - time.time() + 0.3))
+        before = time.time()
+        await clients[members[1]].score(1, record=_record(by_id[members[1]]))
+        after = time.time()
+        await clients[members[2]].score(1, record=_record(by_id[members[2]]))  # late, but taken
+        earliest = start + limits.PACE_FACTOR * (before - start)
+        latest = start + limits.PACE_FACTOR * (after - start)
+        await trio.sleep(max(0.0, earliest - time.time() - 0.3))
+        info = await clients[members[0]].round_info(1)
+        assert info.scores_closed is False, "closed before the swarm had its time"
+        await trio.sleep(max(0.0, latest - time.time() + 0.3))
         info = await clients[members[0]].round_info(1)
         assert info.scores_closed is True and list(info.scores) == members[:3]
         await _rejected(
             clients[members[3]].score(1, record=_record(by_id[members[3]])), "scores_closed"
         )
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_the_result_window_waits_for_the_scores_and_its_step_follows_their_pace(
+    serve: Any, peers: Any
+) -> None:
+    # A swarm slower than its run config: every member needs ~1.5 s to score, past the 1 s
+    # collect window. The aggregators wait for the score records, so the result window opens
+    # when they close (here: all in), and its backup step is the median member's time to score,
+    # not the configured 0.2 s: a backup does not take a partition from an aggregator that is
+    # as slow as everyone else (specs/coordinator.md#pace).
+    running = serve(
+        run_config(
+            peers[:3],
+            partitioned="auto",
+            scores=True,
+            min_participants=3,
+            collect_timeout_s=1.0,
+            backup_step_s=0.2,
+        )
+    )
+    by_id = {p.peer_id_str: p for p in peers}
+
+    async def main() -> None:
+        clients, info = await _publish(running, peers[:3])
+        assert info.collect_deadline_ms is not None
+        start = info.collect_deadline_ms / 1000 - 1.0  # published_at
+        await trio.sleep(max(0.0, start + 1.5 - time.time()))
+        times = []
+        for m in sorted(clients):
+            await clients[m].score(1, record=_record(by_id[m]))
+            times.append(time.time())
+        with trio.fail_after(10):
+            while (record := await clients[m].round_info(1)).results_open_ms is None:
+                await trio.sleep(0.05)
+        assert record.scores_closed and record.backup_step_ms is not None
+        assert record.results_open_ms >= info.collect_deadline_ms + 400  # not at the deadline
+        median = record.backup_step_ms / 1000  # the second record's time after the publish
+        assert times[0] - start - 0.1 <= median <= times[1] - start + 0.1, (median, times)
         for c in clients.values():
             await c.aclose()
 
