@@ -3,7 +3,7 @@
 Protocols: ``/cnode/blocks/1.0.0`` and ``/cnode/admit/1.0.0`` (specs/blocks.md), signed
 announcements over gossipsub (specs/announce.md), and the trustless HTTP gateway subset, served
 and fetched from (specs/gateway.md). The py-libp2p 0.8.1 workarounds live in
-``_defects.py``; the asyncio bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
+``_defects/``; the asyncio bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
 
 Trio callers::
 
