@@ -30,13 +30,11 @@ from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 
 import structlog
 import trio
 
 from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
-from cnode.storage import limits as storage_limits
 
 from .. import limits
 from .._blocks._exchange import request_blocks
@@ -57,78 +55,10 @@ from ._fetch_types import (
     OpenStream,
     Reveal,
 )
-from ._source_rate import CountedStream, RateWindow
+from ._holders import Abandoned, HolderState, InFlight
+from ._source_rate import CountedStream
 
 log = structlog.get_logger(__name__)
-
-
-@dataclass
-class _Holder:
-    peer: str
-    lacks: set[CID] = field(default_factory=set)
-    in_flight: int = 0
-    bytes: int = 0
-    dropped: str | None = None
-    refused: bool = False  # it refused this node outright (FORBIDDEN, or not admitted)
-    first_request: float | None = None  # trio time its first request started
-    window: RateWindow = field(default_factory=RateWindow)  # bytes on the wire, for the rate
-
-    def observed_s(self) -> float:
-        """Seconds since its first request (0 before any)."""
-        if self.first_request is None:
-            return 0.0
-        return trio.current_time() - self.first_request
-
-    def batch_blocks(self) -> int:
-        """CIDs to ask this holder for at once: BATCH_BLOCKS, or what it delivers in
-        REQUEST_TARGET_S at the rate it has shown (up to MAX_REQUEST_CIDS), so that the round
-        trips a request costs (its stream, then its first byte) stay small beside its transfer.
-        """
-        measured = int(self.rate() * limits.REQUEST_TARGET_S / storage_limits.MAX_BLOCK_SIZE)
-        return min(limits.MAX_REQUEST_CIDS, max(limits.BATCH_BLOCKS, measured))
-
-    def rate(self) -> float:
-        """Bytes per second delivered since its first request (0 before any)."""
-        return self.bytes / max(self.observed_s(), 1e-3)
-
-
-@dataclass(eq=False)
-class _Request:
-    """One request in flight: its CIDs in order and what became of each.
-
-    ``position`` is the request index of the latest BLOCK whose header arrived: that block is
-    on the wire until delivered, the CIDs before it that were not delivered were ``skipped``
-    (lacked), and only the CIDs after it are unsent.
-    """
-
-    holder: _Holder
-    cids: list[CID]
-    delivered: set[CID] = field(default_factory=set)
-    stolen: set[CID] = field(default_factory=set)  # moved to another holder
-    skipped: set[CID] = field(default_factory=set)  # passed over by the holder: it lacks them
-    position: int = -1
-    arrived: set[CID] = field(default_factory=set)  # received whole: being checked or stored
-    scope: trio.CancelScope | None = None
-    abandoned: bool = False
-
-    def on_wire(self) -> CID | None:
-        """The CID whose BLOCK is arriving (header seen, not yet delivered), if any."""
-        if self.position < 0:
-            return None
-        cid = self.cids[self.position]
-        return None if cid in self.delivered or cid in self.arrived else cid
-
-    def unsent(self) -> list[CID]:
-        """CIDs after the one on the wire that are still this request's, in request order."""
-        return [c for c in self.cids[self.position + 1 :] if c not in self.stolen]
-
-    def only_stolen_left(self) -> bool:
-        done = self.delivered | self.stolen | self.skipped
-        return all(c in done for c in self.cids)
-
-
-class _Abandoned(Exception):
-    """Internal: every CID this request still waits for was moved to a faster holder."""
 
 
 ProgressFn = Callable[[FetchProgress], None]
@@ -167,14 +97,14 @@ class Transfer:
         self.batch = batch
         self.open_stream = open_stream
         self.direct = {d.name: d for d in direct}
-        self.holders = {peer: _Holder(peer) for peer in [*holders, *self.direct]}
+        self.holders = {peer: HolderState(peer) for peer in [*holders, *self.direct]}
         self.progress = progress
         self.started = trio.current_time()
         self.bytes = 0
         self.blocks = 0
         self._pending: collections.deque[CID] = collections.deque()
         self._in_flight: set[CID] = set()
-        self._requests: set[_Request] = set()
+        self._requests: set[InFlight] = set()
         self._stored: set[CID] = set()  # by any holder (a moved CID may arrive twice)
         self._changed = trio.Event()
 
@@ -184,7 +114,7 @@ class Transfer:
         self._changed.set()
         self._changed = trio.Event()
 
-    def _take_batch(self, holder: _Holder) -> list[CID]:
+    def _take_batch(self, holder: HolderState) -> list[CID]:
         # Share what is left evenly over every worker of every live holder, so no holder is
         # idle while another has a queue of its own; the holder's batch size bounds it.
         workers = limits.MAX_IN_FLIGHT_PER_HOLDER * sum(
@@ -201,7 +131,7 @@ class Transfer:
         self._in_flight.update(batch)
         return batch
 
-    def _steal(self, thief: _Holder) -> list[CID]:
+    def _steal(self, thief: HolderState) -> list[CID]:
         """End game: move work that a slower holder has not delivered yet to ``thief``.
 
         From a holder not faster than ``thief``: the back half of its request's unsent CIDs but
@@ -212,7 +142,7 @@ class Transfer:
         is stored twice). Should the victim start sending a moved CID after all (it lacked the
         ones before), its request is abandoned at that block's header (see ``_request``).
         """
-        best: _Request | None = None
+        best: InFlight | None = None
         take: list[CID] = []
         thief_rate = thief.rate()
         for request in self._requests:
@@ -295,7 +225,7 @@ class Transfer:
                 refused_by=frozenset(h.peer for h in self.holders.values() if h.refused),
             )
 
-    async def _worker(self, holder: _Holder) -> None:
+    async def _worker(self, holder: HolderState) -> None:
         while holder.dropped is None:
             batch = self._take_batch(holder) or self._steal(holder)
             if not batch:
@@ -305,7 +235,7 @@ class Transfer:
                     return
                 await self._changed.wait()
                 continue
-            request = _Request(holder, batch)
+            request = InFlight(holder, batch)
             self._requests.add(request)
             holder.in_flight += 1
             holder.window.busy()
@@ -314,7 +244,7 @@ class Transfer:
             lacked: set[CID] = set()
             try:
                 lacked = await self._request(request)
-            except _Abandoned:
+            except Abandoned:
                 pass  # its remaining blocks now belong to faster holders
             except BadBlockError as exc:
                 self._drop(holder, f"bad bytes: {exc}")
@@ -382,12 +312,12 @@ class Transfer:
                     if request.holder is holder and request.scope is not None:
                         request.scope.cancel()
 
-    def _drop(self, holder: _Holder, reason: str) -> None:
+    def _drop(self, holder: HolderState, reason: str) -> None:
         if holder.dropped is None:
             holder.dropped = reason
             log.warning("holder_dropped", holder=holder.peer, reason=reason)
 
-    def _skip(self, request: _Request, index: int) -> None:
+    def _skip(self, request: InFlight, index: int) -> None:
         """The holder began the block at ``index``: what it passed over goes back at once."""
         passed = [
             c
@@ -403,7 +333,7 @@ class Transfer:
         self._pending.extendleft(reversed([c for c in passed if c not in self._stored]))
         self._notify()
 
-    async def _request(self, request: _Request) -> set[CID]:
+    async def _request(self, request: InFlight) -> set[CID]:
         holder = request.holder
         index = {cid: i for i, cid in enumerate(request.cids)}
 
@@ -412,12 +342,12 @@ class Transfer:
             if cid in request.stolen:
                 # It lacked what came before, and this one was moved: do not receive it twice.
                 log.debug("moved_block_started", holder=holder.peer, cid=str(cid))
-                raise _Abandoned
+                raise Abandoned
 
         async def on_block(block: VerifiedBlock) -> None:
             cid, data = block.cid, block.data
             if cid in request.stolen:  # moved while its last bytes were being checked
-                raise _Abandoned
+                raise Abandoned
             request.arrived.add(cid)  # (a gateway has no arrival hook: marked here too)
             # Hashed once on receipt (request_blocks): the store does not hash it again.
             nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
@@ -430,7 +360,7 @@ class Transfer:
             self.blocks += 1
             self._report()
             if request.stolen and request.only_stolen_left():
-                raise _Abandoned
+                raise Abandoned
 
         with trio.CancelScope() as scope:
             request.scope = scope
@@ -461,7 +391,7 @@ class Transfer:
             await stream.close()
             return lacked
         if request.abandoned:
-            raise _Abandoned
+            raise Abandoned
         if holder.dropped is not None:
             raise trio.TooSlowError(holder.dropped)
         raise trio.TooSlowError(f"no progress for {limits.NO_PROGRESS_TIMEOUT_S} s")
