@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector
 
 from cnode.node.p2p import Traffic
 
-from ._exceptions import TrainingConfigError
+from .._exceptions import TrainingConfigError
 
 __all__ = ["PHASES", "NodeMetrics", "serve_metrics"]
 
