@@ -2,13 +2,18 @@
 
 Run: ``.venv/bin/python bench/scale.py [--sizes 100M,500M,1B]``. A synthetic state of float32
 tensors in GPT-2 block shapes (qkv d x 3d, proj d x d, fc d x 4d, fc2 4d x d) goes through the
-real storage code; each phase runs in its own child process, so its peak RSS (``ru_maxrss``) is
-its own. Every phase prints seconds, MB/s, peak RSS and the ratio to its baseline measured in
-the same run: ``torch.save`` of the same state for saving, hashlib.sha256 over the same block
-bytes for verifying, reading the same block files for loading (assembling the state).
+real storage code; each phase runs in its own child process, and its peak RSS is that
+process's own high-water mark (``VmHWM`` of /proc/PID/status, which a fresh address space at
+exec starts from zero; ``ru_maxrss`` would inherit the parent's peak through vfork). Every phase
+prints seconds, MB/s, peak RSS and the ratio to its baseline measured in the same run:
+``torch.save`` of the same state for saving, hashlib.sha256 over the same block bytes for
+verifying, reading the same block files for loading (assembling the state), and a raw libp2p
+stream of the same byte count between two processes (bench/_raw_stream.py) for the late
+joiner, which fetches the checkpoint with ``cnode checkpoint fetch`` from 2 holder processes
+(``cnode checkpoint serve``) and whose peak RSS is polled from outside (bench/fetch.py).
 
-What it does not cover yet (see docs/benchmarks.md): the exchange with 7 holder processes,
-aggregation and the late joiner's fetch.
+What it does not cover yet (see docs/benchmarks.md): the exchange with 7 holder processes and
+aggregation.
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ import argparse
 import hashlib
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -43,7 +47,11 @@ def _state(size: str) -> dict:  # type: ignore[type-arg]
 
 
 def _peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """This process's resident high-water mark in bytes (VmHWM: its own since exec)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def _child(args: argparse.Namespace) -> None:
@@ -134,7 +142,30 @@ def bench(size: str, tmp: Path) -> None:
     raw = _run("--child", "read_files", *common)
     _row(size, "load", _run("--child", "load", *common, *cid), model, raw, "read files")
     _row(size, "car", _run("--child", "car", *common, *cid), model, raw, "read files")
+    _late_joiner(size, tmp / size, root, save["cid"], model)
     shutil.rmtree(tmp / size)
+
+
+def _late_joiner(size: str, base: Path, store: Path, cid: str, model: int) -> None:
+    """A joiner process fetches the checkpoint from 2 holder processes serving ``store``."""
+    from _raw_stream import raw_stream, stop
+    from fetch import _fetch, _home, _start_holders
+
+    raw_mbps, _ = raw_stream(model)
+    holders = _start_holders([_home(base, f"holder{i}", store) for i in range(2)], 0)
+    try:
+        seconds, mbps, peak = _fetch(_home(base, "joiner", base / "joined"), cid,
+                                     [addr for _, addr in holders])  # fmt: skip
+    finally:
+        stop([proc for proc, _ in holders])
+    print(
+        f"{size:>5} {'fetch':<8} {seconds:7.2f} s {mbps:6.0f} MB/s peak RSS {peak / 2**20:7.0f} "
+        f"MiB (model {model / 2**20:.0f} MiB; bound model + 512 MiB: "
+        f"{'within' if peak <= model + 512 * 2**20 else 'OVER'}); raw stream {raw_mbps:.0f} "
+        f"MB/s -> {mbps / raw_mbps:.2f}x",
+        flush=True,
+    )  # fmt: skip
+    shutil.rmtree(base / "joined", ignore_errors=True)
 
 
 def main() -> None:
