@@ -10,21 +10,18 @@ Layout under ``root``::
     unsynced/<marker>    one per batch of fetched blocks written without a per-block fsync
                          (specs/blocks.md#durability, ``_unsynced``); checked on open if stale
 
-Two layers, as boxo does it: :class:`_BlockFiles` reads and writes files and trusts them;
-:class:`BlockStore` (the public class) verifies every byte it hands out, so a corrupt file is
-reported by CID, moved to ``quarantine/`` and never returned.
+Two layers, as boxo does it: :class:`BlockFiles` (``_blockfiles.py``) reads and writes files and
+trusts them; :class:`BlockStore` (the public class) verifies every byte it hands out, so a corrupt
+file is reported by CID, moved to ``quarantine/`` and never returned.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import os
 import re
 import secrets
-import shutil
-import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +31,7 @@ from typing import Protocol
 import structlog
 
 from . import limits
+from ._blockfiles import BlockFiles
 from ._cid import CID, RAW, compute_cid, matches, new_hash, verify_block
 from ._closure import reachable_blocks
 from ._exceptions import (
@@ -43,14 +41,12 @@ from ._exceptions import (
     ManifestError,
     StorageError,
 )
-from ._unsynced import UnsyncedBatch, stale_markers, start_writeback, sync_filesystem
+from ._unsynced import UnsyncedBatch, stale_markers, sync_filesystem
 from ._verified import VerifiedBlock
 from ._walk import BlockReader
 
 log = structlog.get_logger(__name__)
 
-# Temp files older than this are left-overs of a crashed writer and are removed on open.
-_STALE_TMP_S = 3600.0
 _PIN_NAME = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]{0,127}$")
 
 
@@ -71,82 +67,6 @@ def _buffer() -> bytearray:
     return buf
 
 
-class _BlockFiles:
-    """Block files under a root folder: paths, atomic writes, raw reads. Verifies nothing."""
-
-    def __init__(self, root: Path, *, create: bool = True) -> None:
-        self.root = Path(root)
-        self.blocks = self.root / "blocks"
-        self.tmp = self.root / "tmp"
-        self.quarantine = self.root / "quarantine"
-        self.pins = self.root / "pins"
-        self.unsynced = self.root / "unsynced"
-        try:
-            if not create:  # read-only use: nothing is created; an absent store reads as empty
-                try:
-                    mode = os.stat(self.root).st_mode
-                except FileNotFoundError:
-                    return
-                if not stat.S_ISDIR(mode):
-                    raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR))
-                return
-            for folder in (self.blocks, self.tmp, self.quarantine, self.pins):
-                folder.mkdir(parents=True, exist_ok=True)
-            self._remove_stale_tmp()
-        except OSError as exc:
-            raise StorageError(
-                f"cannot open the block store {self.root}: {exc.strerror or exc}"
-            ) from exc
-
-    def _remove_stale_tmp(self) -> None:
-        now = time.time()
-        for entry in os.scandir(self.tmp):
-            with contextlib.suppress(FileNotFoundError):
-                if now - entry.stat().st_mtime <= _STALE_TMP_S:
-                    continue
-                if entry.is_dir():  # a CAR import's staging folder
-                    shutil.rmtree(entry.path, ignore_errors=True)
-                else:
-                    os.unlink(entry.path)
-
-    def path(self, cid: CID) -> Path:
-        text = str(cid)
-        return self.blocks / text[-3:-1] / text
-
-    def write(self, cid: CID, data: bytes | bytearray | memoryview, *, fsync: bool = True) -> None:
-        """Write atomically: temp file, fsync, rename. Same-CID writers race harmlessly.
-
-        ``fsync=False`` (an open UnsyncedBatch covers it): only start the writeback.
-        """
-        target = self.path(cid)
-        target.parent.mkdir(exist_ok=True)
-        tmp = self.tmp / f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        complete = False
-        try:
-            view = memoryview(data).cast("B")
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            if fsync:
-                os.fsync(fd)
-            else:
-                start_writeback(fd)
-            complete = True
-        finally:
-            os.close(fd)
-            if not complete:  # an error or a cancel mid-write: no half block anywhere
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-        os.replace(tmp, target)
-
-    def move_in(self, cid: CID, source: Path) -> None:
-        """Rename an already fsynced, verified file into place (CAR import)."""
-        target = self.path(cid)
-        target.parent.mkdir(exist_ok=True)
-        os.replace(source, target)
-
-
 class BlockStore:
     """Content-addressed blocks on disk; every read is verified against the CID.
 
@@ -162,7 +82,7 @@ class BlockStore:
     """
 
     def __init__(self, root: Path, *, create: bool = True) -> None:
-        self._files = _BlockFiles(Path(root), create=create)
+        self._files = BlockFiles(Path(root), create=create)
         self.root = self._files.root
         if create:
             self._recover_unsynced()

@@ -10,15 +10,11 @@ This package is the node side: :class:`CoordinatorClient` (async, trio or asynci
 """
 
 from . import limits as limits
-from ._addrs import AddressError as AddressError
-from ._addrs import check_peer_addrs as check_peer_addrs
-from ._addrs import is_private_addr as is_private_addr
-from ._addrs import parse_peer_addr as parse_peer_addr
-from ._ban_records import BanKind as BanKind
-from ._ban_records import BanRecord as BanRecord
-from ._ban_records import BanReport as BanReport
-from ._client import CoordinatorClient as CoordinatorClient
-from ._client import verify_state_envelope as verify_state_envelope
+from ._bans._verdicts import PartitionVerdict as PartitionVerdict
+from ._bans._verdicts import ReputationVerdict as ReputationVerdict
+from ._client._client import CoordinatorClient as CoordinatorClient
+from ._client._client import verify_state_envelope as verify_state_envelope
+from ._client._sync_client import SyncCoordinatorClient as SyncCoordinatorClient
 from ._codes import ERRORS as ERRORS
 from ._codes import ErrorCode as ErrorCode
 from ._codes import ErrorInfo as ErrorInfo
@@ -36,19 +32,23 @@ from ._exceptions import RequestRefused as RequestRefused
 from ._exceptions import RunConfigError as RunConfigError
 from ._gossip import run_state_topic as run_state_topic
 from ._gossip import run_state_validator as run_state_validator
-from ._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
-from ._protocol import REQUEST_TYPE as REQUEST_TYPE
-from ._protocol import STATE_TYPE as STATE_TYPE
-from ._protocol import CheckpointRecord as CheckpointRecord
-from ._protocol import JoinResult as JoinResult
-from ._protocol import PartitionResultEntry as PartitionResultEntry
-from ._protocol import Phase as Phase
-from ._protocol import RoundInfo as RoundInfo
-from ._protocol import RoundStatus as RoundStatus
-from ._protocol import RunState as RunState
-from ._sync_client import SyncCoordinatorClient as SyncCoordinatorClient
-from ._verdicts import PartitionVerdict as PartitionVerdict
-from ._verdicts import ReputationVerdict as ReputationVerdict
+from ._http._addrs import AddressError as AddressError
+from ._http._addrs import check_peer_addrs as check_peer_addrs
+from ._http._addrs import is_private_addr as is_private_addr
+from ._http._addrs import parse_peer_addr as parse_peer_addr
+from ._wire._ban_records import BanKind as BanKind
+from ._wire._ban_records import BanRecord as BanRecord
+from ._wire._ban_records import BanReport as BanReport
+from ._wire._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
+from ._wire._protocol import REQUEST_TYPE as REQUEST_TYPE
+from ._wire._protocol import STATE_TYPE as STATE_TYPE
+from ._wire._protocol import CheckpointRecord as CheckpointRecord
+from ._wire._protocol import JoinResult as JoinResult
+from ._wire._protocol import PartitionResultEntry as PartitionResultEntry
+from ._wire._protocol import Phase as Phase
+from ._wire._protocol import RoundInfo as RoundInfo
+from ._wire._protocol import RoundStatus as RoundStatus
+from ._wire._protocol import RunState as RunState
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",

@@ -35,7 +35,7 @@ from cnode.node.p2p import limits as p2p_limits
 from cnode.storage import BlockStore
 
 from . import limits
-from ._protocol import STATE_TYPE
+from ._wire._protocol import STATE_TYPE
 
 __all__ = ["StateGossip", "run_state_topic", "run_state_validator"]
 

@@ -15,14 +15,14 @@ coordinator, never imports the HTTP server, the run state machine or SQLite.
   holds (the training package provides the function; a ``ReputationVerdict``).
 """
 
-from ._evidence import EvidenceChecker as EvidenceChecker
+from ._bans._evidence import EvidenceChecker as EvidenceChecker
+from ._bans._reputation import ReputationChecker as ReputationChecker
+from ._bans._slots import EvidenceTiming as EvidenceTiming
 from ._exceptions import BadEvidence as BadEvidence
 from ._gossip import StateGossip as StateGossip
+from ._http._server import CoordinatorServer as CoordinatorServer
+from ._http._server import ServeSettings as ServeSettings
 from ._process import CoordinatorProcess as CoordinatorProcess
-from ._reputation import ReputationChecker as ReputationChecker
-from ._server import CoordinatorServer as CoordinatorServer
-from ._server import ServeSettings as ServeSettings
-from ._slots import EvidenceTiming as EvidenceTiming
 
 __all__ = [
     "BadEvidence",

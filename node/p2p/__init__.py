@@ -3,7 +3,7 @@
 Protocols: ``/cnode/blocks/1.0.0`` and ``/cnode/admit/1.0.0`` (specs/blocks.md), signed
 announcements over gossipsub (specs/announce.md), and the trustless HTTP gateway subset, served
 and fetched from (specs/gateway.md). The py-libp2p 0.8.1 workarounds live in
-``_defects.py``; the asyncio bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
+``_defects/``; the asyncio bridge in ``_bridge.py``. Errors: ``_exceptions.py``.
 
 Trio callers::
 
@@ -13,14 +13,9 @@ Trio callers::
 """
 
 from . import limits as limits
-from ._admission import PeerAdmission as PeerAdmission
-from ._announce import PAYLOAD_TYPE as ANNOUNCE_PAYLOAD_TYPE
-from ._announce import AnnounceKind as AnnounceKind
-from ._announce import Announcement as Announcement
-from ._announce import EnvelopeValidator as EnvelopeValidator
-from ._announce import HolderTable as HolderTable
-from ._announce import announce_topic as announce_topic
-from ._announce import announcement_validator as announcement_validator
+from ._blocks._admission import PeerAdmission as PeerAdmission
+from ._blocks._wire import ADMIT_PROTOCOL_ID as ADMIT_PROTOCOL_ID
+from ._blocks._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
 from ._bridge import TrioPortal as TrioPortal
 from ._bridge import trio_portal as trio_portal
 from ._bucket import TokenBucket as TokenBucket
@@ -37,24 +32,29 @@ from ._exceptions import PeerProtocolError as PeerProtocolError
 from ._exceptions import RejectedMessage as RejectedMessage
 from ._exceptions import RemoteRefusedError as RemoteRefusedError
 from ._exceptions import StreamBroken as StreamBroken
-from ._fetch_types import DirectHolder as DirectHolder
-from ._fetch_types import FetchProgress as FetchProgress
-from ._fetch_types import FetchReport as FetchReport
+from ._fetch._fetch_types import DirectHolder as DirectHolder
+from ._fetch._fetch_types import FetchProgress as FetchProgress
+from ._fetch._fetch_types import FetchReport as FetchReport
+from ._fetch._gateway_client import GatewayHolder as GatewayHolder
+from ._fetch._gateway_client import check_gateway_url as check_gateway_url
+from ._fetch._gateway_client import gateway_client as gateway_client
 from ._gateway import GatewayServer as GatewayServer
 from ._gateway import RunningGateway as RunningGateway
 from ._gateway import gateway_beside_trio as gateway_beside_trio
 from ._gateway import start_gateway as start_gateway
-from ._gateway_client import GatewayHolder as GatewayHolder
-from ._gateway_client import check_gateway_url as check_gateway_url
-from ._gateway_client import gateway_client as gateway_client
+from ._gossip._announce import PAYLOAD_TYPE as ANNOUNCE_PAYLOAD_TYPE
+from ._gossip._announce import AnnounceKind as AnnounceKind
+from ._gossip._announce import Announcement as Announcement
+from ._gossip._announce import EnvelopeValidator as EnvelopeValidator
+from ._gossip._announce import HolderTable as HolderTable
+from ._gossip._announce import announce_topic as announce_topic
+from ._gossip._announce import announcement_validator as announcement_validator
+from ._gossip._subscription import Subscription as Subscription
 from ._node import P2PNode as P2PNode
 from ._open import open_p2p_node as open_p2p_node
 from ._settings import P2PSettings as P2PSettings
 from ._settings import check_peer_address as check_peer_address
-from ._subscription import Subscription as Subscription
 from ._traffic import Traffic as Traffic
-from ._wire import ADMIT_PROTOCOL_ID as ADMIT_PROTOCOL_ID
-from ._wire import PROTOCOL_ID as BLOCKS_PROTOCOL_ID
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_exports.py)
     "ADMIT_PROTOCOL_ID",

@@ -23,16 +23,10 @@ from cnode.auth import Opened, seal
 from cnode.storage import CID, BlockStore, ClosureWalk
 
 from . import _defects, limits
-from ._admission import PeerAdmission, present_token
-from ._announce import (
-    PAYLOAD_TYPE,
-    AnnounceKind,
-    Announcement,
-    EnvelopeValidator,
-    HolderTable,
-    announce_topic,
-    announcement_validator,
-)
+from ._blocks._admission import PeerAdmission, present_token
+from ._blocks._server import BlockServer
+from ._blocks._stream import Libp2pStream
+from ._blocks._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
 from ._bucket import TokenBucket
 from ._exceptions import (
     AnnouncementError,
@@ -44,13 +38,19 @@ from ._exceptions import (
     RemoteRefusedError,
     StreamBroken,
 )
-from ._fetch_types import DirectHolder, FetchReport
-from ._scheduler import ProgressFn, Transfer
-from ._server import BlockServer
+from ._fetch._fetch_types import DirectHolder, FetchReport
+from ._fetch._scheduler import ProgressFn, Transfer
+from ._gossip._announce import (
+    PAYLOAD_TYPE,
+    AnnounceKind,
+    Announcement,
+    EnvelopeValidator,
+    HolderTable,
+    announce_topic,
+    announcement_validator,
+)
+from ._gossip._subscription import Subscription
 from ._settings import NodeIdentity, P2PSettings, peer_info
-from ._stream import Libp2pStream
-from ._subscription import Subscription
-from ._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
 
 log = structlog.get_logger(__name__)
 

@@ -22,15 +22,14 @@ from libp2p.tools.anyio_service import background_trio_service
 from cnode.storage import BlockStore
 
 from . import _defects
-from ._admission import PeerAdmission, serve_admit
+from ._blocks._admission import PeerAdmission, serve_admit
+from ._blocks._server import BlockServer
+from ._blocks._stream import Libp2pStream
+from ._blocks._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
 from ._bucket import TokenBucket
 from ._exceptions import DialError, ListenError, P2PError, StreamBroken
 from ._node import P2PNode
-from ._pubsub_guard import guard_pubsub_handlers
-from ._server import BlockServer
 from ._settings import NodeIdentity, P2PSettings
-from ._stream import Libp2pStream
-from ._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
 
 __all__ = ["open_p2p_node"]
 
@@ -159,7 +158,7 @@ def _build_host(
         )
     router = _defects.gossipsub_router()
     pubsub = Pubsub(host, router, strict_signing=True)
-    guard_pubsub_handlers(host, pubsub, router)  # defect 17
+    _defects.guard_pubsub_handlers(host, pubsub, router)  # defect 17
     try:
         addrs = [multiaddr.Multiaddr(a) for a in settings.listen]
     except (ValueError, multiaddr.exceptions.Error) as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from . import limits
-from ._fetch_types import FetchReport
+from ._fetch._fetch_types import FetchReport
 
 __all__ = ["OTHER_PEERS", "Traffic"]
 

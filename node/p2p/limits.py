@@ -97,7 +97,7 @@ MAX_REANNOUNCED_HOLDS = 16
 MAX_HOLDER_TABLE_CIDS = 4096
 MAX_HOLDERS_PER_CID = 256
 
-# -- gossipsub settings that work around py-libp2p 0.8.1 defaults (see _defects.py) -------------
+# -- gossipsub settings that work around py-libp2p 0.8.1 defaults (see _defects/) --------------
 
 # Heartbeat interval; the library default of 120 s leaves a fresh mesh empty for two minutes.
 GOSSIP_HEARTBEAT_S = 1

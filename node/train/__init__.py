@@ -25,9 +25,6 @@ from ._exceptions import UnreachableError as UnreachableError
 from ._loop import NODE_ATTACKS as NODE_ATTACKS
 from ._loop import TrainSettings as TrainSettings
 from ._loop import run_node as run_node
-from ._memory import MemoryNeed as MemoryNeed
-from ._memory import check_model_fits as check_model_fits
-from ._memory import memory_need as memory_need
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
@@ -51,10 +48,13 @@ from .demo import run_demo as run_demo
 from .exchange import fetch_update_segments as fetch_update_segments
 from .model import DATA_ATTACKS as DATA_ATTACKS
 from .model import LocalResult as LocalResult
+from .model import MemoryNeed as MemoryNeed
 from .model import TextData as TextData
 from .model import build_model as build_model
+from .model import check_model_fits as check_model_fits
 from .model import evaluate as evaluate
 from .model import load_state as load_state
+from .model import memory_need as memory_need
 from .model import model_state as model_state
 from .model import state_cid as state_cid
 from .model import state_cid_from_layers as state_cid_from_layers

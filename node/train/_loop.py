@@ -38,21 +38,21 @@ from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
 from ._membership import leave_round
-from ._memory import check_model_fits
-from ._metrics import NodeMetrics, serve_metrics
 from ._report import Reporter
 from ._round_loop import RoundLoop
 from ._stop import NodeStopped, StopReason, stop_reason_of
 from ._trainer import NodeTrainer
 from .exchange import MemberFetcher, PartitionedExchange, UpdateExchange
-from .model import Placement
+from .model import Placement, check_model_fits
 from .swarm import (
     HeaderCollector,
     KnownBans,
+    NodeMetrics,
     PeerFinder,
     RunTopics,
     advertised_addrs,
     maybe_gateway,
+    serve_metrics,
 )
 
 __all__ = ["NODE_ATTACKS", "TrainSettings", "run_node"]

@@ -10,18 +10,14 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Mapping
-from typing import Any
 
 import structlog
 import torch
 
 from cnode.aggregation import (
     ATTACKS,
-    AggregationResult,
     BanPolicy,
-    BanRecommendation,
     PeerRecord,
-    combine_records,
 )
 from cnode.auth import Identity
 from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
@@ -35,7 +31,6 @@ from ._exceptions import (
 )
 from ._outcome import OwnUpdate, RoundOutcome, finite_params
 from ._round import (
-    RoundResult,
     UpdateHeader,
     aggregate_round,
     encode_update,
@@ -43,6 +38,7 @@ from ._round import (
     seal_update_header,
     store_update,
 )
+from ._trainer_partitioned import PartitionedRounds
 from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from .model import (
     DATA_ATTACKS,
@@ -63,24 +59,16 @@ from .model import (
     uses_momentum,
     zero_momentum,
 )
-from .partition import (
-    PartitionResult,
-    PartitionTask,
-    aggregate_own_partition,
-    apply_partitions,
-    seal_partition_result,
-    state_numel,
-    store_wrong_output,
-)
-from .scores import RoundScoring, SpreadScores, checkpoint_reputation
+from .scores import RoundScoring, checkpoint_reputation
 
 __all__ = ["NodeTrainer", "OwnUpdate", "RoundOutcome"]
 
 log = structlog.get_logger(__name__)
 
 
-class NodeTrainer:
-    """The training side of one node of one run."""
+class NodeTrainer(PartitionedRounds):
+    """The training side of one node of one run (a partitioned round's part:
+    ``_trainer_partitioned.py``)."""
 
     def __init__(
         self,
@@ -297,161 +285,6 @@ class NodeTrainer:
             bans,
             time.perf_counter() - began,
         )
-
-    # -- a partitioned round (specs/training.md#partitioned-rounds) ---------------------------
-
-    def aggregate_partition(
-        self,
-        round_: int,
-        headers: Mapping[str, tuple[CID, UpdateHeader]],
-        *,
-        partition: int,
-        parts: int,
-        missing: Mapping[str, str],
-        backup_for: str | None = None,
-    ) -> tuple[bytes, PartitionResult]:
-        """Aggregate this node's partition of the updates ``headers`` name (their partition's
-        segments in the store), store the output and sign the result; return both."""
-        task = PartitionTask(
-            self.run, round_, partition, parts, state_numel(self.state), self.state_cid
-        )
-        work = aggregate_own_partition(
-            self.store, {m: h for m, (_, h) in headers.items()}, task, self.config
-        )
-        output = work.output
-        if self.attack_name == "wrong_partition" and output is not None:
-            # Testing aid (`--attack wrong_partition`): sign an output its inputs do not give.
-            output = store_wrong_output(
-                self.store, output, self.config.result_codec, numel=state_numel(self.state)
-            )
-        result = PartitionResult(
-            self.run,
-            round_,
-            partition,
-            parts,
-            self.peer,
-            self.state_cid,
-            {m: cid for m, (cid, _) in headers.items()},
-            work.rejected,
-            {**missing, **work.skipped},
-            output,
-            {m: (float(r.distance or 0.0), r.clip_weight) for m, r in work.records.items()},
-            backup_for,
-        )
-        return seal_partition_result(self.identity, result), result
-
-    def apply_partitions(
-        self,
-        round_: int,
-        results: Mapping[int, tuple[CID, PartitionResult]],
-        outputs: Mapping[int, CID | None],
-        *,
-        parts: int,
-        dropped: dict[str, str],
-        scores: SpreadScores | None = None,
-    ) -> RoundOutcome:
-        """Assemble the round's state from the partitions' outputs (blocks in the store).
-
-        ``results``: the recorded, checked result of each partition that has one; ``outputs``:
-        what each partition applies (the result's output, or the coordinator's recomputation
-        when the result was found wrong). Ban evidence comes from the combined records, and
-        with ``scores`` (the round's agreed scores) from reputations and wrong score records.
-        """
-        began = time.perf_counter()
-        if round_ != self.round + 1:
-            raise StateMismatchError(
-                f"asked to assemble round {round_} on the state of {self.round}"
-            )
-        new, momentum = apply_partitions(
-            self.store, self.state, outputs, parts=parts, config=self.config, momentum=self.momentum
-        )
-        new_cid = state_cid(new)
-        per_partition = []
-        update_cids: dict[str, str] = {}
-        inputs: set[CID] = set()
-        for p in sorted(results):
-            _, result = results[p]
-            records = {m: PeerRecord(m, d, c, None) for m, (d, c) in result.records.items()}
-            records.update(
-                {m: PeerRecord(m, None, None, why) for m, why in result.rejected.items()}
-            )
-            per_partition.append(records)
-            inputs.update(result.inputs.values())
-        combined = combine_records(per_partition)
-        for _, result in results.values():
-            dropped.update({m: why for m, why in result.missing.items() if m not in combined})
-            for m, cid in result.inputs.items():
-                update_cids.setdefault(m, str(cid))
-        bans = self.bans.observe(round_, combined, update_cids)
-        members = tuple(sorted(m for m, r in combined.items() if r.rejected is None))
-        dropped.update({m: r.rejected or "" for m, r in combined.items() if r.rejected})
-        cids = tuple(sorted((cid for cid, _ in results.values()), key=str))
-        params: dict[str, Any] = {
-            "parts": parts,
-            "partitions": len(results),
-            "members": len(members),
-        }
-        empty = not results  # the same verdict on every node: results are the recorded ones
-        if empty:
-            # No partition result: the state stays the parent's. Nothing is logged for the
-            # round (a replay has nothing to recompute) and its scores move no reputation (no
-            # update was applied); a wrong score record is still evidence.
-            if scores is not None:
-                bans += list(scores.wrong)
-            self.round = round_
-            log.warning(
-                "round_exchanged_nothing",
-                round=round_,
-                parts=parts,
-                why="no partition has a result: no aggregator, nor any backup, got enough "
-                "members' updates by the deadline (are the members' addresses reachable?)",
-            )
-            return RoundOutcome(
-                round_,
-                RoundResult(self.state, self.state_cid, AggregationResult({}, combined, {})),
-                (),
-                dropped,
-                bans,
-                time.perf_counter() - began,
-                empty=True,
-            )
-        if scores is not None and self.scoring is not None:
-            bans += self._spread_bans(round_, scores)
-            dropped.update({m: why for m, why in scores.left_out.items() if m not in combined})
-            params["scores"] = scores.to_params()
-            # The manifest lists only what the agreed round decides, never what this node
-            # happens to hold (a header fetched here but not there made honest nodes' manifests
-            # differ): every score record, and the header of each disputed target (a replay
-            # recomputes those). The seed's full input is in params["scores"]["headers"].
-            disputed = {str(w.figures.get("target")) for w in scores.wrong}
-            inputs.update(c for m, c in scores.headers.items() if m in disputed)
-            cids += tuple(sorted(scores.records.values(), key=str))
-        cids += tuple(sorted(inputs, key=str))
-        self.state, self.state_cid, self.round = new, new_cid, round_
-        self.momentum = momentum
-        self.since_checkpoint.append(RoundLog(round_, new_cid, cids, params))
-        log.info("round_assembled", round=round_, state=str(new_cid), parts=parts)
-        nothing = AggregationResult({}, combined, params)
-        return RoundOutcome(
-            round_,
-            RoundResult(new, new_cid, nothing),
-            members,
-            dropped,
-            bans,
-            time.perf_counter() - began,
-        )
-
-    def _spread_bans(self, round_: int, scores: SpreadScores) -> list[BanRecommendation]:
-        """Take the round's agreed reputations; reputation and wrong-score ban evidence."""
-        assert self.scoring is not None
-        self.scoring.reputation = dict(scores.reputation)
-        out = list(scores.wrong)
-        if scores.scores:
-            cids = {t: str(x.header) for t, x in scores.losses.items()}
-            out += self.scoring.policy.observe(
-                round_, scores.seed, scores.scores, scores.reputation, cids
-            )
-        return out
 
     def evaluate(self) -> float:
         """Held-out loss of the current state (the same figure on every node that holds it)."""

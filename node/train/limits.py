@@ -11,7 +11,7 @@ MAX_REPLAY_ROUNDS = 1000
 # Parameters of a model this loop will build from a run config (the default has ~170 thousand):
 # a hard ceiling, checked when the config is read, before anything is allocated, so a run config
 # from the network cannot make a node allocate without bound. Below it, what a node accepts is
-# what its memory holds (MODEL_MEMORY_* and _memory.check_model_fits, at `cnode train`'s start).
+# what its memory holds (MODEL_MEMORY_* and model.check_model_fits, at `cnode train`'s start).
 MAX_MODEL_PARAMETERS_CEILING = 8_000_000_000
 # Whole-model float32 buffers a node holds at its peak, per phase (specs/training.md#memory):
 # training holds the state, the live model, its gradients, AdamW's two moments, the delta and

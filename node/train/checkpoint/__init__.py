@@ -7,12 +7,12 @@ The names other parts of ``cnode.node.train`` use; the modules stay private.
 from __future__ import annotations
 
 from ._agreement import agree_on_checkpoint as agree_on_checkpoint
-from ._checkpoint import ReplayReport as ReplayReport
 from ._checkpoint import RoundLog as RoundLog
 from ._checkpoint import genesis_state as genesis_state
 from ._checkpoint import read_checkpoint_info as read_checkpoint_info
-from ._checkpoint import replay_checkpoint as replay_checkpoint
 from ._checkpoint import store_checkpoint as store_checkpoint
+from ._replay import ReplayReport as ReplayReport
+from ._replay import replay_checkpoint as replay_checkpoint
 from ._replay_fetch import ReplayInputs as ReplayInputs
 from ._replay_fetch import fetch_replay_inputs as fetch_replay_inputs
 from ._signed import SignedUpdates as SignedUpdates

@@ -1,5 +1,6 @@
 """The model and what one node does with it alone: build it, shard the data, train K local steps,
-keep the error-feedback residual, and name a state by its CID.
+keep the error-feedback residual, name a state by its CID, and check the model fits this machine's
+memory.
 
 The names other parts of ``cnode.node.train`` use; the modules stay private.
 """
@@ -16,6 +17,9 @@ from ._device import resolve_device as resolve_device
 from ._local import LocalResult as LocalResult
 from ._local import evaluate as evaluate
 from ._local import train_local as train_local
+from ._memory import MemoryNeed as MemoryNeed
+from ._memory import check_model_fits as check_model_fits
+from ._memory import memory_need as memory_need
 from ._model import State as State
 from ._model import build_model as build_model
 from ._model import load_state as load_state

@@ -60,7 +60,7 @@ __all__ = [
 # An unscored reason that starts so says the scorer found the update itself invalid.
 INVALID_PREFIX = "invalid update: "
 # How the ban evidence against a scorer whose signed record does not decode is worded (the
-# coordinator checks such a report itself: node/coordinator/_reputation.py).
+# coordinator checks such a report itself: node/coordinator/_bans/_reputation.py).
 BAD_RECORD_REASON = "signed a score record that does not decode: "
 
 

@@ -22,7 +22,7 @@ from cnode.node.coordinator import (
     RunConfig,
     SyncCoordinatorClient,
 )
-from cnode.node.coordinator._protocol import b64encode
+from cnode.node.coordinator._wire._protocol import b64encode
 from cnode.node.coordinator.server import CoordinatorServer, ServeSettings
 
 

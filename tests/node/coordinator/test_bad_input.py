@@ -19,7 +19,7 @@ from cnode.node.coordinator import (
     limits,
     verify_state_envelope,
 )
-from cnode.node.coordinator._protocol import b64encode
+from cnode.node.coordinator._wire._protocol import b64encode
 
 from .conftest import Running, body, post, refused, run_config
 

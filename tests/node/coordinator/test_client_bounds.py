@@ -24,8 +24,8 @@ from cnode.node.coordinator import (
     SyncCoordinatorClient,
     limits,
 )
-from cnode.node.coordinator._client_core import Core
-from cnode.node.coordinator._json import JSONTooDeep, json_depth, loads_bounded
+from cnode.node.coordinator._client._client_core import Core
+from cnode.node.coordinator._wire._json import JSONTooDeep, json_depth, loads_bounded
 from cnode.node.train import StopReason
 
 DEEP = b"[" * 100_000

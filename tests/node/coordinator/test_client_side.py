@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 SERVER_SIDE = (
-    "cnode.node.coordinator._server",
-    "cnode.node.coordinator._machine",
-    "cnode.node.coordinator._store",
+    "cnode.node.coordinator._http._server",
+    "cnode.node.coordinator._rounds._machine",
+    "cnode.node.coordinator._store._store",
     "cnode.node.coordinator._process",
     "cnode.node.coordinator.server",
 )

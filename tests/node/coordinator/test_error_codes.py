@@ -24,7 +24,7 @@ def _refusal_codes() -> tuple[set[str], list[str]]:
     """The ErrorCode members every refusal in the source names, and the calls that name none."""
     used: set[str] = set()
     loose: list[str] = []
-    for path in sorted(SOURCE.glob("*.py")):
+    for path in sorted(SOURCE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if not isinstance(node, ast.Call):
                 continue
@@ -60,7 +60,7 @@ def test_every_refusal_names_a_registered_code() -> None:
 
 
 def test_every_code_is_sent_somewhere_and_has_a_status_and_meaning() -> None:
-    text = "\n".join(p.read_text(encoding="utf-8") for p in SOURCE.glob("*.py"))
+    text = "\n".join(p.read_text(encoding="utf-8") for p in SOURCE.rglob("*.py"))
     sent = set(re.findall(r"\bE\.([A-Z_]+)\b", text))
     assert set(ErrorCode.__members__) - {"RATE_LIMITED"} <= sent, "codes nothing sends"
     assert set(ERRORS) == set(ErrorCode)
@@ -89,7 +89,7 @@ def test_the_spec_lists_the_registry() -> None:
 def test_codes_the_client_raises_itself_are_registered() -> None:
     """The client refuses some requests locally, as the server would (same code and status)."""
     found = []
-    for path in sorted(SOURCE.glob("*.py")):
+    for path in sorted(SOURCE.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "CoordinatorRejected":
                 status, code = node.args[0], node.args[1]

@@ -23,7 +23,7 @@ from cnode.node.coordinator import (
     load_run_config,
     verify_state_envelope,
 )
-from cnode.node.coordinator._protocol import b64decode, b64encode
+from cnode.node.coordinator._wire._protocol import b64decode, b64encode
 
 FIXTURES = Path(__file__).resolve().parents[3] / "specs" / "fixtures" / "coordinator"
 PEER = Identity.from_seed(bytes([1]) * 32)

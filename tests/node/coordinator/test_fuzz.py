@@ -27,7 +27,7 @@ import trio
 from cnode.auth import EncodeError, Identity, seal
 from cnode.node.cli._coordinator import check_evidence, check_reputation
 from cnode.node.coordinator import ERRORS, REQUEST_TYPE, CoordinatorClient, ErrorCode, limits
-from cnode.node.coordinator._protocol import Op, b64encode
+from cnode.node.coordinator._wire._protocol import Op, b64encode
 from cnode.storage import compute_cid
 
 from .conftest import Running, run_config

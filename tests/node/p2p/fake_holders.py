@@ -19,8 +19,8 @@ from pathlib import Path
 import trio
 
 from cnode.node.p2p import StreamBroken
-from cnode.node.p2p._fetch_types import RequestStream
-from cnode.node.p2p._wire import Block, End, Lacking, Request
+from cnode.node.p2p._blocks._wire import Block, End, Lacking, Request
+from cnode.node.p2p._fetch._fetch_types import RequestStream
 from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock, compute_cid
 
 PIECES = 4

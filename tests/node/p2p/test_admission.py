@@ -22,7 +22,7 @@ from cnode.node.p2p import (
     limits,
     open_p2p_node,
 )
-from cnode.node.p2p._admission import present_token, serve_admit
+from cnode.node.p2p._blocks._admission import present_token, serve_admit
 from cnode.storage import BlockStore, CheckpointMeta, missing_blocks, save_checkpoint
 
 RUN = "run-a"

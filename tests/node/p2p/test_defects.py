@@ -1,10 +1,10 @@
-"""One test per py-libp2p 0.8.1 defect handled in node/p2p/_defects.py.
+"""One test per py-libp2p 0.8.1 defect handled in node/p2p/_defects/.
 
 Each defect has a canary (the library, left alone, still misbehaves: if a canary fails, the
 library was fixed and the workaround can go) and a test that our workaround fixes it. Real
 hosts on 127.0.0.1, in this process.
 
-Over 500 lines on purpose: it mirrors ``_defects.py`` one defect per test, so the list of
+Over 500 lines on purpose: it mirrors ``_defects/`` one defect per test, so the list of
 defects and their proofs is read in one place; split it when that module is split.
 """
 
@@ -48,7 +48,7 @@ from cnode.node.p2p import (
 )
 from cnode.node.p2p import _defects as defects
 from cnode.node.p2p import limits as p2p_limits
-from cnode.node.p2p._pubsub_guard import guard_pubsub_handlers
+from cnode.node.p2p._defects import _throughput as throughput
 from cnode.storage import BlockStore
 
 LOOPBACK = [multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]
@@ -752,7 +752,7 @@ def test_a_window_update_per_read_canary(monkeypatch: pytest.MonkeyPatch) -> Non
     from libp2p.stream_muxer.yamux import yamux
 
     monkeypatch.delenv("PY_YAMUX_RELEASE_ON_READ", raising=False)
-    original = getattr(defects, "_original_release_on_read", yamux._yamux_release_on_read)
+    original = getattr(throughput, "_original_release_on_read", yamux._yamux_release_on_read)
     monkeypatch.setattr(yamux, "_yamux_release_on_read", original)  # the library's own
     assert yamux._yamux_release_on_read()
     frames = WINDOW_BULK // (yamux.MAX_MESSAGE_SIZE - 12)
@@ -876,7 +876,7 @@ async def _survives_bad_pubsub_frame(guard: bool) -> bool:
     router = GossipSub([PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12)
     pubsub = Pubsub(server, router)
     if guard:
-        guard_pubsub_handlers(server, pubsub, router)
+        defects.guard_pubsub_handlers(server, pubsub, router)
     server.set_stream_handler(ECHO, _echo)
     try:
         async with AsyncExitStack() as stack:

@@ -1,6 +1,6 @@
-"""The requesting side of one ``/cnode/blocks/1.0.0`` request (node/p2p/_exchange.py) against
-in-memory fake holders (tests/node/p2p/fake_holders.py), under a MockClock with worker threads
-inline: frames checked against the request, each block's CID seen before its bytes, and the
+"""The requesting side of one ``/cnode/blocks/1.0.0`` request (node/p2p/_blocks/_exchange.py)
+against in-memory fake holders (tests/node/p2p/fake_holders.py), under a MockClock with worker
+threads inline: frames checked against the request, each block's CID seen before its bytes, and the
 next block received while the last ones are hashed and kept.
 """
 
@@ -15,9 +15,9 @@ import trio
 import trio.testing
 
 from cnode.node.p2p import BadBlockError, PeerProtocolError, StreamBroken, limits
+from cnode.node.p2p._blocks._exchange import request_blocks
+from cnode.node.p2p._blocks._wire import Block, End
 from cnode.node.p2p._exceptions import first_error
-from cnode.node.p2p._exchange import request_blocks
-from cnode.node.p2p._wire import Block, End
 from cnode.storage import CID, VerifiedBlock, compute_cid
 from tests.node.p2p.fake_holders import FakeHolder, FakeStream, blocks_of
 

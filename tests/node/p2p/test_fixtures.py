@@ -15,8 +15,8 @@ from cnode.node.p2p import (
     announcement_validator,
     limits,
 )
-from cnode.node.p2p._exchange import request_blocks
-from cnode.node.p2p._wire import (
+from cnode.node.p2p._blocks._exchange import request_blocks
+from cnode.node.p2p._blocks._wire import (
     Admit,
     Admitted,
     Block,

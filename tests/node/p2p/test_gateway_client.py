@@ -1,4 +1,4 @@
-"""node/p2p/_gateway_client.py: fetching through trustless gateways, good, slow and bad.
+"""node/p2p/_fetch/_gateway_client.py: fetching through trustless gateways, good, slow and bad.
 
 Bad gateways are real aiohttp servers on 127.0.0.1 that break the trustless gateway spec in one
 way each (a block with wrong bytes, HTML in place of a block, a CAR with a wrong root, an extra

@@ -1,4 +1,4 @@
-"""The multi-holder scheduler (node/p2p/_scheduler.py) against in-memory fake holders
+"""The multi-holder scheduler (node/p2p/_fetch/_scheduler.py) against in-memory fake holders
 (tests/node/p2p/fake_holders.py). Everything runs under
 ``trio.testing.MockClock(autojump_threshold=0)``, so a 10 s no-progress timeout takes no real
 time; the scheduler's worker threads (CID check, store write) run inline so the mock clock
@@ -26,7 +26,7 @@ from cnode.node.p2p import (
     FetchReport,
     limits,
 )
-from cnode.node.p2p._scheduler import Transfer
+from cnode.node.p2p._fetch._scheduler import Transfer
 from cnode.storage import (
     CID,
     BlockStore,

@@ -20,8 +20,8 @@ from cnode.node.p2p import (
     limits,
     open_p2p_node,
 )
-from cnode.node.p2p._exchange import request_blocks
-from cnode.node.p2p._wire import End, Error, FrameKind, FrameReader, Status
+from cnode.node.p2p._blocks._exchange import request_blocks
+from cnode.node.p2p._blocks._wire import End, Error, FrameKind, FrameReader, Status
 from cnode.storage import BlockStore, VerifiedBlock
 from tests.support.procs import CnodeProc, Procs, procs
 

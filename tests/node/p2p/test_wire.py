@@ -9,7 +9,7 @@ import trio
 import trio.testing
 
 from cnode.node.p2p import FrameTooLargeError, PeerProtocolError, limits
-from cnode.node.p2p._wire import (
+from cnode.node.p2p._blocks._wire import (
     Block,
     End,
     Error,

@@ -12,8 +12,8 @@ import pytest
 from cnode.node.p2p import FetchReport, Traffic
 from cnode.node.p2p import limits as p2p_limits
 from cnode.node.train import TrainingConfigError
-from cnode.node.train._metrics import NodeMetrics, serve_metrics
 from cnode.node.train._report import Reporter
+from cnode.node.train.swarm._metrics import NodeMetrics, serve_metrics
 from cnode.storage import compute_cid
 from tests.support.metrics import scrape, value
 

@@ -1,0 +1,65 @@
+"""Long polls of round records (``GET .../rounds/{n}?wait=S&until=...``): who waits for which
+round to be published, agreed, or to have every partition's result, and waking them after a
+change. See specs/coordinator.md#a-round.
+
+A change wakes only the waiters whose round it finished (1,000 waiters x every ready would not
+do). Events are kept only for rounds up to the next one and at most MAX_POLLED_ROUNDS of each
+kind: a poll of any other round sleeps its wait, so polls of arbitrary rounds keep nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from .. import limits
+from .._store._store import Store
+from .._wire._protocol import RoundStatus
+
+__all__ = ["UNTIL", "RoundWaits"]
+
+# What a long poll may wait for.
+UNTIL = ("published", "agreed", "results")
+
+
+class RoundWaits:
+    """``await waits.wait(n, until, seconds)``; ``waits.wake()`` after every committed change."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.events: dict[str, dict[int, asyncio.Event]] = {until: {} for until in UNTIL}
+
+    def results_done(self, n: int) -> bool:
+        """Round ``n`` is agreed, or published with a result for every partition."""
+        row = self.store.round_row(n)
+        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+            return False
+        parts = int(row["parts"] or 0)
+        return row["status"] == RoundStatus.AGREED or len(self.store.results(n)) >= parts
+
+    def _agreed(self, n: int) -> bool:
+        row = self.store.round_row(n)
+        return row is not None and row["status"] == RoundStatus.AGREED
+
+    def _done(self, n: int, until: str, current: int) -> bool:
+        if until == "published":
+            return n < current
+        return self._agreed(n) if until == "agreed" else self.results_done(n)
+
+    async def wait(self, n: int, until: str, seconds: float) -> None:
+        """Return once round ``n`` reached ``until``, or after ``seconds``."""
+        waiting = self.events[until]
+        current = int(self.store.run_row()["round"])
+        if n > current + 1 or (n not in waiting and len(waiting) >= limits.MAX_POLLED_ROUNDS):
+            await asyncio.sleep(seconds)  # no event kept for it
+            return
+        if not self._done(n, until, current):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(waiting.setdefault(n, asyncio.Event()).wait(), seconds)
+
+    def wake(self) -> None:
+        """Set (and drop) the events of every round a change finished."""
+        current = int(self.store.run_row()["round"])
+        for until, waiting in self.events.items():
+            for n in [n for n in waiting if self._done(n, until, current)]:
+                waiting.pop(n).set()

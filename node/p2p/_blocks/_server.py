@@ -1,0 +1,169 @@
+"""Serving side of ``/cnode/blocks/1.0.0`` (specs/blocks.md#interaction): parse, check, answer.
+
+One request per stream. The handler decodes the REQUEST, checks the requester against the allow
+hook and the per-peer stream cap, then streams BLOCK frames for held blocks (each read from disk
+and verified by the store while the one before it is sent, sent in SEND_PIECE pieces through the
+upload token bucket, or in one write when the node's upload is uncapped), one LACKING frame for
+the rest, and END.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+
+import structlog
+import trio
+from libp2p.abc import INetStream
+
+from cnode.storage import CID, BlockNotFoundError, BlockStore, CorruptBlockError
+
+from .. import limits
+from .._bucket import TokenBucket
+from .._exceptions import FrameTooLargeError, PeerProtocolError, StreamBroken, first_error
+from .._traffic import Traffic
+from ._stream import Libp2pStream
+from ._wire import Block, End, Error, FrameReader, Lacking, Request, Status
+
+log = structlog.get_logger(__name__)
+
+
+class BlockServer:
+    """Answers block requests from allowed peers out of ``store``.
+
+    Args:
+        store: where blocks are read from.
+        allow: ``allow(peer_id) -> bool``; peers it refuses get an ERROR FORBIDDEN frame.
+        bucket: the node's upload token bucket (bytes).
+        corrupt_for_tests: TESTING AID ONLY: flip one byte of every block sent, to exercise
+            the fetcher's bad-holder handling. Never set outside tests.
+
+    Error handling: a bad request gets an ERROR frame and the stream is closed; a broken
+    stream is logged and reset. Nothing escapes to the host (see _defects.guard_handler).
+    Log lines name the remote side ``requester``: ``peer`` is the node's own id, bound to the
+    log context by the process (``cnode.node._logging.bind_context``).
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        *,
+        allow: Callable[[str], bool],
+        bucket: TokenBucket,
+        corrupt_for_tests: bool = False,
+    ) -> None:
+        self.store = store
+        self.allow = allow
+        self.bucket = bucket
+        self.corrupt_for_tests = corrupt_for_tests
+        self._open: collections.Counter[str] = collections.Counter()
+        self.bytes_sent = 0
+        self.requests_served = 0
+        self.traffic = Traffic()  # bytes by peer: served here, fetched by the node (/metrics)
+
+    async def handle(self, raw: INetStream) -> None:
+        peer = str(raw.muxed_conn.peer_id)
+        stream = Libp2pStream(raw, peer)
+        self._open[peer] += 1
+        try:
+            await self._serve(stream, peer)
+            await stream.close()
+        except StreamBroken as exc:
+            log.info("serve_stream_broken", requester=peer[-8:], error=str(exc))
+            await stream.reset()
+        finally:
+            self._open[peer] -= 1
+            if not self._open[peer]:
+                del self._open[peer]
+
+    async def _refuse(self, stream: Libp2pStream, peer: str, status: Status, text: str) -> None:
+        log.warning("serve_refused", requester=peer[-8:], status=status.name, reason=text)
+        await stream.write(Error(status, text).encode())
+
+    async def _serve(self, stream: Libp2pStream, peer: str) -> None:
+        if not self.allow(peer):
+            await self._refuse(stream, peer, Status.FORBIDDEN, "peer is not allowed to fetch")
+            return
+        if self._open[peer] > limits.MAX_SERVED_STREAMS_PER_PEER:
+            await self._refuse(stream, peer, Status.BUSY, "too many open requests")
+            return
+        try:
+            with trio.fail_after(limits.REQUEST_READ_TIMEOUT_S):
+                frame = await FrameReader(stream, read_size=4096).read_frame(
+                    limits.MAX_REQUEST_FRAME
+                )
+        except trio.TooSlowError:
+            await self._refuse(stream, peer, Status.BAD_REQUEST, "no request within timeout")
+            return
+        except FrameTooLargeError as exc:
+            await self._refuse(stream, peer, Status.TOO_LARGE, str(exc))
+            return
+        except PeerProtocolError as exc:
+            await self._refuse(stream, peer, Status.BAD_REQUEST, str(exc))
+            return
+        if not isinstance(frame, Request):
+            what = "end of stream" if frame is None else type(frame).__name__
+            await self._refuse(stream, peer, Status.BAD_REQUEST, f"expected REQUEST, got {what}")
+            return
+        lacking = []
+        # The next block is read (and verified) from disk while this one is sent, so the
+        # stream never waits on our disk between blocks. The reader holds the one block it has
+        # read until the sender takes it: SERVE_READ_AHEAD blocks ahead, beyond the channel.
+        read, ready = trio.open_memory_channel[tuple[CID, bytes | None]](
+            limits.SERVE_READ_AHEAD - 1
+        )
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._read_blocks, frame.cids, read)
+                async with ready:
+                    async for cid, data in ready:
+                        if data is None:
+                            lacking.append(cid)
+                            continue
+                        if self.corrupt_for_tests and data:
+                            data = bytes([data[0] ^ 0xFF]) + data[1:]
+                        await self._send_block(stream, Block.header(cid, len(data)), data)
+        except BaseExceptionGroup as group:
+            raise first_error(group) from None
+        if lacking:
+            await stream.write(Lacking(tuple(lacking)).encode())
+        await stream.write(End().encode())
+        self.requests_served += 1
+        log.debug(
+            "served",
+            requester=peer[-8:],
+            sent=len(frame.cids) - len(lacking),
+            lacking=len(lacking),
+        )
+
+    async def _read_blocks(
+        self, cids: tuple[CID, ...], read: trio.MemorySendChannel[tuple[CID, bytes | None]]
+    ) -> None:
+        """Read the requested blocks in order; None for one this store lacks (or holds corrupt,
+        which the store quarantines)."""
+        async with read:
+            for cid in cids:
+                try:
+                    data: bytes | None = await trio.to_thread.run_sync(self.store.get, cid)
+                except (BlockNotFoundError, CorruptBlockError):
+                    data = None
+                await read.send((cid, data))
+
+    async def _send_block(self, stream: Libp2pStream, header: bytes, data: bytes) -> None:
+        if not self.bucket.rate:  # uncapped: one write, yamux cuts it into frames itself
+            await stream.write(header + data)
+            self._sent(stream.peer, len(header) + len(data))
+            return
+        view = memoryview(data)
+        first = limits.SEND_PIECE - len(header)
+        await self.bucket.take(len(header) + min(first, len(view)))
+        await stream.write(header + bytes(view[:first]))
+        for start in range(first, len(view), limits.SEND_PIECE):
+            piece = view[start : start + limits.SEND_PIECE]
+            await self.bucket.take(len(piece))
+            await stream.write(bytes(piece))
+        self._sent(stream.peer, len(header) + len(data))
+
+    def _sent(self, peer: str, nbytes: int) -> None:
+        self.bytes_sent += nbytes
+        self.traffic.served(peer, nbytes)

@@ -1,0 +1,407 @@
+"""Which holder gets which blocks: the multi-holder fetch policy (specs/blocks.md#fetching).
+
+A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
+runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
+has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
+fast holders take more work and nobody idles while work is left. A request that makes no
+progress for NO_PROGRESS_TIMEOUT_S is abandoned; a holder whose request fails (timeout, broken
+stream, protocol error, refusal) is dropped for this transfer and its unfinished CIDs go back to
+the queue. A holder that delivers under MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it has a
+request in flight (a trickle, which resets the no-progress timer forever) is dropped too, its
+requests cancelled and their CIDs put back (``_source_rate``). A holder that sends bytes not
+matching their CID is dropped and reported with the evidence. A CID is requested from a
+second holder only if the first did not deliver it, so nothing is fetched twice unless its
+first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
+slower holder's request to its own holder (the slower request stops once only moved CIDs are
+left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower once that one
+has had STEAL_MIN_OBSERVED_S to show its rate (cancelling its request, partial block
+included): one slow holder cannot hold up the end.
+
+Holders answer in request order (specs/blocks.md#interaction), and each BLOCK's CID is seen
+before its bytes: so the scheduler knows which block is on the wire, and that every CID passed
+over before it is lacked (those go back to the queue at once). A holder that starts sending a
+CID already moved to another holder (it lacked the ones before) has its request abandoned
+before the bytes arrive, so no block is received whole twice.
+
+Times come from ``trio.current_time()`` (tests run it under a MockClock).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterable
+
+import structlog
+import trio
+
+from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
+
+from .. import limits
+from .._blocks._exchange import request_blocks
+from .._blocks._wire import Status
+from .._exceptions import (
+    BadBlockError,
+    DialError,
+    FetchError,
+    NotAdmittedError,
+    PeerProtocolError,
+    RemoteRefusedError,
+    StreamBroken,
+)
+from ._fetch_types import (
+    DirectHolder,
+    FetchProgress,
+    FetchReport,
+    OpenStream,
+    Reveal,
+)
+from ._holders import Abandoned, HolderState, InFlight
+from ._source_rate import CountedStream
+
+log = structlog.get_logger(__name__)
+
+
+ProgressFn = Callable[[FetchProgress], None]
+
+
+class Transfer:
+    """Fetch state shared by every round of one ``fetch`` (holders stay dropped across rounds).
+
+    Args:
+        store: where verified blocks are put.
+        open_stream: ``await open_stream(peer)`` gives a stream to that holder (DialError,
+            StreamBroken on failure).
+        holders: peer ids to fetch from.
+        progress: called after every stored block.
+        direct: holders reached without a libp2p stream (gateways), by name; their names
+            are holders too and share the queue, the stealing and the drop rules.
+        reveal: called with each stored block (in the storing thread); the CIDs it returns
+            join the queue during the fetch, nodes at the front, leaves at the back, so a
+            manifest is fetched in one pass as its nodes arrive.
+        batch: an open ``store.begin_unsynced()`` batch: blocks are then stored without a
+            per-block fsync, and the caller commits the batch (specs/blocks.md#durability).
+    """
+
+    def __init__(
+        self,
+        store: BlockStore,
+        open_stream: OpenStream,
+        holders: Iterable[str],
+        progress: ProgressFn | None = None,
+        direct: Iterable[DirectHolder] = (),
+        reveal: Reveal | None = None,
+        batch: UnsyncedBatch | None = None,
+    ) -> None:
+        self.store = store
+        self.reveal = reveal
+        self.batch = batch
+        self.open_stream = open_stream
+        self.direct = {d.name: d for d in direct}
+        self.holders = {peer: HolderState(peer) for peer in [*holders, *self.direct]}
+        self.progress = progress
+        self.started = trio.current_time()
+        self.bytes = 0
+        self.blocks = 0
+        self._pending: collections.deque[CID] = collections.deque()
+        self._in_flight: set[CID] = set()
+        self._requests: set[InFlight] = set()
+        self._stored: set[CID] = set()  # by any holder (a moved CID may arrive twice)
+        self._changed = trio.Event()
+
+    # -- shared queue ------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    def _take_batch(self, holder: HolderState) -> list[CID]:
+        # Share what is left evenly over every worker of every live holder, so no holder is
+        # idle while another has a queue of its own; the holder's batch size bounds it.
+        workers = limits.MAX_IN_FLIGHT_PER_HOLDER * sum(
+            1 for h in self.holders.values() if h.dropped is None
+        )
+        share = -(-len(self._pending) // max(workers, 1))
+        size = max(1, min(holder.batch_blocks(), share))
+        batch: list[CID] = []
+        skipped: list[CID] = []
+        while self._pending and len(batch) < size:
+            cid = self._pending.popleft()
+            (skipped if cid in holder.lacks else batch).append(cid)
+        self._pending.extendleft(reversed(skipped))
+        self._in_flight.update(batch)
+        return batch
+
+    def _steal(self, thief: HolderState) -> list[CID]:
+        """End game: move work that a slower holder has not delivered yet to ``thief``.
+
+        From a holder not faster than ``thief``: the back half of its request's unsent CIDs but
+        the next one (it may be on its way already; the victim stops once only moved CIDs are
+        left, so nothing is fetched twice). From a holder STEAL_SLOWER_FACTOR times slower:
+        everything it has not delivered, the block on the wire included unless it arrived
+        whole; its request is cancelled at once (that one partial block is wasted, and nothing
+        is stored twice). Should the victim start sending a moved CID after all (it lacked the
+        ones before), its request is abandoned at that block's header (see ``_request``).
+        """
+        best: InFlight | None = None
+        take: list[CID] = []
+        thief_rate = thief.rate()
+        for request in self._requests:
+            victim = request.holder
+            if victim is thief or victim.dropped is not None or victim.rate() > thief_rate:
+                continue
+            much_slower = (
+                victim.observed_s() >= limits.STEAL_MIN_OBSERVED_S
+                and victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
+            )
+            left = request.unsent()
+            if not much_slower:
+                left = left[1:]
+            else:
+                current = request.on_wire()
+                if current is not None and current not in request.stolen:
+                    left = [current, *left]
+            left = [c for c in left if c not in thief.lacks]
+            tail = left if much_slower else left[len(left) // 2 :]
+            if len(tail) > len(take):
+                best, take = request, tail
+        if best is not None:
+            best.stolen.update(take)
+            log.debug("work_moved", blocks=len(take), src=best.holder.peer, dst=thief.peer)
+            if best.only_stolen_left() and best.scope is not None:
+                best.abandoned = True
+                best.scope.cancel()
+        return take
+
+    def _report(self) -> None:
+        if self.progress is not None:
+            self.progress(
+                FetchProgress(
+                    bytes=self.bytes,
+                    blocks=self.blocks,
+                    pending=len(self._pending) + len(self._in_flight),
+                    holders_in_use=sum(1 for h in self.holders.values() if h.in_flight),
+                    elapsed_s=trio.current_time() - self.started,
+                )
+            )
+
+    # -- one round ---------------------------------------------------------------------------
+
+    async def fetch_synced(self, cids: Iterable[CID]) -> None:
+        """:meth:`fetch`, then the batch (if any) committed, also after an error or a cancel
+        (specs/blocks.md#durability, D3)."""
+        try:
+            await self.fetch(cids)
+        finally:
+            if self.batch is not None:
+                with trio.CancelScope(shield=True):  # a sync takes the disk's time, bounded
+                    await trio.to_thread.run_sync(self.batch.commit)
+
+    async def fetch(self, cids: Iterable[CID]) -> None:
+        """Fetch every CID in ``cids`` from the live holders, or raise FetchError.
+
+        Blocks stored before a FetchError stay stored (a later fetch resumes from them).
+        """
+        self._pending = collections.deque(dict.fromkeys(cids))
+        self._in_flight = set()
+        self._requests = set()
+        live = [h for h in self.holders.values() if h.dropped is None]
+        if self._pending and live:
+            async with trio.open_nursery() as watching:
+                watching.start_soon(self._watch_rates)
+                async with trio.open_nursery() as nursery:
+                    for holder in live:
+                        for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
+                            nursery.start_soon(self._worker, holder)
+                watching.cancel_scope.cancel()
+        if self._pending:
+            # Keyed by the whole peer id or gateway URL: two gateways whose URLs end alike
+            # must not share a key.
+            reasons = {h.peer: h.dropped or "lacks them" for h in self.holders.values()}
+            raise FetchError(
+                f"{len(self._pending)} blocks could not be fetched from any holder "
+                f"(holders: {reasons or 'none'}); {self.blocks} blocks fetched are kept",
+                missing=len(self._pending),
+                fetched=self.blocks,
+                refused_by=frozenset(h.peer for h in self.holders.values() if h.refused),
+            )
+
+    async def _worker(self, holder: HolderState) -> None:
+        while holder.dropped is None:
+            batch = self._take_batch(holder) or self._steal(holder)
+            if not batch:
+                # Nothing this holder can take now; only a request in flight elsewhere can
+                # put work back (a failure or a lack), so wait for one to finish, or stop.
+                if not self._in_flight:
+                    return
+                await self._changed.wait()
+                continue
+            request = InFlight(holder, batch)
+            self._requests.add(request)
+            holder.in_flight += 1
+            holder.window.busy()
+            if holder.first_request is None:
+                holder.first_request = trio.current_time()
+            lacked: set[CID] = set()
+            try:
+                lacked = await self._request(request)
+            except Abandoned:
+                pass  # its remaining blocks now belong to faster holders
+            except BadBlockError as exc:
+                self._drop(holder, f"bad bytes: {exc}")
+                log.error(
+                    "holder_sent_bad_block",
+                    holder=holder.peer,
+                    claimed=exc.claimed,
+                    computed=exc.computed,
+                    evidence="bytes received for the claimed CID hash to the computed CID",
+                )
+            except (RemoteRefusedError, NotAdmittedError) as exc:
+                holder.refused = isinstance(exc, NotAdmittedError) or exc.status == int(
+                    Status.FORBIDDEN
+                )
+                self._drop(holder, f"{type(exc).__name__}: {exc}")
+            except (
+                PeerProtocolError,
+                StreamBroken,
+                DialError,
+                trio.TooSlowError,
+            ) as exc:
+                self._drop(holder, f"{type(exc).__name__}: {exc}")
+            finally:
+                self._requests.discard(request)
+                holder.in_flight -= 1
+                if not holder.in_flight:
+                    holder.window.idle()
+                holder.lacks |= lacked
+                # Taken CIDs are the taker's now, skipped ones went back to the queue already:
+                # neither is done nor returned here.
+                mine = [c for c in batch if c not in request.stolen and c not in request.skipped]
+                self._in_flight.difference_update(mine)
+                back = [cid for cid in mine if cid not in self._stored]
+                self._pending.extendleft(reversed(back))
+                self._notify()
+
+    def _keep(self, block: VerifiedBlock) -> tuple[list[CID], list[CID]]:
+        """Store one verified block and say what it reveals (runs in a worker thread)."""
+        self.store.put_verified(block, batch=self.batch)
+        if self.reveal is None:
+            return [], []
+        return self.reveal(block)
+
+    def _enqueue(self, nodes: list[CID], leaves: list[CID]) -> None:
+        known = self._stored | self._in_flight
+        nodes = [c for c in nodes if c not in known]
+        leaves = [c for c in leaves if c not in known]
+        if not nodes and not leaves:
+            return
+        self._pending.extendleft(reversed(nodes))
+        self._pending.extend(leaves)
+        self._notify()
+
+    async def _watch_rates(self) -> None:
+        """Drop every holder under MIN_SOURCE_RATE over a window; runs until cancelled."""
+        while True:
+            await trio.sleep(limits.SOURCE_RATE_WINDOW_S / 4)
+            for holder in self.holders.values():
+                reason = holder.window.too_slow() if holder.dropped is None else None
+                if reason is None:
+                    continue
+                self._drop(holder, reason)
+                # Its requests end now (TooSlowError in each worker) and their CIDs go back.
+                for request in self._requests:
+                    if request.holder is holder and request.scope is not None:
+                        request.scope.cancel()
+
+    def _drop(self, holder: HolderState, reason: str) -> None:
+        if holder.dropped is None:
+            holder.dropped = reason
+            log.warning("holder_dropped", holder=holder.peer, reason=reason)
+
+    def _skip(self, request: InFlight, index: int) -> None:
+        """The holder began the block at ``index``: what it passed over goes back at once."""
+        passed = [
+            c
+            for c in request.cids[request.position + 1 : index]
+            if c not in request.delivered and c not in request.stolen
+        ]
+        request.position = index
+        if not passed:
+            return
+        request.skipped.update(passed)
+        request.holder.lacks.update(passed)
+        self._in_flight.difference_update(passed)
+        self._pending.extendleft(reversed([c for c in passed if c not in self._stored]))
+        self._notify()
+
+    async def _request(self, request: InFlight) -> set[CID]:
+        holder = request.holder
+        index = {cid: i for i, cid in enumerate(request.cids)}
+
+        def on_block_start(cid: CID) -> None:
+            self._skip(request, index[cid])
+            if cid in request.stolen:
+                # It lacked what came before, and this one was moved: do not receive it twice.
+                log.debug("moved_block_started", holder=holder.peer, cid=str(cid))
+                raise Abandoned
+
+        async def on_block(block: VerifiedBlock) -> None:
+            cid, data = block.cid, block.data
+            if cid in request.stolen:  # moved while its last bytes were being checked
+                raise Abandoned
+            request.arrived.add(cid)  # (a gateway has no arrival hook: marked here too)
+            # Hashed once on receipt (request_blocks): the store does not hash it again.
+            nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
+            self._enqueue(nodes, leaves)  # before cid leaves _in_flight: no worker stops early
+            request.delivered.add(cid)
+            self._stored.add(cid)
+            self._in_flight.discard(cid)  # done: no longer pending anywhere
+            holder.bytes += len(data)
+            self.bytes += len(data)
+            self.blocks += 1
+            self._report()
+            if request.stolen and request.only_stolen_left():
+                raise Abandoned
+
+        with trio.CancelScope() as scope:
+            request.scope = scope
+
+            def on_frame(received: int = 0) -> None:
+                scope.deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
+                holder.window.add(received)
+
+            on_frame()
+            direct = self.direct.get(holder.peer)
+            if direct is not None:
+                return await direct.request(request.cids, on_block, on_frame, on_block_start)
+            stream = await self.open_stream(holder.peer)
+            try:
+                lacked = await request_blocks(
+                    CountedStream(stream, holder.window.add),
+                    request.cids,
+                    on_block,
+                    on_frame,
+                    on_block_start,
+                    request.arrived.add,
+                )
+            except BaseException:
+                # Also on cancellation: tell the holder to stop sending (bounded, shielded).
+                with trio.CancelScope(shield=True), trio.move_on_after(1):
+                    await stream.reset()
+                raise
+            await stream.close()
+            return lacked
+        if request.abandoned:
+            raise Abandoned
+        if holder.dropped is not None:
+            raise trio.TooSlowError(holder.dropped)
+        raise trio.TooSlowError(f"no progress for {limits.NO_PROGRESS_TIMEOUT_S} s")
+
+    def report(self, root: CID) -> FetchReport:
+        return FetchReport(
+            root=root,
+            blocks=self.blocks,
+            bytes=self.bytes,
+            seconds=trio.current_time() - self.started,
+            per_holder_bytes={p: h.bytes for p, h in self.holders.items() if h.bytes},
+            dropped={p: h.dropped for p, h in self.holders.items() if h.dropped},
+        )
