@@ -223,19 +223,17 @@ def _held_out(model: Any, data: Any, device: Any) -> float:
         return float(model(input_ids=x, labels=x).loss)
 
 
-def node_names(count: int, n_shards: int, how: str) -> list[str]:
+def node_names(count: int, data: Any, how: str) -> list[str]:
     """``count`` peer names: ``node-0..`` (hashed), or the first ``node-j`` whose shards differ
     while shards are free (distinct)."""
-    from cnode.node.train.model._data import shard_of
-
     if how == "hashed":
         return [f"node-{i}" for i in range(count)]
     names: list[str] = []
     used: set[int] = set()
     j = 0
     while len(names) < count:
-        shard = shard_of(f"node-{j}", n_shards)
-        if shard not in used or len(used) >= n_shards:
+        shard = int(data.shard(f"node-{j}")[0])  # shard k holds sequences k, k + n, ...
+        if shard not in used or len(used) >= data.n_shards:
             names.append(f"node-{j}")
             used.add(shard)
         j += 1
@@ -273,7 +271,7 @@ def _swarm(config: Any, data: Any, device: Any, rounds: int, bench: dict[str, An
     expected = {n: TensorSpec(tuple(t.shape), torch.float32) for n, t in state.items()}
     attack = ATTACKS["gaussian"]
     rng = torch.Generator().manual_seed(config.seed + 1)
-    honest = node_names(NODES, config.data.n_shards, bench["names"])
+    honest = node_names(NODES, data, bench["names"])
     peers = honest + [f"attacker-{i}" for i in range(bench["attackers"])]
     out = []
     for round_ in range(1, rounds + 1):
