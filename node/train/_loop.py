@@ -102,6 +102,13 @@ class TrainSettings:
 
 async def run_node(settings: TrainSettings) -> int:
     """Run one node until ``stop_after_round`` (or forever); return the exit status."""
+    session = await _open_session(settings)
+    return await _run_session(session)
+
+
+async def _open_session(settings: TrainSettings) -> _Session:
+    """Everything a node needs before it talks to the network: its key, the run's config, a
+    model that fits this machine, its device, its block store, its report and its trainer."""
     identity = load_identity(settings.home / IDENTITY_FILE)
     run_config = load_run_config(settings.run_config)
     if run_config.run != settings.run:
@@ -139,7 +146,13 @@ async def run_node(settings: TrainSettings) -> int:
             placement=placement,
         )
     )
-    session = _Session(settings, run_config, identity, store, trainer, reporter, login)
+    return _Session(settings, run_config, identity, store, trainer, reporter, login)
+
+
+async def _run_session(session: _Session) -> int:
+    """Run the session against the run's coordinator; every stop gets its reason and status."""
+    settings, run_config, identity = session.settings, session.run_config, session.identity
+    reporter = session.reporter
     why = "done"
     try:
         async with CoordinatorClient.for_run(
