@@ -158,6 +158,7 @@ def _build_host(
         )
     router = _defects.gossipsub_router()
     pubsub = Pubsub(host, router, strict_signing=True)
+    _defects.guard_pubsub_handlers(host, pubsub, router)  # defect 17
     try:
         addrs = [multiaddr.Multiaddr(a) for a in settings.listen]
     except (ValueError, multiaddr.exceptions.Error) as exc:

@@ -89,6 +89,10 @@ workarounds for the host (1-10, 16) are in ``_host.py``; those for a stream's sp
     coordinator lists (train/swarm/_peers.PeerFinder) and nothing else.
     :func:`switch_off_auto_connector` replaces it before the host runs with one that never
     starts: neither its periodic task nor its redial-on-disconnect trigger dials or logs.
+17. Pubsub's own stream handler lets a protobuf ``DecodeError`` out (a malformed or cut-short
+    frame from any peer), which kills the host as in 3 (found by bench/soak.py: nodes that
+    joined while members were killed stopped "internal"). :func:`guard_pubsub_handlers`
+    (``_pubsub.py``) registers pubsub's handler again through :func:`guard_handler`.
 """
 
 from __future__ import annotations
@@ -108,6 +112,7 @@ from ._host import release_inbound_slots as release_inbound_slots
 from ._host import remove_dial_delay as remove_dial_delay
 from ._host import secure_transports as secure_transports
 from ._host import switch_off_auto_connector as switch_off_auto_connector
+from ._pubsub import guard_pubsub_handlers as guard_pubsub_handlers
 from ._throughput import batch_window_updates as batch_window_updates
 from ._throughput import bound_stream_resets as bound_stream_resets
 from ._throughput import buffer_tcp_reads as buffer_tcp_reads
@@ -126,6 +131,7 @@ __all__ = [
     "forget_failed_dial",
     "gossipsub_router",
     "guard_handler",
+    "guard_pubsub_handlers",
     "is_teardown_race",
     "muxers",
     "pipeline_protocol_select",

@@ -865,3 +865,41 @@ def test_auto_connector_canary() -> None:
 
 def test_auto_connector_switched_off() -> None:
     assert not trio.run(_auto_dialed, True, 1.0)
+
+
+# -- 17. a malformed pubsub frame kills the host -------------------------------------------------
+
+
+async def _survives_bad_pubsub_frame(guard: bool) -> bool:
+    """Whether a host with pubsub lives on after a peer sends it one frame that is no protobuf."""
+    server, client = _host(), _host()
+    router = GossipSub([PROTOCOL_ID_V11, PROTOCOL_ID], degree=6, degree_low=4, degree_high=12)
+    pubsub = Pubsub(server, router)
+    if guard:
+        defects.guard_pubsub_handlers(server, pubsub, router)
+    server.set_stream_handler(ECHO, _echo)
+    try:
+        async with AsyncExitStack() as stack:
+            for cm in (server.run(LOOPBACK), client.run(LOOPBACK)):
+                await stack.enter_async_context(cm)
+            for service in (pubsub, router):
+                await stack.enter_async_context(background_trio_service(service))
+            await pubsub.wait_until_ready()
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            with trio.fail_after(10):
+                await client.connect(info)
+                stream = await client.new_stream(info.peer_id, [PROTOCOL_ID_V11])
+                await stream.write(bytes([4]) + b"\xff\xff\xff\xff")  # length 4, then garbage
+                await trio.sleep(0.5)
+                await _cycle(client, server.get_addrs()[0])
+    except BaseExceptionGroup as group:
+        return not group.subgroup(lambda e: type(e).__name__ == "DecodeError")
+    return True
+
+
+def test_bad_pubsub_frame_canary() -> None:
+    assert trio.run(_survives_bad_pubsub_frame, False) is False
+
+
+def test_bad_pubsub_frame_guarded() -> None:
+    assert trio.run(_survives_bad_pubsub_frame, True) is True
