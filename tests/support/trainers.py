@@ -6,9 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from cnode.node.train import NodeTrainer, open_update_header
+from cnode.node.train import NodeTrainer, TrainingConfig, open_update_header
 from cnode.node.train._trainer import OwnUpdate, RoundOutcome
 from cnode.storage import CID, BlockStore, manifest_closure
+
+# The smallest model the unit tests train: one layer, 32 wide.
+SMALL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32}
+
+
+def tiny_config(*, scores: bool, **training: object) -> TrainingConfig:
+    """A run's ``[training]`` table small enough for a unit test (two local steps of two
+    sequences of 32 tokens, full replication), with ``training``'s keys on top."""
+    table = {
+        "model": SMALL,
+        "data": {"seq_len": 32, "eval_sequences": 4},
+        "local_steps": 2,
+        "batch_size": 2,
+        "partitioned": "never",
+        "scores": scores,
+        **training,
+    }
+    return TrainingConfig.for_run(table)
 
 
 def copy_closure(src: BlockStore, dst: BlockStore, root: CID) -> None:

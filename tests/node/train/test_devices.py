@@ -17,26 +17,17 @@ from cnode.auth import Identity, save_identity
 from cnode.node._config import CONFIG_FILE, IDENTITY_FILE, load_config
 from cnode.node._exceptions import ConfigError
 from cnode.node.cli import main
-from cnode.node.train import DeviceError, StopReason, TrainingConfig
+from cnode.node.train import DeviceError, StopReason
 from cnode.node.train._trainer import NodeTrainer
 from cnode.node.train.model import Placement, TextData, build_model, resolve_device, train_local
 from cnode.storage import BlockStore
-from tests.support.trainers import play_full_round
+from tests.support.trainers import play_full_round, tiny_config
 
 NO_GPU = not torch.cuda.is_available() and not (
     getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 )
-SMALL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32}
 # A new run's table (scores on), small enough for a unit test.
-CONFIG = TrainingConfig.for_run(
-    {
-        "model": SMALL,
-        "data": {"seq_len": 32, "eval_sequences": 4},
-        "local_steps": 2,
-        "batch_size": 2,
-        "partitioned": "never",
-    }
-)
+CONFIG = tiny_config(scores=True)
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: auto would pick it")

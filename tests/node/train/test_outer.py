@@ -29,19 +29,9 @@ from cnode.node.train.model import (
     zero_momentum,
 )
 from cnode.storage import BlockStore, load_checkpoint
-from tests.support.trainers import copy_closure, play_full_round
+from tests.support.trainers import copy_closure, play_full_round, tiny_config
 
-SMALL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32}
-NESTEROV = TrainingConfig.from_dict(
-    {
-        "model": SMALL,
-        "data": {"seq_len": 32, "eval_sequences": 4},
-        "local_steps": 2,
-        "batch_size": 2,
-        "outer_optimizer": "nesterov",
-        "partitioned": "never",
-    }
-)
+NESTEROV = tiny_config(scores=False, outer_optimizer="nesterov")
 
 
 # -- settings ---------------------------------------------------------------------------------
