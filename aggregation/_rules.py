@@ -197,15 +197,7 @@ def _centered_clip(
 
     v = stack.new_vector()
     acc = stack.new_accumulator()
-    if start == "previous" and previous is not None:
-        for name in stack.names:
-            v[name].copy_(previous[name].detach().reshape(-1))
-        sq = stack.sq_distances(v)
-        used_start = "previous"
-    else:
-        _median_into(stack, v, acc)  # one pass: the start and the distances to it
-        sq = stack.reduce(acc)
-        used_start = "median"
+    sq, used_start = _clip_start(stack, v, acc, start, previous)
     dist = [math.sqrt(d) for d in sq.tolist()]
     start_median = statistics.median(dist)
     tau = float(fixed_tau) if fixed_tau is not None else tau_scale * start_median
@@ -222,23 +214,9 @@ def _centered_clip(
             if normalize == "clipped":
                 kept = math.fsum(coef)
                 coef = [c / kept for c in coef] if kept > 0 else coef
-            col = torch.tensor(coef, dtype=torch.float64).reshape(-1, 1)
-            acc.zero_()
-            step_acc.zero_()
-            for tile, x in stack.iter_tiles():
-                vc = v[tile.name][tile.start : tile.stop]
-                d = stack.buffer("work", tile.size)
-                torch.sub(x, vc, out=d)
-                d.mul_(col)
-                delta = tree_sum_rows_(d)  # a view of d[0]
-                vc.add_(delta)  # in place: v now holds the new point for this tile
-                stack.accumulate_sq(step_acc, delta.reshape(1, -1), tile)
-                x.sub_(vc)  # x is this tile's own copy
-                stack.accumulate_sq(acc, x, tile)
-            sq = stack.reduce(acc)
+            sq, step = _clip_pass(stack, v, acc, step_acc, coef)
             dist = [math.sqrt(d) for d in sq.tolist()]
             iterations += 1
-            step = math.sqrt(float(stack.reduce(step_acc)[0]))
             if step <= tolerance * tau:
                 break
     clip = _clip_weights(dist, tau, reject)
@@ -260,6 +238,47 @@ def _centered_clip(
             "tolerance": tolerance,
         },
     )
+
+
+def _clip_start(
+    stack: Stack,
+    v: dict[str, torch.Tensor],
+    acc: torch.Tensor,
+    start: str,
+    previous: Mapping[str, torch.Tensor] | None,
+) -> tuple[torch.Tensor, str]:
+    """Put CenteredClip's start into ``v``; return the squared distances to it and its name."""
+    if start == "previous" and previous is not None:
+        for name in stack.names:
+            v[name].copy_(previous[name].detach().reshape(-1))
+        return stack.sq_distances(v), "previous"
+    _median_into(stack, v, acc)  # one pass: the start and the distances to it
+    return stack.reduce(acc), "median"
+
+
+def _clip_pass(
+    stack: Stack,
+    v: dict[str, torch.Tensor],
+    acc: torch.Tensor,
+    step_acc: torch.Tensor,
+    coef: list[float],
+) -> tuple[torch.Tensor, float]:
+    """One CenteredClip iteration over the data: move each chunk of ``v`` by the ``coef``
+    weighted sum of (x_i - v); return the squared distances to the new v and the step length."""
+    col = torch.tensor(coef, dtype=torch.float64).reshape(-1, 1)
+    acc.zero_()
+    step_acc.zero_()
+    for tile, x in stack.iter_tiles():
+        vc = v[tile.name][tile.start : tile.stop]
+        d = stack.buffer("work", tile.size)
+        torch.sub(x, vc, out=d)
+        d.mul_(col)
+        delta = tree_sum_rows_(d)  # a view of d[0]
+        vc.add_(delta)  # in place: v now holds the new point for this tile
+        stack.accumulate_sq(step_acc, delta.reshape(1, -1), tile)
+        x.sub_(vc)  # x is this tile's own copy
+        stack.accumulate_sq(acc, x, tile)
+    return stack.reduce(acc), math.sqrt(float(stack.reduce(step_acc)[0]))
 
 
 RULES: Mapping[str, Rule] = {

@@ -68,16 +68,37 @@ def _partitioned_round(nodes: list[NodeTrainer], round_: int, headers: dict) -> 
     return wire
 
 
+def _outer_keys(spec: str) -> dict[str, object]:
+    """``sgd:LR`` or ``nesterov:LR:MOMENTUM`` as [training] keys (specs/training.md)."""
+    name, *values = spec.split(":")
+    if name == "sgd" and len(values) == 1:
+        return {"outer_optimizer": "sgd", "outer_lr": float(values[0])}
+    if name == "nesterov" and len(values) == 2:
+        return {
+            "outer_optimizer": "nesterov",
+            "outer_lr": float(values[0]),
+            "outer_momentum": float(values[1]),
+        }
+    raise SystemExit(f"--outer {spec!r}: expected sgd:LR or nesterov:LR:MOMENTUM")
+
+
 def _run(
-    codec: str, rounds: int, work: Path, density: float = 1 / 64, partitioned: bool = False
+    codec: str,
+    rounds: int,
+    work: Path,
+    density: float = 1 / 64,
+    partitioned: bool = False,
+    outer: str = "sgd:1",
 ) -> tuple[list[float], int, str]:
-    config = TrainingConfig.from_dict({"update_codec": codec, "update_density": density})
+    config = TrainingConfig.from_dict(
+        {"update_codec": codec, "update_density": density, **_outer_keys(outer)}
+    )
     nodes = [
         NodeTrainer(
             config,
             run="bench",
             identity=Identity.from_seed(bytes([i + 1]) * 32),
-            store=BlockStore(work / f"{codec}-{density}" / f"n{i}"),
+            store=BlockStore(work / f"{codec}-{density}-{outer}" / f"n{i}"),
         )
         for i in range(PEERS)
     ]
@@ -115,9 +136,22 @@ def main() -> None:
         help="sparse-topk: training.update_density values to run (one run each)",
     )
     parser.add_argument("--partitioned", action="store_true", help="partitioned rounds")
+    parser.add_argument(
+        "--outer",
+        nargs="+",
+        default=["sgd:1"],
+        help="outer optimizers to run each codec with: sgd:LR or nesterov:LR:MOMENTUM; the first "
+        "one's f32 run is the baseline",
+    )
     args = parser.parse_args()
     runs = [
-        (f"{c}@{d:g}" if c == "sparse-topk" else c, c, d)
+        (
+            (f"{c}@{d:g}" if c == "sparse-topk" else c) + ("" if o == "sgd:1" else f" {o}"),
+            c,
+            d,
+            o,
+        )
+        for o in args.outer
         for c in args.codec
         for d in (args.density if c == "sparse-topk" else [1 / 64])
     ]
@@ -125,20 +159,23 @@ def main() -> None:
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory(prefix="cnode-codec-loss-") as tmp:
-        for codec, name, density in runs:
+        for codec, name, density, outer in runs:
             began = time.perf_counter()
-            losses, wire, state = _run(name, args.rounds, Path(tmp), density, args.partitioned)
+            losses, wire, state = _run(
+                name, args.rounds, Path(tmp), density, args.partitioned, outer
+            )
             results[codec] = (losses, wire)
             print(
-                f"{codec:>15}: loss per round {' '.join(f'{v:.4f}' for v in losses)}; "
+                f"{codec:>24}: loss per round {' '.join(f'{v:.4f}' for v in losses)}; "
                 f"fetched by one node {wire / 1e6:.2f} MB; {time.perf_counter() - began:.0f} s; "
                 f"final state {state[:16]}…"
             )
-    if "f32" in results:
-        ref_loss, ref_wire = results["f32"][0][-1], results["f32"][1]
+    baseline = next((c for c, name, _, _ in runs if name == "f32"), None)
+    if baseline is not None:
+        ref_loss, ref_wire = results[baseline][0][-1], results[baseline][1]
         for codec, (losses, wire) in results.items():
             print(
-                f"{codec:>15} vs f32 after {args.rounds} rounds: loss {losses[-1]:.4f} vs "
+                f"{codec:>24} vs {baseline} after {args.rounds} rounds: loss {losses[-1]:.4f} vs "
                 f"{ref_loss:.4f} ({(losses[-1] / ref_loss - 1) * 100:+.2f}%), bytes "
                 f"{wire / ref_wire:.4f}x"
             )

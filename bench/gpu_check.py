@@ -235,9 +235,9 @@ def main() -> int:
               f"{per:.4f} s per target")  # fmt: skip
     train_round = gpu_s * config.local_steps
     for how, took in scores["round_of_4"].items():
-        print(f"  scoring a round of 4 updates as RoundScoring.score does, {how}: {took:.3f} s = "
-              f"{took / train_round:.1%} of the gpu node's local training ({train_round:.3f} s "
-              "a round)")  # fmt: skip
+        what = how if "2 targets" in how else f"a round of 4 updates as RoundScoring.score, {how}"
+        print(f"  scoring {what}: {took:.3f} s = {took / train_round:.1%} of the gpu node's "
+              f"local training ({train_round:.3f} s a round)")  # fmt: skip
     print(f"gpu_check: {'PASS: one state CID' if agreed else 'FAIL: the states differ'}")
     if device.type != "cuda":
         print("gpu_check: (ran with the GPU node on the CPU: a try-out, not the GPU check)")
@@ -385,11 +385,37 @@ def _round_of_4(
     for how, losses in ((f"{device.type} float32 (fast)", models.fast),
                         ("cpu float64 (reference)", models.reference)):  # fmt: skip
         for _ in range(2):  # the first builds the model and warms the device up
+            state = {k: t.clone() for k, t in state.items()}  # a new round's state: copied anew
             began = time.perf_counter()
             losses(state, None, [held, *own.values()])
             for peer, update in updates.items():
                 losses(state, update, [own[peer], held])
             out[how] = time.perf_counter() - began
+
+    # As before this change: the whole state copied to the device for every forward pass.
+    def uncached(*args: Any) -> list[float]:
+        models._parent_of = []
+        return models.fast(*args)
+
+    for _ in range(2):
+        began = time.perf_counter()
+        uncached(state, None, [held, *own.values()])
+        for peer, update in updates.items():
+            uncached(state, update, [own[peer], held])
+        out[f"{device.type} float32, the state copied for every pass (before)"] = (
+            time.perf_counter() - began
+        )
+    # A partitioned round's scorer (the default from PARTITION_MIN_MEMBERS members): its
+    # SCORERS_PER_UPDATE targets one by one, as RoundScoring.measure takes them.
+    for _ in range(2):
+        state = {k: t.clone() for k, t in state.items()}
+        began = time.perf_counter()
+        for peer in list(updates)[:2]:
+            models.fast(state, None, [own[peer], held])
+            models.fast(state, updates[peer], [own[peer], held])
+        out[f"{device.type} float32 (fast), 2 targets as a partitioned round's scorer"] = (
+            time.perf_counter() - began
+        )
     return out
 
 

@@ -1,15 +1,31 @@
-"""Loss parity in one process on a GPU machine (issue 26): bench/parity.py without the network.
+"""Loss parity in one process per run, on a GPU or the CPU (issue 26): bench/parity.py without
+the network, and a sweep of outer-optimizer settings.
 
 For a machine that has torch but not the network stack (bench/gpu_check.py's situation), and
-when the 2-core box's heavy lock leaves no time for real swarms. Each round, NODES simulated
-nodes run the node's own local steps (``train_local`` on ``--device``), their updates go through
-the run's codec, and the run's aggregator and outer step (``outer_step``) give the next state, as
+when the 2-core box's heavy lock leaves no time for real swarms. Each round, the simulated nodes
+run the node's own local steps (``train_local`` on ``--device``), their updates go through the
+run's codec, and the run's aggregator and outer step (``outer_step``) give the next state, as
 every node computes it. Not modelled: scores (every honest update is admitted, as they are in
 an honest run; the attacker is left to the aggregator alone, i.e. ``scores = false``), partitions
-(full replication) and the network. The baseline is bench/parity.py's: one process, AdamW, all
-shards, the same batch size and tokens.
+(full replication) and the network.
+
+**Runs** (``--runs``, comma-separated; each is a *spec*: an outer optimizer, then ``/key=value``
+settings): ``sgd`` (the run default), ``nesterov`` (DiLoCo's 0.7 / 0.9), ``sgd/outer_lr=2``,
+``nesterov/outer_lr=1/outer_momentum=0.5/attackers=1``. Keys: the run config's ``outer_lr``,
+``outer_momentum``, ``local_steps``, ``lr``, ``n_shards`` (``training.data.n_shards``), and
+``attackers`` (gaussian attackers beside the 4 honest nodes), ``names`` (``hashed``: nodes named
+``node-0..3`` take whatever shard their name hashes to, as random peer ids do; ``distinct``, the
+default: names whose shards differ, so the swarm covers as many shards as it has nodes).
+``baseline`` (or ``baseline/lr=...``) is one process, AdamW at the run's lr and batch size,
+batches drawn from all shards. **Equal tokens**: a run takes ``--rounds x 16 / local_steps``
+rounds, so every run ends at the same tokens as the baseline; its held-out loss is shown at
+each baseline round it reaches (every 4 x 16 x batch sequences).
+
+``--jobs N`` runs the specs in N processes at once (each with ``--threads`` torch threads).
 
     PYTHONPATH=.:.gpu-deps python bench/parity_gpu.py --rounds 40
+    .venv/bin/python bench/parity_gpu.py --device cpu --rounds 20 --jobs 2 \\
+        --runs baseline,sgd,sgd/outer_lr=2,nesterov/outer_lr=1/outer_momentum=0.5
 """
 
 from __future__ import annotations
@@ -17,7 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -26,55 +45,157 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_check import _import_training  # the lean import, shared
 
 NODES = 4
+BASE_LOCAL_STEPS = 16  # a baseline "round" is NODES x this many steps: the default run's tokens
+DEFAULT_RUNS = "baseline,sgd,nesterov,nesterov/attackers=1"
+CONFIG_KEYS = {"outer_lr": float, "outer_momentum": float, "local_steps": int, "lr": float}
+BENCH_KEYS = {"attackers": int, "n_shards": int, "names": str}
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
+    """``opt/key=value/...`` -> (optimizer or "baseline", run-config keys, bench keys)."""
+    head, *parts = spec.split("/")
+    if head not in ("baseline", "sgd", "nesterov"):
+        raise SystemExit(f"parity_gpu: run {spec!r}: starts with baseline, sgd or nesterov")
+    config: dict[str, Any] = {}
+    bench: dict[str, Any] = {"attackers": 0, "names": "distinct"}
+    for part in parts:
+        key, _, value = part.partition("=")
+        kind = CONFIG_KEYS.get(key) or BENCH_KEYS.get(key)
+        if kind is None or not value:
+            raise SystemExit(f"parity_gpu: run {spec!r}: unknown setting {part!r}")
+        (config if key in CONFIG_KEYS else bench)[key] = kind(value)
+    if bench["names"] not in ("hashed", "distinct"):
+        raise SystemExit(f"parity_gpu: run {spec!r}: names is hashed or distinct")
+    if head == "nesterov":
+        config["outer_optimizer"] = "nesterov"
+    return head, config, bench
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--rounds", type=int, default=40, help="baseline rounds (equal tokens)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--runs", default=DEFAULT_RUNS, help="comma-separated specs (docstring)")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each")
+    ap.add_argument("--threads", type=int, default=0, help="torch threads per run (0: torch's)")
+    ap.add_argument("--out", type=Path, help="also write the curves and ratios here as JSON")
     args = ap.parse_args()
     import torch
 
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("parity_gpu: skipped: torch sees no CUDA device")
         return 0
+    specs = [s for s in args.runs.split(",") if s]
+    for spec in specs:
+        parse_spec(spec)  # every spec checked before anything runs
+    began = time.perf_counter()
+    curves: dict[str, list[float | None]] = {}
+    if args.jobs > 1 and len(specs) > 1:
+        curves = _in_processes(specs, args)
+    else:
+        for spec in specs:
+            curves[spec] = run_spec(spec, args.rounds, args.device, args.threads)
+            print(f"parity_gpu: {spec} done at {time.perf_counter() - began:.0f} s", flush=True)
+    _print(curves, args, time.perf_counter() - began)
+    return 0
+
+
+def run_spec(spec: str, rounds: int, device_name: str, threads: int) -> list[float | None]:
+    """One run's held-out loss at each baseline round it reaches."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
     _import_training()
     import structlog
 
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     from cnode.node.train import TrainingConfig
-    from cnode.node.train.model import TextData, build_model
+    from cnode.node.train.model import TextData
 
-    base = TrainingConfig.for_run({"scores": False})
-    data = TextData.build(base.data, base.model)
-    device = torch.device(args.device)
-    curves: dict[str, list[float]] = {}
-    began = time.perf_counter()
-    curves["baseline"] = _baseline(base, data, device, args.rounds, build_model)
-    for run, extra, attackers in (
-        ("sgd", {}, 0),
-        ("nesterov", {"outer_optimizer": "nesterov"}, 0),
-        ("attack", {"outer_optimizer": "nesterov"}, 1),
-    ):
-        config = TrainingConfig.for_run({"scores": False, **extra})
-        curves[run] = _swarm(config, data, device, args.rounds, attackers)
-        print(f"parity_gpu: {run} done at {time.perf_counter() - began:.0f} s", flush=True)
-    print(f"\nheld-out loss per round ({NODES} nodes, default settings, {args.device})")
-    print("round " + " ".join(f"{r:>10s}" for r in curves))
-    for i in range(args.rounds):
-        print(f"{i + 1:5d} " + " ".join(f"{c[i]:10.4f}" for c in curves.values()))
-    ratios = {r: curves[r][-1] / curves["baseline"][-1] for r in curves if r != "baseline"}
-    for run, ratio in ratios.items():
-        print(f"{run:9s} final {curves[run][-1]:.4f} / baseline {curves['baseline'][-1]:.4f}"
-              f" = {ratio:.4f} ({ratio - 1:+.2%})")  # fmt: skip
+    head, keys, bench = parse_spec(spec)
+    raw: dict[str, Any] = {"scores": False, **keys}
+    if "n_shards" in bench:
+        raw["data"] = {"n_shards": bench["n_shards"]}
+    config = TrainingConfig.for_run(raw)
+    data = TextData.build(config.data, config.model)
+    device = torch.device(device_name)
+    if head == "baseline":
+        return list(_baseline(config, data, device, rounds))
+    tokens = rounds * BASE_LOCAL_STEPS  # in local steps of one node
+    if tokens % config.local_steps:
+        raise SystemExit(f"parity_gpu: run {spec!r}: {rounds} x {BASE_LOCAL_STEPS} steps is not "
+                         f"a whole number of rounds of {config.local_steps}")  # fmt: skip
+    losses = _swarm(config, data, device, tokens // config.local_steps, bench)
+    # Swarm round s ends at s x local_steps steps a node, baseline round i at i x 16: the loss
+    # at each baseline round that a swarm round ends on (None between them).
+    return [
+        losses[i * BASE_LOCAL_STEPS // config.local_steps - 1]
+        if (i * BASE_LOCAL_STEPS) % config.local_steps == 0
+        else None
+        for i in range(1, rounds + 1)
+    ]
+
+
+def _in_processes(specs: list[str], args: argparse.Namespace) -> dict[str, list[float | None]]:
+    """Each spec in a process of its own, ``args.jobs`` at once; their curves by spec."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    threads = args.threads or max(1, (os.cpu_count() or 1) // args.jobs)
+    curves: dict[str, list[float | None]] = {}
+    with tempfile.TemporaryDirectory(prefix="parity-gpu-") as tmp:
+        waiting = list(enumerate(specs))
+        running: list[tuple[str, Path, subprocess.Popen[bytes]]] = []
+        while waiting or running:
+            while waiting and len(running) < args.jobs:
+                i, spec = waiting.pop(0)
+                out = Path(tmp) / f"{i}.json"
+                code = (
+                    "import json, sys; sys.argv = ['parity_gpu']; "
+                    f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); "
+                    "from parity_gpu import run_spec; "
+                    f"c = run_spec({spec!r}, {args.rounds}, {args.device!r}, {threads}); "
+                    f"open({str(out)!r}, 'w').write(json.dumps(c))"
+                )
+                running.append((spec, out, subprocess.Popen([sys.executable, "-c", code], env=env)))
+            time.sleep(0.5)
+            for item in list(running):
+                spec, out, proc = item
+                if proc.poll() is None:
+                    continue
+                running.remove(item)
+                if proc.returncode != 0 or not out.exists():
+                    raise SystemExit(f"parity_gpu: run {spec!r} failed ({proc.returncode})")
+                curves[spec] = json.loads(out.read_text())
+                print(f"parity_gpu: {spec} done", flush=True)
+    return {s: curves[s] for s in specs}
+
+
+def _print(curves: dict[str, list[float | None]], args: argparse.Namespace, took: float) -> None:
+    print(f"\nheld-out loss at equal tokens ({NODES} honest nodes, {args.device}, {took:.0f} s)")
+    for i, spec in enumerate(curves):
+        print(f"  [{i}] {spec}")
+    print("round " + " ".join(f"{f'[{i}]':>8s}" for i in range(len(curves))))
+    for r in range(args.rounds):
+        cells = [c[r] if r < len(c) else None for c in curves.values()]
+        print(f"{r + 1:5d} " + " ".join(f"{x:8.4f}" if x is not None else " " * 8 for x in cells))
+    ratios = {}
+    finals = {s: c[-1] for s, c in curves.items() if c and c[-1] is not None}
+    if "baseline" in finals:
+        base = finals["baseline"]
+        for spec, final in finals.items():
+            if spec != "baseline":
+                ratios[spec] = final / base
+                print(f"final {final:.4f} / baseline {base:.4f} = {ratios[spec]:.4f} "
+                      f"({ratios[spec] - 1:+.2%})  {spec}")  # fmt: skip
     if args.out is not None:
-        args.out.write_text(json.dumps({"curves": curves, "ratios": ratios}))
-    return 0
+        figures = {"curves": curves, "ratios": ratios, "device": args.device, "seconds": took}
+        args.out.write_text(json.dumps(figures))
 
 
-def _baseline(config: Any, data: Any, device: Any, rounds: int, build_model: Any) -> list[float]:
+def _baseline(config: Any, data: Any, device: Any, rounds: int) -> list[float]:
     import torch
+
+    from cnode.node.train.model import build_model
 
     model = build_model(config)
     torch.nn.Module.to(model, device)
@@ -83,7 +204,7 @@ def _baseline(config: Any, data: Any, device: Any, rounds: int, build_model: Any
     out = []
     for _ in range(rounds):
         model.train()
-        for _ in range(NODES * config.local_steps):
+        for _ in range(NODES * BASE_LOCAL_STEPS):
             pick = torch.randint(0, data.train.shape[0], (config.batch_size,), generator=generator)
             batch = data.train[pick].to(device)
             optimizer.zero_grad(set_to_none=True)
@@ -102,7 +223,24 @@ def _held_out(model: Any, data: Any, device: Any) -> float:
         return float(model(input_ids=x, labels=x).loss)
 
 
-def _swarm(config: Any, data: Any, device: Any, rounds: int, attackers: int) -> list[float]:
+def node_names(count: int, data: Any, how: str) -> list[str]:
+    """``count`` peer names: ``node-0..`` (hashed), or the first ``node-j`` whose shards differ
+    while shards are free (distinct)."""
+    if how == "hashed":
+        return [f"node-{i}" for i in range(count)]
+    names: list[str] = []
+    used: set[int] = set()
+    j = 0
+    while len(names) < count:
+        shard = int(data.shard(f"node-{j}")[0])  # shard k holds sequences k, k + n, ...
+        if shard not in used or len(used) >= data.n_shards:
+            names.append(f"node-{j}")
+            used.add(shard)
+        j += 1
+    return names
+
+
+def _swarm(config: Any, data: Any, device: Any, rounds: int, bench: dict[str, Any]) -> list[float]:
     import torch
 
     from cnode.aggregation import (
@@ -133,14 +271,15 @@ def _swarm(config: Any, data: Any, device: Any, rounds: int, attackers: int) -> 
     expected = {n: TensorSpec(tuple(t.shape), torch.float32) for n, t in state.items()}
     attack = ATTACKS["gaussian"]
     rng = torch.Generator().manual_seed(config.seed + 1)
+    honest = node_names(NODES, data, bench["names"])
+    peers = honest + [f"attacker-{i}" for i in range(bench["attackers"])]
     out = []
     for round_ in range(1, rounds + 1):
         updates = {}
-        for i in range(NODES + attackers):
-            peer = f"node-{i}"
+        for peer in peers:
             delta = train_local(model, state, data, config, peer_id=peer, round_=round_,
                                 placement=place).delta  # fmt: skip
-            if i >= NODES:  # what `cnode train --attack gaussian` sends
+            if peer not in honest:  # what `cnode train --attack gaussian` sends
                 delta = attack([], delta, rng, 1, 1)
                 delta = {k: t.to(torch.float32).contiguous() for k, t in delta.items()}
             segments = flat_segments(delta)

@@ -18,9 +18,9 @@ from . import _cbor
 from ._blockstore import BlockChecker, BlockStore
 from ._cid import CID, DAG_PB
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError, StorageError
-from ._manifest import Manifest, chunk_count, chunk_length, parse_root
+from ._manifest import Manifest, PartialLayer, RootNode, chunk_count, chunk_length, parse_root
 from ._unixfs import EXTRA_KEY, build_view
-from ._walk import resolve, walk_manifest
+from ._walk import ManifestWalk, resolve, walk_manifest
 
 # Threads hashing blocks at once: reads and sha256 release the GIL, so two cores both hash.
 VERIFY_WORKERS = 4
@@ -127,8 +127,31 @@ def verify_checkpoint(
     partials = [walked.layer for walked in walk.layers]
     for message in errors:
         report.fault("layer-invalid", message)
+    jobs = _chunk_jobs(walk, root, report)
+    if pages_ok and not errors:
+        _check_totals(root, partials, manifest_cid, report)
+    report.layers = len(partials)
+    report.manifest = root.meta
+    if on_total is not None:
+        on_total(sum(length for length, _ in jobs.values()))
+    _check_blocks(store, jobs, report, on_progress)
+    _check_aggregation(store, root.meta, report)
+    _check_view(store, manifest_cid, root.meta, report)
+    if any(f.kind.endswith("-corrupt") for f in report.faults) and isinstance(store, BlockStore):
+        report.notes.append(f"corrupt blocks were moved to {store.root / 'quarantine'}")
+    parent = root.meta.parent
+    if parent is not None and not store.has(parent):
+        report.notes.append(f"parent manifest {parent} is not held (not checked)")
+    return report
+
+
+def _chunk_jobs(
+    walk: ManifestWalk, root: RootNode, report: VerifyReport
+) -> dict[CID, tuple[int, str]]:
+    """Every chunk to check: chunk -> (expected length, first layer or file using it). A
+    duplicate layer name, or a layer whose chunk count does not fit its size, is a fault."""
     seen: set[str] = set()
-    jobs: dict[CID, tuple[int, str]] = {}  # chunk -> (expected length, first layer using it)
+    jobs: dict[CID, tuple[int, str]] = {}
     for walked in walk.layers:
         p = walked.layer
         if p.name in seen:
@@ -148,33 +171,26 @@ def verify_checkpoint(
     for name, ref in root.meta.tokenizer_files.items():
         for index, cid in enumerate(ref.chunks):
             jobs.setdefault(cid, (chunk_length(ref.size, index), f"file:{name}"))
-    if pages_ok and not errors:
-        if len(partials) != root.layer_count:
-            report.fault(
-                "manifest-invalid",
-                f"manifest says {root.layer_count} layers but lists {len(partials)}",
-                manifest_cid,
-            )
-        total = sum(p.nbytes for p in partials)
-        if total != root.total_bytes:
-            report.fault(
-                "manifest-invalid",
-                f"manifest says {root.total_bytes} bytes but layers sum to {total}",
-                manifest_cid,
-            )
-    report.layers = len(partials)
-    report.manifest = root.meta
-    if on_total is not None:
-        on_total(sum(length for length, _ in jobs.values()))
-    _check_blocks(store, jobs, report, on_progress)
-    _check_aggregation(store, root.meta, report)
-    _check_view(store, manifest_cid, root.meta, report)
-    if any(f.kind.endswith("-corrupt") for f in report.faults) and isinstance(store, BlockStore):
-        report.notes.append(f"corrupt blocks were moved to {store.root / 'quarantine'}")
-    parent = root.meta.parent
-    if parent is not None and not store.has(parent):
-        report.notes.append(f"parent manifest {parent} is not held (not checked)")
-    return report
+    return jobs
+
+
+def _check_totals(
+    root: RootNode, partials: list[PartialLayer], manifest_cid: CID, report: VerifyReport
+) -> None:
+    """The manifest's layer count and byte total against the layers it lists."""
+    if len(partials) != root.layer_count:
+        report.fault(
+            "manifest-invalid",
+            f"manifest says {root.layer_count} layers but lists {len(partials)}",
+            manifest_cid,
+        )
+    total = sum(p.nbytes for p in partials)
+    if total != root.total_bytes:
+        report.fault(
+            "manifest-invalid",
+            f"manifest says {root.total_bytes} bytes but layers sum to {total}",
+            manifest_cid,
+        )
 
 
 def _check_blocks(

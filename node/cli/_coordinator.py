@@ -48,6 +48,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="The coordinator of a run: members, rounds, checkpoints and bans.",
     )
     sub = parser.add_subparsers(dest="coordinator_command", metavar="ACTION", required=True)
+    _register_serve(sub)
+    _register_new_run(sub)
+
+
+def _register_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cnode coordinator serve``."""
     serve = sub.add_parser("serve", help="serve the coordinator HTTP API of one run")
     serve.add_argument("--run-config", type=Path, required=True, help="run config TOML file")
     serve.add_argument("--db", type=Path, required=True, help="SQLite state file (created)")
@@ -85,6 +91,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="write {url, peer_id, run, pid, p2p_addrs} as JSON here once listening",
     )
     serve.set_defaults(handler=_serve)
+
+
+def _register_new_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cnode coordinator new-run``."""
     new = sub.add_parser("new-run", help="write a run config pinning this coordinator's key")
     new.add_argument("run", help="run id")
     new.add_argument("--key", type=Path, required=True, help="coordinator key file (created)")

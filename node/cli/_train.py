@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cnode.node._config import default_home, load_config
+from cnode.node._config import NodeConfig, default_home, load_config
 from cnode.node._exceptions import UsageError
 
 __all__ = ["register"]
@@ -26,6 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
             "publish the signed update, fetch the other members' updates, aggregate, apply."
         ),
     )
+    _add_joining_arguments(parser)
+    _add_serving_arguments(parser)
+    parser.set_defaults(handler=_handle)
+
+
+def _add_joining_arguments(parser: argparse.ArgumentParser) -> None:
+    """Which run, through which coordinator and addresses, for how long, and the checkpoints."""
     parser.add_argument("--run", required=True, help="the run id (must match the run config)")
     parser.add_argument(
         "--run-config",
@@ -75,6 +82,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="with --checkpointer: also upload each checkpoint to this Hugging Face model repo "
         "(created if absent; needs cnode init --hf-login; $HF_ENDPOINT picks the Hub)",
     )
+
+
+def _add_serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the node serves besides the run (gateway, metrics), where it computes, its report,
+    and the testing aid."""
     parser.add_argument(
         "--gateway",
         metavar="HOST:PORT",
@@ -116,59 +128,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "(sign_flip, gaussian, nan, ...), or train on corrupted data (flipped_tokens, "
         "shuffled_tokens; scored away with training.scores) to exercise detection and bans",
     )
-    parser.set_defaults(handler=_handle)
 
 
 def _handle(args: argparse.Namespace) -> int:
     import trio
 
     from cnode import CnodeError
-    from cnode.aggregation import ATTACKS
-    from cnode.node.p2p import check_gateway_url
-    from cnode.node.train import (
-        DATA_ATTACKS,
-        NODE_ATTACKS,
-        NodeStopped,
-        TrainSettings,
-        run_node,
-        stop_reason_of,
-    )
+    from cnode.node.train import NodeStopped, TrainSettings, run_node, stop_reason_of
 
     home = args.home or default_home()
     config = load_config(home)
-    if args.attack is not None:
-        known = sorted([*ATTACKS, *NODE_ATTACKS, *DATA_ATTACKS])
-        if args.attack not in known:
-            raise UsageError(f"unknown attack {args.attack!r} (known: {', '.join(known)})")
-        print(
-            f"cnode: WARNING: --attack {args.attack} is a testing aid: this node will send "
-            "poisoned updates and should be banned by the swarm",
-            file=sys.stderr,
-        )
-    if args.hf_repo is not None and not args.checkpointer:
-        raise UsageError("--hf-repo needs --checkpointer (checkpointers upload)")
-    if args.rounds < 0 or args.join_after_round < 0:
-        raise UsageError("--rounds and --join-after-round must be >= 0")
-    from ._serve import upload_rate_problem
-
-    problem = upload_rate_problem(config.upload_rate_bytes_per_s)
-    if problem:
-        raise UsageError(f"upload_rate_bytes_per_s (config.toml) {problem}")
-    gateway = None
-    if args.gateway is not None:
-        from ._gateway import parse_host_port
-
-        gateway = parse_host_port(args.gateway)
-    metrics = None
-    if args.metrics is not None:
-        from ._gateway import parse_host_port
-
-        metrics = parse_host_port(args.metrics, "--metrics")
-    for url in args.fetch_gateway:
-        try:
-            check_gateway_url(url)
-        except ValueError as exc:
-            raise UsageError(f"--fetch-gateway: {exc}") from exc
+    gateway, metrics = _checked_options(args, config)
     settings = TrainSettings(
         run=args.run,
         home=home,
@@ -202,3 +172,48 @@ def _handle(args: argparse.Namespace) -> int:
         evidence = exc.evidence if isinstance(exc, NodeStopped) else f"{type(exc).__name__}: {exc}"
         print(f"cnode: stopped ({reason.value}): {evidence}", file=sys.stderr)
         return reason.exit_code
+
+
+def _checked_options(
+    args: argparse.Namespace, config: NodeConfig
+) -> tuple[tuple[str, int] | None, tuple[str, int] | None]:
+    """Refuse bad options (UsageError naming the option) before anything starts; return the
+    gateway's and the metrics' listen addresses (None: not served)."""
+    from cnode.aggregation import ATTACKS
+    from cnode.node.p2p import check_gateway_url
+    from cnode.node.train import DATA_ATTACKS, NODE_ATTACKS
+
+    if args.attack is not None:
+        known = sorted([*ATTACKS, *NODE_ATTACKS, *DATA_ATTACKS])
+        if args.attack not in known:
+            raise UsageError(f"unknown attack {args.attack!r} (known: {', '.join(known)})")
+        print(
+            f"cnode: WARNING: --attack {args.attack} is a testing aid: this node will send "
+            "poisoned updates and should be banned by the swarm",
+            file=sys.stderr,
+        )
+    if args.hf_repo is not None and not args.checkpointer:
+        raise UsageError("--hf-repo needs --checkpointer (checkpointers upload)")
+    if args.rounds < 0 or args.join_after_round < 0:
+        raise UsageError("--rounds and --join-after-round must be >= 0")
+    from ._serve import upload_rate_problem
+
+    problem = upload_rate_problem(config.upload_rate_bytes_per_s)
+    if problem:
+        raise UsageError(f"upload_rate_bytes_per_s (config.toml) {problem}")
+    gateway = None
+    if args.gateway is not None:
+        from ._gateway import parse_host_port
+
+        gateway = parse_host_port(args.gateway)
+    metrics = None
+    if args.metrics is not None:
+        from ._gateway import parse_host_port
+
+        metrics = parse_host_port(args.metrics, "--metrics")
+    for url in args.fetch_gateway:
+        try:
+            check_gateway_url(url)
+        except ValueError as exc:
+            raise UsageError(f"--fetch-gateway: {exc}") from exc
+    return gateway, metrics

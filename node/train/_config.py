@@ -186,10 +186,10 @@ class TrainingConfig:
     # #verification): more catches a lying aggregator sooner and costs about one update of
     # traffic per member each.
     verify_partitions: int = limits.VERIFY_PARTITIONS
-    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). On: what
-    # a run gets unless its run config says `scores = false` (for_run). A recorded config (a
-    # checkpoint's extra.training) without the key is of a run from before scores: from_dict
-    # reads it as off, so old checkpoints replay as they were made.
+    # Score updates, keep reputations, admit by them (specs/aggregation.md, _scores.py). On: the
+    # one default, what a run gets unless its run config says `scores = false` (for_run).
+    # to_dict always records it; only a record made before it was recorded lacks the key, and
+    # from_dict reads that as off (such runs did not score), so old checkpoints replay as made.
     scores: bool = True
 
     @property
@@ -212,8 +212,7 @@ class TrainingConfig:
         out = asdict(self)
         if self.update_codec != "sparse-topk" and self.update_density == 1 / 64:
             del out["update_density"]  # only sparse reads it: other runs keep their bytes
-        if not self.scores:  # absent = off, so runs without scores keep their bytes
-            del out["scores"]
+        # ``scores`` is always written: a record says whether its run scored, on or off.
         # Likewise the keys added with the outer optimizer and precision, at their old meaning.
         if self.outer_optimizer == "sgd" and self.outer_momentum == 0.0:
             del out["outer_optimizer"], out["outer_momentum"]
@@ -230,8 +229,9 @@ class TrainingConfig:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainingConfig:
         """Build from a table as recorded (a checkpoint's ``extra.training``, what ``to_dict``
-        wrote): as :meth:`for_run`, but an absent ``scores`` is off (``to_dict`` leaves it out
-        when off, and records of runs from before scores never had it)."""
+        wrote): as :meth:`for_run`, but an absent ``scores`` is off: ``to_dict`` always writes
+        it, so only a record from before scores were recorded lacks it, and those runs did not
+        score."""
         if not isinstance(raw, dict):
             raise TrainingConfigError("[training] must be a table")
         return cls._parse({"scores": False, **raw})

@@ -102,6 +102,13 @@ class TrainSettings:
 
 async def run_node(settings: TrainSettings) -> int:
     """Run one node until ``stop_after_round`` (or forever); return the exit status."""
+    session = await _open_session(settings)
+    return await _run_session(session)
+
+
+async def _open_session(settings: TrainSettings) -> _Session:
+    """Everything a node needs before it talks to the network: its key, the run's config, a
+    model that fits this machine, its device, its block store, its report and its trainer."""
     identity = load_identity(settings.home / IDENTITY_FILE)
     run_config = load_run_config(settings.run_config)
     if run_config.run != settings.run:
@@ -139,7 +146,13 @@ async def run_node(settings: TrainSettings) -> int:
             placement=placement,
         )
     )
-    session = _Session(settings, run_config, identity, store, trainer, reporter, login)
+    return _Session(settings, run_config, identity, store, trainer, reporter, login)
+
+
+async def _run_session(session: _Session) -> int:
+    """Run the session against the run's coordinator; every stop gets its reason and status."""
+    settings, run_config, identity = session.settings, session.run_config, session.identity
+    reporter = session.reporter
     why = "done"
     try:
         async with CoordinatorClient.for_run(
@@ -235,66 +248,10 @@ class _Session:
         async with open_p2p_node(
             self.identity, self.store, p2p, allow=allow, admission=admission
         ) as node:
-            addrs = advertised_addrs(
-                node.listen_addrs,
-                settings.announce_addrs,
-                peer=node.peer_id,
-                allow_private=self.run_config.network.allow_private_addrs,
-            )
-            if self.login is not None:
-                # The coordinator checks the binding and the token with the Hub (HF-account
-                # allowlists); without a login the node joins by its peer id alone.
-                await client.join(
-                    hf_binding=self.login.binding, hf_token=self.login.token, addrs=addrs
-                )
-            else:
-                await client.join(addrs=addrs)
-            self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
+            await self._join(client, node)
             finder = PeerFinder(node, refused=lambda peer: peer in self.bans)
             fetcher = MemberFetcher(run, node.peer_id, node, self.headers, finder)
-            exchange = UpdateExchange(
-                self.trainer,
-                client,
-                fetcher,
-                collect_timeout_s=self.run_config.rounds.collect_timeout_s,
-                late_max_s=self.run_config.rounds.late_max_s,
-            )
-            loop = RoundLoop(
-                run_id=run,
-                trainer=self.trainer,
-                reporter=self.reporter,
-                client=client,
-                node=node,
-                topics=RunTopics(run, self.run_config.coordinator, self.headers),
-                exchange=exchange,
-                partitioned=PartitionedExchange(
-                    self.trainer,
-                    node,
-                    client,
-                    fetcher,
-                    withhold=settings.attack == "withhold",
-                ),
-                headers=self.headers,
-                catch_up=CatchUp(
-                    run=run,
-                    trainer=self.trainer,
-                    reporter=self.reporter,
-                    bans=self.bans,
-                    every=self.every,
-                    workdir=settings.home / "tmp",
-                    login=self.login,
-                    hf_repo=settings.hf_repo,
-                    # Gateways to catch up from: --fetch-gateway first, then the run config's.
-                    gateways=tuple(
-                        dict.fromkeys([*settings.fetch_gateways, *self.run_config.gateways])
-                    ),
-                    connect_peers=lambda: finder.dial_state(client),
-                ),
-                bans=self.bans,
-                every=self.every,
-                stop_after_round=settings.stop_after_round,
-                checkpointer=settings.checkpointer,
-            )
+            loop = self._round_loop(client, node, finder, fetcher)
             gateway = maybe_gateway(settings.gateway, self.store, node, self.reporter)
             with contextlib.ExitStack() as metrics:
                 if settings.metrics is not None:
@@ -310,6 +267,72 @@ class _Session:
             if self.left:
                 self.reporter.event("left", round=loop.current_round)
 
+    async def _join(self, client: CoordinatorClient, node: P2PNode) -> None:
+        """Join the run, advertising the addresses other members can dial."""
+        settings = self.settings
+        addrs = advertised_addrs(
+            node.listen_addrs,
+            settings.announce_addrs,
+            peer=node.peer_id,
+            allow_private=self.run_config.network.allow_private_addrs,
+        )
+        if self.login is not None:
+            # The coordinator checks the binding and the token with the Hub (HF-account
+            # allowlists); without a login the node joins by its peer id alone.
+            await client.join(hf_binding=self.login.binding, hf_token=self.login.token, addrs=addrs)
+        else:
+            await client.join(addrs=addrs)
+        self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
+
+    def _round_loop(
+        self, client: CoordinatorClient, node: P2PNode, finder: PeerFinder, fetcher: MemberFetcher
+    ) -> RoundLoop:
+        """The round loop of this node, with its exchanges (full and partitioned) and catch-up."""
+        settings, run = self.settings, self.settings.run
+        exchange = UpdateExchange(
+            self.trainer,
+            client,
+            fetcher,
+            collect_timeout_s=self.run_config.rounds.collect_timeout_s,
+            late_max_s=self.run_config.rounds.late_max_s,
+        )
+        return RoundLoop(
+            run_id=run,
+            trainer=self.trainer,
+            reporter=self.reporter,
+            client=client,
+            node=node,
+            topics=RunTopics(run, self.run_config.coordinator, self.headers),
+            exchange=exchange,
+            partitioned=PartitionedExchange(
+                self.trainer,
+                node,
+                client,
+                fetcher,
+                withhold=settings.attack == "withhold",
+            ),
+            headers=self.headers,
+            catch_up=CatchUp(
+                run=run,
+                trainer=self.trainer,
+                reporter=self.reporter,
+                bans=self.bans,
+                every=self.every,
+                workdir=settings.home / "tmp",
+                login=self.login,
+                hf_repo=settings.hf_repo,
+                # Gateways to catch up from: --fetch-gateway first, then the run config's.
+                gateways=tuple(
+                    dict.fromkeys([*settings.fetch_gateways, *self.run_config.gateways])
+                ),
+                connect_peers=lambda: finder.dial_state(client),
+            ),
+            bans=self.bans,
+            every=self.every,
+            stop_after_round=settings.stop_after_round,
+            checkpointer=settings.checkpointer,
+        )
+
     async def _play(
         self,
         loop: RoundLoop,
@@ -321,9 +344,7 @@ class _Session:
         """The round loop with its companions: gossip, peer discovery, the signal watcher."""
         settings = self.settings
         async with gateway, trio.open_nursery() as nursery:
-            nursery.start_soon(
-                loop.topics.run_all, node, partial(loop.take_state, via="gossip")
-            )
+            nursery.start_soon(loop.topics.run_all, node, partial(loop.take_state, via="gossip"))
             nursery.start_soon(
                 finder.follow,
                 client,

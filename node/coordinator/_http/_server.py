@@ -21,16 +21,8 @@ import structlog
 from aiohttp import web
 
 from cnode.auth import (
-    AuthError,
-    EnvelopeError,
-    HFLoginError,
     Identity,
-    TokenError,
-    hf_whoami,
-    issue_access_token,
     seal,
-    verify_access_token,
-    verify_hf_binding,
 )
 
 from .. import limits
@@ -46,14 +38,12 @@ from .._rounds._partitions import PartitionRules
 from .._rounds._waits import UNTIL, RoundWaits
 from .._store._store import Store
 from .._wire._protocol import (
-    PEER_ONLY_USERNAME,
     STATE_TYPE,
-    JoinResult,
     Op,
     RoundStatus,
     b64encode,
 )
-from ._addrs import AddressError, check_peer_addrs
+from ._admission import Admission
 from ._dashboard import Dashboard
 from ._http import PROTOCOL_LOG, RateLimitedRefusal, json_errors, read_signed_request
 from ._metrics import CoordinatorMetrics
@@ -133,6 +123,10 @@ class CoordinatorServer:
         self.config = config
         self.run = config.run
         self.machine = RunMachine(self.store, config, self.peer_id)
+        # join, and the access token every later request carries
+        self.admission = Admission(
+            self.store, self.machine, config, self.identity, settings.hf_endpoint
+        )
         self.admins = {self.peer_id, *config.access.admins}
         self._gossip = gossip
         self._join_limit = RateLimiter(
@@ -323,7 +317,7 @@ class CoordinatorServer:
             raise RateLimitedRefusal(wait)
         before = self.store.version()
         if op is Op.JOIN:
-            result = await self._join(signer, counter, args)
+            result = await self.admission.join(signer, counter, args)
         elif op is Op.ADMIN:
             result = self._admin(signer, counter, args)
         elif op is Op.BAN_EVIDENCE:
@@ -336,80 +330,12 @@ class CoordinatorServer:
             await self._after_change()
         return web.json_response({"ok": True, **result})
 
-    async def _join(self, peer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
-        binding, hf_token = args.get("hf_binding"), args.get("hf_token")
-        username, orgs = "", []
-        self.machine.check_not_banned(peer)  # cheap refusal before asking the Hub
-        try:
-            addrs = check_peer_addrs(
-                args.get("addrs", []),
-                peer,
-                allow_private=self.config.network.allow_private_addrs,
-            )
-        except AddressError as exc:
-            raise RequestRefused(E.BAD_ADDR, f"addrs: {exc}") from exc
-        if binding is not None or hf_token is not None:
-            if not isinstance(binding, bytes) or not isinstance(hf_token, str):
-                raise RequestRefused(
-                    E.BAD_REQUEST, "hf_binding (bytes) and hf_token (string) go together"
-                )
-            if len(hf_token) > limits.MAX_HF_TOKEN_CHARS:
-                raise RequestRefused(E.BAD_REQUEST, "hf_token over MAX_HF_TOKEN_CHARS")
-            try:
-                bound = verify_hf_binding(binding)
-            except AuthError as exc:
-                raise RequestRefused(E.BAD_BINDING, f"HF binding: {exc}") from exc
-            if bound.peer_id != peer:
-                raise RequestRefused(E.BAD_BINDING, "the HF binding is for another peer")
-            account = await self._whoami(hf_token)
-            if account.username != bound.username:
-                raise RequestRefused(
-                    E.HF_USER_MISMATCH,
-                    f"the HF token belongs to "
-                    f"{account.username!r}, the binding names {bound.username!r}",
-                )
-            username, orgs = account.username, list(account.orgs)
-        now = time.time()
-        expires = now + self.config.access.token_ttl_s
-        with self.store.tx():
-            self.machine.consume_counter(peer, counter)
-            self.machine.check_may_join(peer, username, orgs)
-            self.machine.record_join(peer, username, now, expires, addrs)
-        token = issue_access_token(
-            self.identity,
-            peer_id=peer,
-            username=username or PEER_ONLY_USERNAME,
-            run=self.run,
-            expires_at=int(expires),
-        )
-        return JoinResult(token, peer, username, int(expires) * 1000).to_json()
-
-    async def _whoami(self, hf_token: str) -> Any:
-        loop = asyncio.get_running_loop()
-        call = loop.run_in_executor(None, hf_whoami, hf_token, self.settings.hf_endpoint)
-        try:
-            return await asyncio.wait_for(call, limits.HF_WHOAMI_TIMEOUT_S)
-        except HFLoginError as exc:
-            raise RequestRefused(E.HF_LOGIN_FAILED, str(exc)) from exc
-        except TimeoutError as exc:
-            raise RequestRefused(E.HF_TIMEOUT, "the HF Hub did not answer whoami") from exc
-
     async def _evidence(self, request: web.Request) -> web.Response:
         return await handle_evidence(self, request)
 
     def access(self, peer: str, token: Any, now: float) -> str:
         """Check ``token`` is this run's access token of ``peer``; return its HF username."""
-        if not isinstance(token, bytes):
-            raise RequestRefused(E.BAD_TOKEN, "this request needs the access token from join")
-        try:
-            access = verify_access_token(
-                token, coordinator_peer_id=self.peer_id, run=self.run, now=now
-            )
-        except (TokenError, EnvelopeError) as exc:
-            raise RequestRefused(E.BAD_TOKEN, f"access token: {exc}") from exc
-        if access.peer_id != peer:
-            raise RequestRefused(E.BAD_TOKEN, "the access token was issued to another peer")
-        return "" if access.username == PEER_ONLY_USERNAME else access.username
+        return self.admission.access(peer, token, now)
 
     def _peer_op(
         self,

@@ -46,6 +46,7 @@ from ..partition import (
 )
 from ..scores import (
     RoundScoring,
+    ScoredRound,
     ScoreRecord,
     SpreadScores,
     TargetLosses,
@@ -217,12 +218,12 @@ def _replay_spread(
             )
         cids = recorded
     seed = score_seed(str(c) for c in cids.values())
-    common: dict[str, Any] = {
-        "run": run, "round_": number, "members": sorted(cids), "headers": cids,
-        "base": state_cid(parent), "seed": seed, "records": records,
-    }  # fmt: skip
+    common = ScoredRound(
+        run=run, round_=number, members=sorted(cids), headers=cids,
+        base=state_cid(parent), seed=seed, records=records,
+    )  # fmt: skip
     recomputed: dict[str, TargetLosses] = {}
-    for target in disputed_targets(**common):
+    for target in disputed_targets(common):
         if target not in by_peer:
             raise CatchUpError(f"round {number}: the disputed update of {target} is not listed")
         update = load_update(
@@ -232,7 +233,7 @@ def _replay_spread(
         recomputed[target] = TargetLosses(
             cids[target], *scoring.measure(seed, parent, target, update)
         )
-    return resolve_scores(**common, reputation=scoring.reputation, recompute=recomputed.__getitem__)
+    return resolve_scores(common, reputation=scoring.reputation, recompute=recomputed.__getitem__)
 
 
 def _replay_partitioned(

@@ -165,27 +165,7 @@ class PartitionedExchange:
         scored round: and until the score records close), then aggregate what came (a member
         whose slice did not is listed as missing), store, sign and report."""
         info, me = state.info, self.trainer.peer
-        indices = input_segments(state.numel, info.parts, partition)
-        missing: dict[str, str] = {}
-
-        async def fetch_inputs(done: trio.CancelScope) -> None:
-            async with trio.open_nursery() as nursery:
-                for member in info.members:
-                    if member != me:
-                        missing[member] = "no fetch finished in time"
-                        nursery.start_soon(self._get_input, state, member, indices, missing)
-            done.cancel()  # every input is in: stop waiting
-
-        with trio.CancelScope() as fetching:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(fetch_inputs, fetching)
-                await trio.sleep_until(fetch_until)
-                if self.scores.enabled and backup_for is None:
-                    # The aggregator waits for the score records to close anyway: a member
-                    # whose slice is still on its way is not left out while they are open
-                    # (specs/coordinator.md#pace: a loaded machine delays, it does not decide).
-                    await self.scores.agreed(info)
-                fetching.cancel()
+        missing = await self._fetch_inputs(state, partition, backup_for, fetch_until)
         if me in info.headers and me not in state.headers:
             own = self._own_header(info)
             if own is not None:
@@ -241,6 +221,36 @@ class PartitionedExchange:
             missing=len(missing),
             backup_for=None if backup_for is None else backup_for[-8:],
         )
+
+    async def _fetch_inputs(
+        self, state: _Round, partition: int, backup_for: str | None, fetch_until: float
+    ) -> dict[str, str]:
+        """Fetch ``partition``'s slices of every member's update until trio time
+        ``fetch_until`` (an aggregator in a scored round: and until the score records close);
+        return the members whose slice did not come, each with why."""
+        info, me = state.info, self.trainer.peer
+        indices = input_segments(state.numel, info.parts, partition)
+        missing: dict[str, str] = {}
+
+        async def fetch_all(done: trio.CancelScope) -> None:
+            async with trio.open_nursery() as nursery:
+                for member in info.members:
+                    if member != me:
+                        missing[member] = "no fetch finished in time"
+                        nursery.start_soon(self._get_input, state, member, indices, missing)
+            done.cancel()  # every input is in: stop waiting
+
+        with trio.CancelScope() as fetching:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(fetch_all, fetching)
+                await trio.sleep_until(fetch_until)
+                if self.scores.enabled and backup_for is None:
+                    # The aggregator waits for the score records to close anyway: a member
+                    # whose slice is still on its way is not left out while they are open
+                    # (specs/coordinator.md#pace: a loaded machine delays, it does not decide).
+                    await self.scores.agreed(info)
+                fetching.cancel()
+        return missing
 
     def _own_header(self, info: RoundInfo) -> tuple[CID, UpdateHeader] | None:
         cid = CID.parse(info.headers[self.trainer.peer])

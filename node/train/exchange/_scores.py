@@ -37,6 +37,7 @@ from .._trainer import NodeTrainer
 from ..scores import (
     INVALID_PREFIX,
     BadScoreRecordError,
+    ScoredRound,
     ScoreRecord,
     SpreadScores,
     TargetLosses,
@@ -248,12 +249,12 @@ class PartitionScores:
             await self._fetch_header(closed, member)
         seed = score_seed(str(c) for c in headers.values())
         # The members are those with a header: what a replay sees in the checkpoint.
-        common = dict(
+        common = ScoredRound(
             run=self.trainer.run, round_=info.round, members=sorted(headers), headers=headers,
             base=self.trainer.state_cid, seed=seed, records=records,
         )  # fmt: skip
         recomputed: dict[str, TargetLosses] = {}
-        for target in disputed_targets(**common):  # type: ignore[arg-type]
+        for target in disputed_targets(common):
             log.warning("score_disputed", round=info.round, target=target[-8:])
             got = await self._fetch_update(closed, target)
             if isinstance(got, str):
@@ -270,7 +271,7 @@ class PartitionScores:
                 )
             recomputed[target] = losses
         resolved = resolve_scores(
-            **common,  # type: ignore[arg-type]
+            common,
             reputation=scoring.reputation,
             recompute=recomputed.__getitem__,
             refused=refused,

@@ -38,7 +38,7 @@ from ._records import (
     open_score_record,
     score_record_cid,
 )
-from ._spread import disputed_targets, resolve_scores
+from ._spread import ScoredRound, disputed_targets, resolve_scores
 
 __all__ = ["check_reputation_evidence"]
 
@@ -106,13 +106,13 @@ def _replay(
             raise _Undecidable(f"round {n}: the score records name {len(bases)} parent states")
         if not bases:
             continue
-        common: dict[str, Any] = dict(
+        common = ScoredRound(
             run=run, round_=n, members=sorted(headers), headers=headers,
             base=bases.pop(), seed=seed, records=records,
         )  # fmt: skip
-        if disputed_targets(**common):
+        if disputed_targets(common):
             raise _Undecidable(f"round {n}: a disputed score (settling it needs the model)")
-        resolved = resolve_scores(**common, reputation=reputation, recompute=_no_recompute)
+        resolved = resolve_scores(common, reputation=reputation, recompute=_no_recompute)
         reputation = resolved.reputation
         if accused not in resolved.scores:
             continue

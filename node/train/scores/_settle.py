@@ -29,6 +29,7 @@ any honest device difference (the dispute rule of _spread.py).
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -37,6 +38,7 @@ from cnode.aggregation import limits as agg_limits
 
 from .. import limits
 from .._config import TrainingConfig
+from .._exceptions import TrainingConfigError
 from ..model import Placement, build_model, load_state
 
 __all__ = ["BOUNDARY_UNITS", "LossModels", "near_boundary", "settle_needed"]
@@ -67,12 +69,19 @@ def settle_needed(losses: Losses) -> bool:
 
 
 class LossModels:
-    """The run's model in the two arithmetics, built on first use and kept for the next rounds."""
+    """The run's model in the two arithmetics, built on first use and kept for the next rounds.
+
+    The fast model's weights are made on its device: the agreed state is copied there once and
+    kept while its tensors are unchanged (the same objects, no in-place write since: torch's
+    version counters), so a round's targets share one copy and only each update travels."""
 
     def __init__(self, config: TrainingConfig, placement: Placement | None = None) -> None:
         self.config = config
         self.device = placement.device if placement is not None else torch.device("cpu")
         self._fast: torch.nn.Module | None = None
+        self._params: list[tuple[str, torch.Tensor]] = []  # the fast model's, in state order
+        self._parent: list[torch.Tensor] = []  # the agreed state on the device, float32
+        self._parent_of: list[tuple[weakref.ref[torch.Tensor], int]] = []  # whose copy it is
         self._reference: torch.nn.Module | None = None
         self.settled = 0  # targets the reference settled (for the log and the bench)
 
@@ -89,8 +98,53 @@ class LossModels:
         if self._fast is None:
             self._fast = build_model(self.config).float().eval()
             torch.nn.Module.to(self._fast, self.device)
-        return _batched_losses(self._fast, _weights(state, update, torch.float32), batches,
-                               self.device)  # fmt: skip
+            self._params = list(self._fast.named_parameters())
+        self._load_fast(state, update)
+        return _batched_losses(self._fast, batches, self.device)
+
+    def _load_fast(
+        self, state: Mapping[str, torch.Tensor], update: Mapping[str, torch.Tensor] | None
+    ) -> None:
+        names = [n for n, _ in self._params]
+        if set(names) != set(state):
+            load_state(self._fast_model(), dict(state))  # raises, naming what does not fit
+        parent = self._parent_on_device(state, names)
+        params = [p for _, p in self._params]
+        with torch.no_grad():
+            if update is None:
+                torch._foreach_copy_(params, parent)
+                return
+            # The CPU arithmetic of before (SCORE_STEP is a power of two: the scaling is exact,
+            # the add rounds once), on the device: only the update crosses.
+            for p, name in zip(params, names, strict=True):
+                if tuple(p.shape) != tuple(update[name].shape):
+                    raise TrainingConfigError(f"update layer {name} has shape {update[name].shape}")
+                p.copy_(update[name])
+            torch._foreach_mul_(params, agg_limits.SCORE_STEP)
+            torch._foreach_add_(params, parent)
+
+    def _fast_model(self) -> torch.nn.Module:
+        assert self._fast is not None
+        return self._fast
+
+    def _parent_on_device(
+        self, state: Mapping[str, torch.Tensor], names: list[str]
+    ) -> list[torch.Tensor]:
+        tensors = [state[n] for n in names]
+        same = len(self._parent_of) == len(tensors) and all(
+            ref() is t and t._version == version
+            for (ref, version), t in zip(self._parent_of, tensors, strict=True)
+        )
+        if not same:
+            for (name, p), t in zip(self._params, tensors, strict=True):
+                if tuple(p.shape) != tuple(t.shape):
+                    raise TrainingConfigError(f"state layer {name} has shape {tuple(t.shape)}")
+            if self.device.type == "cpu" and all(t.dtype == torch.float32 for t in tensors):
+                self._parent = tensors  # already where and what the model needs
+            else:
+                self._parent = [t.to(self.device, torch.float32, copy=True) for t in tensors]
+            self._parent_of = [(weakref.ref(t), t._version) for t in tensors]
+        return self._parent
 
     def reference(
         self,
@@ -102,7 +156,7 @@ class LossModels:
         if self._reference is None:
             self._reference = build_model(self.config).double().eval()
         load_state(self._reference, _weights(state, update, torch.float64))
-        with torch.no_grad():  # one batch per forward pass, the model's own loss, as always
+        with torch.inference_mode():  # one batch per forward pass, the model's own loss
             return [float(self._reference(input_ids=b, labels=b).loss) for b in batches]
 
 
@@ -110,7 +164,7 @@ def _weights(
     state: Mapping[str, torch.Tensor], update: Mapping[str, torch.Tensor] | None, dtype: torch.dtype
 ) -> dict[str, torch.Tensor]:
     # Made on the CPU in ``dtype`` (SCORE_STEP is a power of two: the scaling is exact, the add
-    # rounds once), then copied to the device with the weights.
+    # rounds once).
     weights = {k: t.to(dtype) for k, t in state.items()}
     if update is not None:
         weights = {k: w + agg_limits.SCORE_STEP * update[k].to(dtype) for k, w in weights.items()}
@@ -118,19 +172,15 @@ def _weights(
 
 
 def _batched_losses(
-    model: torch.nn.Module,
-    weights: Mapping[str, torch.Tensor],
-    batches: Sequence[torch.Tensor],
-    device: torch.device,
+    model: torch.nn.Module, batches: Sequence[torch.Tensor], device: torch.device
 ) -> list[float]:
     """Each batch's mean next-token loss (the model's own ``loss``: cross-entropy of the logits
     of positions 0..T-2 against tokens 1..T-1, mean over the batch's tokens), with the batches
     run together in forward passes of up to SCORE_CHUNK_SEQUENCES sequences: on a GPU a
     forward pass of a few sequences costs about what one of many does."""
-    load_state(model, dict(weights))
     rows = torch.cat(list(batches))
     sums = []
-    with torch.no_grad():
+    with torch.inference_mode():
         for start in range(0, rows.shape[0], limits.SCORE_CHUNK_SEQUENCES):
             x = rows[start : start + limits.SCORE_CHUNK_SEQUENCES].to(device)
             logits = model(input_ids=x).logits[:, :-1].float()

@@ -50,6 +50,7 @@ from ._records import ScoreRecord, TargetLosses
 __all__ = [
     "BAD_RECORD_REASON",
     "INVALID_PREFIX",
+    "ScoredRound",
     "SpreadScores",
     "disputed_targets",
     "resolve_scores",
@@ -62,6 +63,21 @@ INVALID_PREFIX = "invalid update: "
 # How the ban evidence against a scorer whose signed record does not decode is worded (the
 # coordinator checks such a report itself: node/coordinator/_bans/_reputation.py).
 BAD_RECORD_REASON = "signed a score record that does not decode: "
+
+
+@dataclass(frozen=True)
+class ScoredRound:
+    """What every node agrees a partitioned round's scores come from: the run and round, its
+    members and their header CIDs as the round record listed them, the state scored from, the
+    seed, and the closed score records (scorer -> (record CID, opened record))."""
+
+    run: str
+    round_: int
+    members: Sequence[str]
+    headers: Mapping[str, CID]
+    base: CID
+    seed: bytes
+    records: Mapping[str, tuple[CID, ScoreRecord]]
 
 
 def _assignment(run: str, round_: int, members: Sequence[str]) -> dict[str, list[str]]:
@@ -129,18 +145,11 @@ class SpreadScores:
         }
 
 
-def _claims(
-    run: str,
-    round_: int,
-    members: Sequence[str],
-    headers: Mapping[str, CID],
-    base: CID,
-    seed: bytes,
-    records: Mapping[str, tuple[CID, ScoreRecord]],
-) -> dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]]:
+def _claims(s: ScoredRound) -> dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]]:
     """target -> (claims of its assigned scorers, their unscored reasons), in scorer order."""
+    round_, headers, base, seed, records = s.round_, s.headers, s.base, s.seed, s.records
     out: dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]] = {}
-    for target, scorers in sorted(scorers_of(run, round_, members).items()):
+    for target, scorers in sorted(scorers_of(s.run, round_, s.members).items()):
         header = headers.get(target)
         claims: list[tuple[str, TargetLosses]] = []
         reasons: list[str] = []
@@ -162,31 +171,16 @@ def _ints(target: str, losses: TargetLosses) -> tuple[int, int]:
     return s.own, s.held
 
 
-def disputed_targets(
-    *,
-    run: str,
-    round_: int,
-    members: Sequence[str],
-    headers: Mapping[str, CID],
-    base: CID,
-    seed: bytes,
-    records: Mapping[str, tuple[CID, ScoreRecord]],
-) -> list[str]:
+def disputed_targets(s: ScoredRound) -> list[str]:
     """The targets whose scorers' claims give different integer scores (sorted): each must be
     recomputed before :func:`resolve_scores`."""
-    claims = _claims(run, round_, members, headers, base, seed, records)
+    claims = _claims(s)
     return [t for t, (c, _) in claims.items() if len({_ints(t, x) for _, x in c}) > 1]
 
 
 def resolve_scores(
+    s: ScoredRound,
     *,
-    run: str,
-    round_: int,
-    members: Sequence[str],
-    headers: Mapping[str, CID],
-    base: CID,
-    seed: bytes,
-    records: Mapping[str, tuple[CID, ScoreRecord]],
     reputation: Mapping[str, int],
     recompute: Callable[[str], TargetLosses],
     refused: Mapping[str, tuple[CID, str]] | None = None,
@@ -200,6 +194,7 @@ def resolve_scores(
     ``refused``: scorer -> (record CID, why) of the closed records whose signature verified and
     whose content did not decode (:class:`BadScoreRecordError`): each is named in ``wrong``.
     """
+    round_, headers, base, seed, records = s.round_, s.headers, s.base, s.seed, s.records
     scores: dict[str, UpdateScore] = {}
     losses: dict[str, TargetLosses] = {}
     left_out: dict[str, str] = {}
@@ -208,7 +203,7 @@ def resolve_scores(
         bad_record(round_, scorer, cid, why)
         for scorer, (cid, why) in sorted((refused or {}).items())
     ]
-    claimed = _claims(run, round_, members, headers, base, seed, records)
+    claimed = _claims(s)
     for target, (claims, reasons) in claimed.items():
         if target not in headers:
             left_out[target] = "no update header recorded"

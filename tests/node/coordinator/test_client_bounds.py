@@ -12,10 +12,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-import tomli_w
 
-from cnode.auth import Identity, save_identity
-from cnode.node._config import IDENTITY_FILE
+from cnode.auth import Identity
 from cnode.node.cli import main
 from cnode.node.coordinator import (
     BadRunState,
@@ -27,6 +25,7 @@ from cnode.node.coordinator import (
 from cnode.node.coordinator._client._client_core import Core
 from cnode.node.coordinator._wire._json import JSONTooDeep, json_depth, loads_bounded
 from cnode.node.train import StopReason
+from tests.support.cli import node_home, run_config_file
 
 DEEP = b"[" * 100_000
 
@@ -66,23 +65,9 @@ def deep_url() -> Iterator[str]:
         thread.join(10)
 
 
-def _home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    save_identity(Identity.generate(), home / IDENTITY_FILE)
-    return home
-
-
-def _run_config(tmp_path: Path, **extra: object) -> Path:
-    path = tmp_path / "run.toml"
-    raw = {"run": "r1", "coordinator": Identity.generate().peer_id_str, **extra}
-    path.write_text(tomli_w.dumps(raw), encoding="utf-8")
-    return path
-
-
 def _train(tmp_path: Path, config: Path, *extra: str) -> list[str]:
     tmp_path.mkdir(exist_ok=True)
-    home = _home(tmp_path)
+    home = node_home(tmp_path)
     return ["train", "--home", str(home), "--run-config", str(config), "--run", "r1", *extra]
 
 
@@ -130,7 +115,7 @@ def test_client_answer_nested_too_deep_is_one_error(deep_url: str) -> None:
 def test_train_against_a_deep_answer_is_one_line(
     tmp_path: Path, deep_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = _run_config(tmp_path)
+    config = run_config_file(tmp_path)
     started = time.monotonic()
     # The coordinator misbehaved: the "coordinator" reason of the closed set, its exit status.
     assert main(_train(tmp_path, config, "--coordinator", deep_url)) == COORDINATOR
@@ -144,11 +129,11 @@ def test_non_http_url_is_refused_at_once(
     tmp_path: Path, url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     started = time.monotonic()
-    assert main(_train(tmp_path, _run_config(tmp_path), "--coordinator", url)) == CONFIGURATION
+    assert main(_train(tmp_path, run_config_file(tmp_path), "--coordinator", url)) == CONFIGURATION
     assert "is not an http(s) URL" in _one_line(capsys.readouterr().err)
     assert time.monotonic() - started < 10.0
     # The same URL in the run config: refused when the file is read, naming the field.
-    config = _run_config(tmp_path, url=url)
+    config = run_config_file(tmp_path, url=url)
     assert main(_train(tmp_path / "again", config)) == CONFIGURATION
     line = _one_line(capsys.readouterr().err)
     assert "url " in line and "is not an http(s) URL" in line
@@ -157,7 +142,7 @@ def test_non_http_url_is_refused_at_once(
 def test_pinned_coordinator_must_be_a_peer_id(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config = _run_config(tmp_path, coordinator="not-a-peer-id")
+    config = run_config_file(tmp_path, coordinator="not-a-peer-id")
     assert main(_train(tmp_path, config)) == CONFIGURATION
     assert "coordinator:" in _one_line(capsys.readouterr().err)
     for bad in ("12D3KooW", "QmYyQSo1c1Ym7orWxLYvCrM2EmxFTANf8wXmmE7DWjhx5N", "x" * 200):

@@ -6,30 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import tomli_w
 
-from cnode.auth import Identity, save_identity
-from cnode.node._config import IDENTITY_FILE
 from cnode.node.cli import build_parser, main
 from cnode.node.cli._demo import demo_settings
 from cnode.node.train import StopReason
 from cnode.node.train._report import read_report
+from tests.support.cli import node_home, run_config_file
 
 CONFIGURATION = StopReason.CONFIGURATION.exit_code
-
-
-def _home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    save_identity(Identity.generate(), home / IDENTITY_FILE)
-    return home
-
-
-def _run_config(tmp_path: Path, **extra: object) -> Path:
-    path = tmp_path / "run.toml"
-    raw = {"run": "r1", "coordinator": Identity.generate().peer_id_str, **extra}
-    path.write_text(tomli_w.dumps(raw), encoding="utf-8")
-    return path
 
 
 def _train(home: Path, run_config: Path, *extra: str) -> list[str]:
@@ -39,8 +23,8 @@ def _train(home: Path, run_config: Path, *extra: str) -> list[str]:
 def test_unknown_attack_is_refused_before_anything_starts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = _home(tmp_path)
-    status = main(_train(home, _run_config(tmp_path), "--run", "r1", "--attack", "bogus"))
+    home = node_home(tmp_path)
+    status = main(_train(home, run_config_file(tmp_path), "--run", "r1", "--attack", "bogus"))
     assert status == 1
     err = capsys.readouterr().err
     assert "unknown attack 'bogus'" in err and "gaussian" in err
@@ -50,8 +34,8 @@ def test_unknown_attack_is_refused_before_anything_starts(
 def test_run_id_must_match_the_run_config(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = _home(tmp_path)
-    assert main(_train(home, _run_config(tmp_path), "--run", "other")) == CONFIGURATION
+    home = node_home(tmp_path)
+    assert main(_train(home, run_config_file(tmp_path), "--run", "other")) == CONFIGURATION
     err = capsys.readouterr().err
     assert "stopped (configuration): TrainingConfigError: --run 'other' but the run config" in err
 
@@ -59,8 +43,8 @@ def test_run_id_must_match_the_run_config(
 def test_bad_training_table_names_the_setting(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = _home(tmp_path)
-    config = _run_config(tmp_path, training={"model": {"n_embd": 63}})
+    home = node_home(tmp_path)
+    config = run_config_file(tmp_path, training={"model": {"n_embd": 63}})
     assert main(_train(home, config, "--run", "r1")) == CONFIGURATION
     assert "n_embd must be a multiple of n_head" in capsys.readouterr().err
 
@@ -97,8 +81,8 @@ def test_demo_and_train_refuse_an_unknown_update_codec(
     with pytest.raises(SystemExit):
         main(["demo", "--codec", "int4"])
     assert "invalid choice: 'int4'" in capsys.readouterr().err
-    home = _home(tmp_path)
-    config = _run_config(tmp_path, training={"update_codec": "int4"})
+    home = node_home(tmp_path)
+    config = run_config_file(tmp_path, training={"update_codec": "int4"})
     assert main(_train(home, config, "--run", "r1")) == CONFIGURATION
     assert "update_codec 'int4' is not one of" in capsys.readouterr().err
 
@@ -106,8 +90,8 @@ def test_demo_and_train_refuse_an_unknown_update_codec(
 def test_hf_repo_needs_the_checkpointer_and_a_hub_login(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = _home(tmp_path)
-    config = _run_config(tmp_path)
+    home = node_home(tmp_path)
+    config = run_config_file(tmp_path)
     assert main(_train(home, config, "--run", "r1", "--hf-repo", "acme/x")) == 1
     assert "--hf-repo needs --checkpointer" in capsys.readouterr().err
     args = _train(home, config, "--run", "r1", "--hf-repo", "acme/x", "--checkpointer")
@@ -124,8 +108,8 @@ def test_hf_repo_needs_the_checkpointer_and_a_hub_login(
 def test_a_node_whose_coordinator_is_gone_stops_with_that_reason(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    home = _home(tmp_path)
-    config = _run_config(tmp_path)
+    home = node_home(tmp_path)
+    config = run_config_file(tmp_path)
     report = tmp_path / "report.jsonl"
     args = _train(home, config, "--run", "r1", "--coordinator", "http://127.0.0.1:9", "--report")
     assert main([*args, str(report), "--listen", "/ip4/127.0.0.1/tcp/0"]) == 6

@@ -26,21 +26,15 @@ from cnode.node.train import (
 from cnode.node.train._round import (
     encode_update,
     load_update,
-    open_update_header,
     store_update,
 )
 from cnode.node.train._trainer import NodeTrainer, OwnUpdate
-from cnode.storage import BlockStore, manifest_closure, read_manifest
+from cnode.storage import BlockStore, read_manifest
+from tests.support.trainers import exchange_updates
 
 INT8 = TrainingConfig.from_dict(
     {"local_steps": 2, "batch_size": 4, "update_codec": "int8-blockwise"}
 )
-
-
-def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
-    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
-        if not dst.has(cid):
-            dst.put(cid, src.get(cid))
 
 
 def _node(tmp_path: Path, i: int, config: TrainingConfig = INT8, **kw: object) -> NodeTrainer:
@@ -52,20 +46,6 @@ def _node(tmp_path: Path, i: int, config: TrainingConfig = INT8, **kw: object) -
         store=BlockStore(tmp_path / f"n{i}"),
         **kw,  # type: ignore[arg-type]
     )
-
-
-def _exchange(nodes: list[NodeTrainer], own: list[OwnUpdate], round_: int) -> list[object]:
-    outcomes = []
-    for node in nodes:
-        headers = {}
-        for o in own:
-            src = next(n for n in nodes if n.peer == o.header.peer)
-            _copy(src.store, node.store, o.header.update)
-            node.store.put(o.header_cid, o.envelope)
-            header = open_update_header(o.envelope, run="r1", round_=round_, signer=src.peer)
-            headers[src.peer] = (o.header_cid, header)
-        outcomes.append(node.aggregate(round_, headers, {}))
-    return outcomes
 
 
 def test_update_codec_must_be_known() -> None:
@@ -84,7 +64,7 @@ def test_int8_swarm_agrees_bit_for_bit_and_replays(
         manifest = read_manifest(nodes[0].store, own[0].header.update)
         assert manifest.extra["codec"] == "int8-blockwise"
         assert {layer.dtype for layer in manifest.layers} == {"uint8"}
-        _exchange(nodes, own, round_)
+        exchange_updates(nodes, own, round_)
         assert len({n.state_cid for n in nodes}) == 1
     cids = {n.store_checkpoint() for n in nodes}
     assert len(cids) == 1
@@ -127,7 +107,7 @@ def test_malformed_and_foreign_codec_updates_are_left_out_and_reported(tmp_path:
         with pytest.raises(MalformedUpdateError):
             load_update(node.store, cid, peer=node.peer, codec="int8-blockwise", shapes=shapes)
         own.append(_forge(node, cid))
-    outcomes = _exchange(nodes, own, 1)
+    outcomes = exchange_updates(nodes, own, 1)
     honest = outcomes[0]
     dropped = honest.dropped  # type: ignore[attr-defined]
     assert "encoded with 'f32', the run uses 'int8-blockwise'" in dropped[nodes[2].peer]
@@ -159,7 +139,7 @@ def test_residual_is_carried_kept_across_restart_and_dropped_on_catch_up(tmp_pat
     assert node.residual is not None and node.residual.round == 1
     residual_1 = {k: t.clone() for k, t in node.residual.tensors.items()}
     assert max(float(t.abs().max()) for t in residual_1.values()) > 0
-    _exchange([node, other], own, 1)
+    exchange_updates([node, other], own, 1)
 
     # Carried: round 2's update is encode(delta_2 + residual_1); the new residual is what that
     # encoding left out, so sent_1 + sent_2 + residual_2 == delta_1 + delta_2 exactly.
@@ -172,7 +152,7 @@ def test_residual_is_carried_kept_across_restart_and_dropped_on_catch_up(tmp_pat
         total = delta2[name] + residual_1[name]
         assert torch.allclose(sent[name] + node.residual.tensors[name], total, atol=1e-7)  # type: ignore[union-attr]
     assert node.residual is not None and node.residual.round == 2
-    _exchange([node, other], [own2, other.train(2)], 2)
+    exchange_updates([node, other], [own2, other.train(2)], 2)
     checkpoint = node.store_checkpoint()
     other.store_checkpoint()
     kept = {k: t.clone() for k, t in node.residual.tensors.items()}

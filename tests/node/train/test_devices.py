@@ -17,26 +17,17 @@ from cnode.auth import Identity, save_identity
 from cnode.node._config import CONFIG_FILE, IDENTITY_FILE, load_config
 from cnode.node._exceptions import ConfigError
 from cnode.node.cli import main
-from cnode.node.train import DeviceError, StopReason, TrainingConfig
-from cnode.node.train._round import open_update_header
+from cnode.node.train import DeviceError, StopReason
 from cnode.node.train._trainer import NodeTrainer
 from cnode.node.train.model import Placement, TextData, build_model, resolve_device, train_local
-from cnode.storage import BlockStore, manifest_closure
+from cnode.storage import BlockStore
+from tests.support.trainers import play_full_round, tiny_config
 
 NO_GPU = not torch.cuda.is_available() and not (
     getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
 )
-SMALL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32}
 # A new run's table (scores on), small enough for a unit test.
-CONFIG = TrainingConfig.for_run(
-    {
-        "model": SMALL,
-        "data": {"seq_len": 32, "eval_sequences": 4},
-        "local_steps": 2,
-        "batch_size": 2,
-        "partitioned": "never",
-    }
-)
+CONFIG = tiny_config(scores=True)
 
 
 @pytest.mark.skipif(not NO_GPU, reason="this machine has a GPU: auto would pick it")
@@ -107,12 +98,6 @@ def test_bf16_mixed_steps_change_the_update_and_keep_float32() -> None:
     assert abs(fp32.loss_first - bf16.loss_first) < 0.05  # the same data, a close loss
 
 
-def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
-    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
-        if not dst.has(cid):
-            dst.put(cid, src.get(cid))
-
-
 def test_a_run_mixing_precisions_admits_every_update_and_keeps_one_state_cid(
     tmp_path: Path,
 ) -> None:
@@ -129,16 +114,7 @@ def test_a_run_mixing_precisions_admits_every_update_and_keeps_one_state_cid(
         for i, p in enumerate(precisions)
     ]
     for round_ in (1, 2):
-        own = [node.train(round_) for node in nodes]
-        outcomes = []
-        for node in nodes:
-            headers = {}
-            for o, src in zip(own, nodes, strict=True):
-                _copy(src.store, node.store, o.header.update)
-                node.store.put(o.header_cid, o.envelope)
-                header = open_update_header(o.envelope, run="r1", round_=round_, signer=src.peer)
-                headers[src.peer] = (o.header_cid, header)
-            outcomes.append(node.aggregate(round_, headers, {}))
+        outcomes = play_full_round(nodes, round_)
         everyone = tuple(sorted(n.peer for n in nodes))
         assert all(o.members == everyone and not o.dropped for o in outcomes)
         assert len({n.state_cid for n in nodes}) == 1

@@ -28,6 +28,18 @@ from cnode.node.train import (
 )
 
 
+def test_a_recorded_config_always_says_whether_it_scores() -> None:
+    for scores in (True, False):
+        config = TrainingConfig.for_run({"scores": scores})
+        recorded = config.to_dict()
+        assert recorded["scores"] is scores
+        assert TrainingConfig.from_dict(recorded) == config
+        assert TrainingConfig.for_run(recorded) == config
+    assert TrainingConfig.for_run({}).scores is TrainingConfig().scores is True  # the one default
+    # only a record from before scores were recorded lacks the key: those runs did not score
+    assert TrainingConfig.from_dict({}).scores is False
+
+
 def test_empty_table_gives_the_tiny_default_model() -> None:
     config = TrainingConfig.for_run({})
     assert config == TrainingConfig()

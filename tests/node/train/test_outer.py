@@ -20,8 +20,7 @@ from cnode.node.train import (
     TrainingConfigError,
     replay_checkpoint,
 )
-from cnode.node.train._round import open_update_header
-from cnode.node.train._trainer import NodeTrainer, OwnUpdate
+from cnode.node.train._trainer import NodeTrainer
 from cnode.node.train.model import (
     MOMENTUM_PREFIX,
     outer_step,
@@ -29,19 +28,10 @@ from cnode.node.train.model import (
     split_momentum,
     zero_momentum,
 )
-from cnode.storage import BlockStore, load_checkpoint, manifest_closure
+from cnode.storage import BlockStore, load_checkpoint
+from tests.support.trainers import copy_closure, play_full_round, tiny_config
 
-SMALL = {"n_layer": 1, "n_embd": 32, "n_head": 2, "n_positions": 32}
-NESTEROV = TrainingConfig.from_dict(
-    {
-        "model": SMALL,
-        "data": {"seq_len": 32, "eval_sequences": 4},
-        "local_steps": 2,
-        "batch_size": 2,
-        "outer_optimizer": "nesterov",
-        "partitioned": "never",
-    }
-)
+NESTEROV = tiny_config(scores=False, outer_optimizer="nesterov")
 
 
 # -- settings ---------------------------------------------------------------------------------
@@ -122,28 +112,10 @@ def test_the_partitioned_step_gives_the_full_steps_bytes() -> None:
 # -- momentum as run state ----------------------------------------------------------------
 
 
-def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
-    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
-        if not dst.has(cid):
-            dst.put(cid, src.get(cid))
-
-
 def _node(tmp_path: Path, name: str, config: TrainingConfig = NESTEROV) -> NodeTrainer:
     return NodeTrainer(
         config, run="r1", identity=Identity.generate(), store=BlockStore(tmp_path / name)
     )
-
-
-def _play_round(nodes: list[NodeTrainer], round_: int) -> None:
-    own: list[OwnUpdate] = [node.train(round_) for node in nodes]
-    for node in nodes:
-        headers = {}
-        for o, src in zip(own, nodes, strict=True):
-            _copy(src.store, node.store, o.header.update)
-            node.store.put(o.header_cid, o.envelope)
-            header = open_update_header(o.envelope, run="r1", round_=round_, signer=src.peer)
-            headers[src.peer] = (o.header_cid, header)
-        node.aggregate(round_, headers, {})
 
 
 def _same_momentum(nodes: list[NodeTrainer]) -> bool:
@@ -158,7 +130,7 @@ def _same_momentum(nodes: list[NodeTrainer]) -> bool:
 def test_momentum_survives_a_checkpoint_a_late_join_and_replay(tmp_path: Path) -> None:
     nodes = [_node(tmp_path, f"n{i}") for i in range(2)]
     for round_ in (1, 2):
-        _play_round(nodes, round_)
+        play_full_round(nodes, round_)
     assert len({n.state_cid for n in nodes}) == 1 and _same_momentum(nodes)
     assert nodes[0].momentum is not None
     assert any(t.abs().sum() > 0 for t in nodes[0].momentum.values())  # it did move
@@ -174,11 +146,11 @@ def test_momentum_survives_a_checkpoint_a_late_join_and_replay(tmp_path: Path) -
     assert extra["training"]["outer_optimizer"] == "nesterov"
 
     late = _node(tmp_path, "late")  # takes the checkpoint over, momentum and all
-    _copy(nodes[0].store, late.store, cid)
+    copy_closure(nodes[0].store, late.store, cid)
     late.adopt_checkpoint(cid)
     nodes.append(late)
     assert _same_momentum(nodes) and len({n.state_cid for n in nodes}) == 1
-    _play_round(nodes, 3)
+    play_full_round(nodes, 3)
     assert len({n.state_cid for n in nodes}) == 1 and _same_momentum(nodes)
 
     second = nodes[0].store_checkpoint()
@@ -191,7 +163,7 @@ def test_replay_names_a_tampered_momentum_and_a_joiner_refuses_a_missing_one(
     tmp_path: Path,
 ) -> None:
     nodes = [_node(tmp_path, "a")]
-    _play_round(nodes, 1)
+    play_full_round(nodes, 1)
     node = nodes[0]
     assert node.momentum is not None
     name = sorted(node.momentum)[0]
@@ -205,10 +177,10 @@ def test_replay_names_a_tampered_momentum_and_a_joiner_refuses_a_missing_one(
     sgd = TrainingConfig.from_dict({**NESTEROV.to_dict(), "outer_optimizer": "sgd",
                                     "outer_momentum": 0.0, "outer_lr": 1.0})  # fmt: skip
     writer = _node(tmp_path, "w", sgd)
-    _play_round([writer], 1)
+    play_full_round([writer], 1)
     plain = writer.store_checkpoint()
     joiner = _node(tmp_path, "j")
-    _copy(writer.store, joiner.store, plain)
+    copy_closure(writer.store, joiner.store, plain)
     with pytest.raises(CatchUpError, match="stores no outer momentum"):
         joiner.adopt_checkpoint(plain)
     assert zero_momentum(writer.state).keys() == writer.state.keys()

@@ -26,6 +26,7 @@ from cnode.node.train.scores._records import (
     seal_score_record,
 )
 from cnode.node.train.scores._spread import (
+    ScoredRound,
     SpreadScores,
     disputed_targets,
     resolve_scores,
@@ -79,11 +80,11 @@ def _records(
 
 def _agree(node: NodeTrainer, headers: dict, seed: bytes, records: dict) -> SpreadScores:
     members = sorted(headers)
-    common = dict(run=RUN, round_=1, members=members, headers={m: c for m, (c, _) in
-                  headers.items()}, base=node.state_cid, seed=seed, records=records)  # fmt: skip
+    cids = {m: c for m, (c, _) in headers.items()}
+    common = ScoredRound(RUN, 1, members, cids, node.state_cid, seed, records)
     assert node.scoring is not None
     recomputed = {}
-    for target in disputed_targets(**common):  # type: ignore[arg-type]
+    for target in disputed_targets(common):
         update = load_update(
             node.store, headers[target][1].update, peer=target, codec=CONFIG.update_codec,
             shapes=node.state,
@@ -92,7 +93,7 @@ def _agree(node: NodeTrainer, headers: dict, seed: bytes, records: dict) -> Spre
             headers[target][0], *node.scoring.measure(seed, node.state, target, update)
         )
     return resolve_scores(
-        **common,  # type: ignore[arg-type]
+        common,
         reputation=node.scoring.reputation,
         recompute=recomputed.__getitem__,
     )
@@ -197,8 +198,9 @@ def test_a_member_whose_header_nobody_has_is_left_out_and_the_checkpoint_still_v
             other.store.put(cid, envelope)
         records[node.peer] = (cid, open_score_record(envelope, run=RUN))
     spread = resolve_scores(
-        run=RUN, round_=1, members=members, headers=header_cids, base=nodes[0].state_cid,
-        seed=seed, records=records, reputation={}, recompute=lambda t: pytest.fail(t),
+        ScoredRound(run=RUN, round_=1, members=members, headers=header_cids,
+                    base=nodes[0].state_cid, seed=seed, records=records),
+        reputation={}, recompute=lambda t: pytest.fail(t),
     )  # fmt: skip
     assert ghost not in spread.inputs and spread.left_out[ghost].startswith("not scored")
     assert spread.to_params()["headers"][ghost] == str(header_cids[ghost])

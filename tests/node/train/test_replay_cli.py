@@ -26,8 +26,9 @@ from cnode.storage import (
     save_checkpoint,
 )
 from tests.support.procs import procs
+from tests.support.trainers import play_full_round
 
-from .test_round import _play_round, _swarm
+from .test_round import _swarm
 
 pytestmark = pytest.mark.slow
 
@@ -35,10 +36,10 @@ pytestmark = pytest.mark.slow
 def _trained(tmp_path: Path) -> tuple[list[NodeTrainer], CID, CID]:
     """Three nodes play rounds 1..3 with a checkpoint after 1 and after 3; (nodes, first, last)."""
     nodes = _swarm(tmp_path / "nodes", 3)
-    _play_round(nodes, 1)
+    play_full_round(nodes, 1)
     first = {node.store_checkpoint() for node in nodes}.pop()
-    _play_round(nodes, 2)
-    _play_round(nodes, 3)
+    play_full_round(nodes, 2)
+    play_full_round(nodes, 3)
     last = {node.store_checkpoint() for node in nodes}.pop()
     return nodes, first, last
 

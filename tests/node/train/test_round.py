@@ -21,16 +21,11 @@ from cnode.node.train import (
     state_cid,
 )
 from cnode.node.train._round import UPDATE_HEADER_TYPE, UpdateHeader, open_update_header
-from cnode.node.train._trainer import NodeTrainer, OwnUpdate
-from cnode.storage import BlockStore, load_checkpoint, manifest_closure
+from cnode.node.train._trainer import NodeTrainer
+from cnode.storage import BlockStore, load_checkpoint
+from tests.support.trainers import play_full_round
 
 CONFIG = TrainingConfig.from_dict({"local_steps": 2, "batch_size": 4})
-
-
-def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
-    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
-        if not dst.has(cid):
-            dst.put(cid, src.get(cid))
 
 
 def _swarm(tmp_path: Path, n: int, attack: dict[int, str] | None = None) -> list[NodeTrainer]:
@@ -47,25 +42,11 @@ def _swarm(tmp_path: Path, n: int, attack: dict[int, str] | None = None) -> list
     ]
 
 
-def _play_round(nodes: list[NodeTrainer], round_: int) -> list[object]:
-    own: list[OwnUpdate] = [node.train(round_) for node in nodes]
-    outcomes = []
-    for node in nodes:
-        headers = {}
-        for o, src in zip(own, nodes, strict=True):
-            _copy(src.store, node.store, o.header.update)
-            node.store.put(o.header_cid, o.envelope)
-            header = open_update_header(o.envelope, run="r1", round_=round_, signer=src.peer)
-            headers[src.peer] = (o.header_cid, header)
-        outcomes.append(node.aggregate(round_, headers, {}))
-    return outcomes
-
-
 @pytest.mark.slow
 def test_honest_nodes_end_every_round_bit_identical(tmp_path: Path) -> None:
     nodes = _swarm(tmp_path, 3)
     for round_ in (1, 2):
-        outcomes = _play_round(nodes, round_)
+        outcomes = play_full_round(nodes, round_)
         assert len({node.state_cid for node in nodes}) == 1
         assert all(o.members == tuple(sorted(n.peer for n in nodes)) for o in outcomes)  # type: ignore[attr-defined]
     cids = {node.store_checkpoint() for node in nodes}
@@ -75,12 +56,12 @@ def test_honest_nodes_end_every_round_bit_identical(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_checkpoint_replays_to_the_same_layers_and_names_a_tampered_layer(tmp_path: Path) -> None:
     nodes = _swarm(tmp_path, 3)
-    _play_round(nodes, 1)
+    play_full_round(nodes, 1)
     first = nodes[0].store_checkpoint()
     for node in nodes[1:]:
         node.store_checkpoint()
-    _play_round(nodes, 2)
-    _play_round(nodes, 3)
+    play_full_round(nodes, 2)
+    play_full_round(nodes, 3)
     second = nodes[0].store_checkpoint()
     report = replay_checkpoint(nodes[0].store, second)
     assert report.rounds == (2, 3) and report.parent == first
@@ -105,7 +86,7 @@ def test_an_attacker_is_clipped_rejected_or_recommended_for_a_ban(tmp_path: Path
     attacker = nodes[4].peer
     bans = []
     for round_ in (1, 2, 3):
-        outcomes = _play_round(nodes, round_)
+        outcomes = play_full_round(nodes, round_)
         honest = outcomes[0]
         record = honest.result.aggregation.records[attacker]  # type: ignore[attr-defined]
         assert record.outlier
@@ -116,7 +97,7 @@ def test_an_attacker_is_clipped_rejected_or_recommended_for_a_ban(tmp_path: Path
 
 def test_nan_update_is_rejected_and_the_round_still_agrees(tmp_path: Path) -> None:
     nodes = _swarm(tmp_path, 4, attack={3: "nan"})
-    outcomes = _play_round(nodes, 1)
+    outcomes = play_full_round(nodes, 1)
     assert len({n.state_cid for n in nodes[:3]}) == 1
     honest = outcomes[0]
     assert nodes[3].peer in honest.result.aggregation.rejected  # type: ignore[attr-defined]
@@ -144,7 +125,7 @@ def test_update_header_errors_name_the_fault(tmp_path: Path) -> None:
 
 def test_a_node_whose_state_diverged_stops_at_the_next_round(tmp_path: Path) -> None:
     nodes = _swarm(tmp_path, 4)
-    _play_round(nodes, 1)
+    play_full_round(nodes, 1)
     odd = nodes[3]
     name = sorted(odd.state)[0]
     odd.state = {**odd.state, name: odd.state[name] + 1e-3}

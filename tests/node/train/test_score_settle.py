@@ -8,7 +8,7 @@ import torch
 
 from cnode.aggregation import limits as agg_limits
 from cnode.aggregation import loss_score, score_seed, score_update
-from cnode.node.train import TextData, TrainingConfig, build_model, model_state
+from cnode.node.train import TextData, TrainingConfig, TrainingConfigError, build_model, model_state
 from cnode.node.train.limits import SCORE_DEVICE_RTOL, SCORE_LOSS_RTOL
 from cnode.node.train.scores import BOUNDARY_UNITS, RoundScoring, near_boundary, settle_needed
 
@@ -115,3 +115,30 @@ def test_a_score_near_a_boundary_is_settled_by_the_reference(
     assert scoring.models.settled == 1
     scored = scoring.score(1, state, {peer: update}, {peer: "bafy-header"})
     assert scored.scores[peer].held_after == ha and scoring.models.settled == 2
+
+
+def test_the_fast_model_keeps_the_state_only_while_it_is_unchanged() -> None:
+    # The state's copy on the device is reused across targets; a changed state is copied again.
+    from cnode.node.train.scores import LossModels
+
+    model = build_model(CONFIG)
+    state = model_state(model)
+    update = _updates(state, 1, 0.01)["peer-0"]
+    data = TextData.build(CONFIG.data, CONFIG.model)
+    batch = [data.eval[:4]]
+    models = LossModels(CONFIG)
+    first = models.fast(state, None, batch)
+    moved = models.fast(state, update, batch)
+    assert models.fast(state, None, batch) == first  # the same state: the same losses
+    assert moved != first
+    assert moved == pytest.approx(models.reference(state, update, batch), rel=SCORE_DEVICE_RTOL)
+    with torch.no_grad():  # written in place: the next call must see it
+        next(iter(state.values())).add_(0.5)
+    changed = models.fast(state, None, batch)
+    assert changed != first
+    assert changed == pytest.approx(models.reference(state, None, batch), rel=SCORE_DEVICE_RTOL)
+    fresh = {k: t.clone() for k, t in state.items()}  # other objects, the same values
+    assert models.fast(fresh, None, batch) == changed
+    bad = {**state, "transformer.wte.weight": torch.zeros(3, 3)}
+    with pytest.raises(TrainingConfigError, match=r"transformer\.wte\.weight has shape"):
+        models.fast(bad, None, batch)

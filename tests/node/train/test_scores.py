@@ -15,34 +15,14 @@ from cnode.aggregation import limits as agg_limits
 from cnode.aggregation import score_seed
 from cnode.auth import Identity
 from cnode.node.train import ReplayMismatchError, TrainingConfig, replay_checkpoint
-from cnode.node.train._round import open_update_header
-from cnode.node.train._trainer import NodeTrainer, RoundOutcome
+from cnode.node.train._trainer import NodeTrainer
 from cnode.node.train.scores._scoring import check_recorded_scores
-from cnode.storage import BlockStore, manifest_closure, read_manifest
+from cnode.storage import BlockStore, read_manifest
+from tests.support.trainers import play_full_round
 
 CONFIG = TrainingConfig.from_dict(
     {"local_steps": 16, "batch_size": 4, "scores": True, "partitioned": "never"}
 )
-
-
-def _copy(src: BlockStore, dst: BlockStore, root: object) -> None:
-    for cid in manifest_closure(src, root):  # type: ignore[arg-type]
-        if not dst.has(cid):
-            dst.put(cid, src.get(cid))
-
-
-def _play_round(nodes: list[NodeTrainer], round_: int) -> list[RoundOutcome]:
-    own = [node.train(round_) for node in nodes]
-    outcomes = []
-    for node in nodes:
-        headers = {}
-        for o, src in zip(own, nodes, strict=True):
-            _copy(src.store, node.store, o.header.update)
-            node.store.put(o.header_cid, o.envelope)
-            header = open_update_header(o.envelope, run="r1", round_=round_, signer=src.peer)
-            headers[src.peer] = (o.header_cid, header)
-        outcomes.append(node.aggregate(round_, headers, {}))
-    return outcomes
 
 
 def _rounds_of(node: NodeTrainer, cid: Any) -> list[Any]:
@@ -74,7 +54,7 @@ def test_a_node_training_on_flipped_tokens_is_left_out_and_its_reputation_falls(
     ]
     attacker, honest = nodes[0].peer, nodes[1:]
     for round_ in (1, 2, 3):
-        outcomes = _play_round(nodes, round_)
+        outcomes = play_full_round(nodes, round_)
         assert len({node.state_cid for node in nodes}) == 1  # the attacker's node agrees too
         for outcome in outcomes:
             assert attacker not in outcome.members  # never aggregated
@@ -128,10 +108,10 @@ def test_data_attacks_corrupt_the_training_text_only() -> None:
         corrupt_data(data, "bogus", vocab)
 
 
-def test_scores_setting_round_trips_and_is_absent_when_off() -> None:
+def test_scores_setting_round_trips_and_is_recorded_when_off() -> None:
     on = TrainingConfig.from_dict({"scores": True, "partitioned": "never"})
     assert on.scores and TrainingConfig.from_dict(on.to_dict()) == on
     off = TrainingConfig(scores=False)
-    assert "scores" not in off.to_dict()  # runs without scores keep their bytes
+    assert off.to_dict()["scores"] is False  # a record says it, on or off
     assert TrainingConfig.from_dict(off.to_dict()) == off
     assert TrainingConfig().scores and TrainingConfig.for_run({}) == TrainingConfig()  # a run's

@@ -24,10 +24,11 @@ from cnode.node.train.scores._records import (
     score_record_cid,
     seal_score_record,
 )
-from cnode.node.train.scores._spread import resolve_scores, targets_of
+from cnode.node.train.scores._spread import ScoredRound, resolve_scores, targets_of
 from cnode.storage import BlockStore, read_manifest
+from tests.support.trainers import exchange_updates
 
-from .test_codec import _exchange, _forge
+from .test_codec import _forge
 from .test_codec import _node as _codec_node
 from .test_partitioned import RUN, _copy_all, _node, _share
 
@@ -64,7 +65,7 @@ def test_sparse_swarm_agrees_and_verify_replay_rebuilds_the_state(
         stored = sum(layer.nbytes for layer in manifest.layers)
         most = sum(encoded_nbytes(b - a, "sparse-topk:64") for a, b in segment_ranges(numel))
         assert stored <= most <= 0.0073 * 4 * numel + 64 * 8  # + a header per segment
-        _exchange(nodes, own, round_)
+        exchange_updates(nodes, own, round_)
         assert len({n.state_cid for n in nodes}) == 1
     assert nodes[0].residual is not None and nodes[0].residual.round == 2
     checkpoint = nodes[0].store_checkpoint()
@@ -89,7 +90,7 @@ def test_a_malformed_sparse_update_is_left_out_and_reported(tmp_path: Path) -> N
     cid = store_update(bad.store, segments, run="r1", round_=1, base=bad.state_cid,
                        codec="sparse-topk:64")  # fmt: skip
     own.append(_forge(bad, cid))
-    honest = _exchange(nodes, own, 1)[0]
+    honest = exchange_updates(nodes, own, 1)[0]
     why = honest.dropped[bad.peer]  # type: ignore[attr-defined]
     assert "segment 0: sparse-topk chunk 0 holds 13 values, more than its 12" in why
     assert bad.peer in {b.peer for b in honest.bans}  # type: ignore[attr-defined]
@@ -122,9 +123,9 @@ def test_partitioned_sparse_round_with_scores_agrees_and_replays(tmp_path: Path)
             other.store.put(cid, envelope)
         records[node.peer] = (cid, open_score_record(envelope, run=RUN))
     spread = resolve_scores(
-        run=RUN, round_=1, members=members, headers={m: c for m, (c, _) in headers.items()},  # type: ignore[misc]
-        base=nodes[0].state_cid, seed=seed, records=records, reputation={},
-        recompute=lambda t: pytest.fail(t),
+        ScoredRound(RUN, 1, members, {m: c for m, (c, _) in headers.items()},  # type: ignore[misc]
+                    nodes[0].state_cid, seed, records),
+        reputation={}, recompute=lambda t: pytest.fail(t),
     )  # fmt: skip
     parts = 4
     results = {}
