@@ -273,20 +273,7 @@ class Soak:
         db.close()
         attacker = self.members["attacker"]
         honest_banned = [m.name for m in honest if m.peer in bans]
-        verified, failed = 0, []
-        for m in honest:  # what a user runs: `cnode checkpoint verify` on the node's home
-            manifests = [e["manifest"] for e in m.events("round") if e.get("manifest")]
-            if not manifests:
-                continue
-            verify = subprocess.run(
-                [sys.executable, "-m", "cnode", "checkpoint", "verify", "--home", str(m.home),
-                 manifests[-1]],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-            if verify.returncode == 0:
-                verified += 1
-            else:
-                failed.append(f"{m.name}: {verify.stdout[-300:]}{verify.stderr[-300:]}")
+        verified, failed = _verify_checkpoints(honest)
         reasons = {
             m.name: [e.get("stop_reason") for e in m.events("stopped")]
             for m in self.members.values()
@@ -338,6 +325,26 @@ class Soak:
         )
         print(f"\nsoak {'PASSED' if ok else 'FAILED'}")
         return bool(ok)
+
+
+def _verify_checkpoints(honest: list[Member]) -> tuple[int, list[str]]:
+    """What a user runs, `cnode checkpoint verify`, on each home's last checkpoint: how many
+    verify, and what the others said."""
+    verified, failed = 0, []
+    for m in honest:
+        manifests = [e["manifest"] for e in m.events("round") if e.get("manifest")]
+        if not manifests:
+            continue
+        verify = subprocess.run(
+            [sys.executable, "-m", "cnode", "checkpoint", "verify", "--home", str(m.home),
+             manifests[-1]],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        if verify.returncode == 0:
+            verified += 1
+        else:
+            failed.append(f"{m.name}: {verify.stdout[-300:]}{verify.stderr[-300:]}")
+    return verified, failed
 
 
 def _init(home: Path) -> str:
