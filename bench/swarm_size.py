@@ -1,0 +1,230 @@
+"""How a real swarm scales in members on one machine (issue 27): 4, 8, 16, 32 `cnode train`s.
+
+For each size *n*: a coordinator and *n* ``cnode train`` processes on 127.0.0.1 (homes made
+with ``cnode init``; one checkpointer), a ~1.4M-parameter model, one local step a round, the
+run's defaults otherwise (int8-blockwise, partitioned from 3 members, scores on). It plays
+``--rounds`` rounds and prints, per size:
+
+- seconds per round (the median gap between rounds, from the nodes' reports) and the median of
+  each node-reported phase (train, publish, fetch, aggregate);
+- verified bytes in per peer per round (the median of every node's ``bytes_in``), and its ratio
+  to the smallest size in the same run (the baseline: flat in *n* is the goal);
+- the coordinator's HTTP requests per round and CPU seconds per round (its ``/metrics``);
+- whether every node ended on one state CID.
+
+A size whose swarm does not finish in ``--timeout-s`` is reported as broken, with where it was.
+Every process is stopped at the end of its size. ``python bench/swarm_size.py --sizes 4,8,16``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+import tomli_w
+
+from cnode.auth import Identity, save_identity
+from cnode.node.coordinator.server import CoordinatorProcess
+
+RUN = "scale"
+MODEL = {"n_layer": 4, "n_embd": 160, "n_head": 4}  # ~1.4M parameters with the 1024-token vocab
+CNODE = [sys.executable, "-m", "cnode"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _events(home: Path, kind: str) -> list[dict[str, Any]]:
+    report = home / "report.jsonl"
+    if not report.exists():
+        return []
+    lines = report.read_text(encoding="utf-8").splitlines()
+    return [e for e in (json.loads(x) for x in lines if x.endswith("}")) if e["event"] == kind]
+
+
+def _metrics(url: str) -> tuple[float, float]:
+    """(HTTP requests answered, CPU seconds) from the coordinator's /metrics."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    requests = sum(
+        float(m.group(1))
+        for m in re.finditer(r"^cnode_coordinator_requests_total\{[^}]*\} (\S+)$", text, re.M)
+    )
+    cpu = re.search(r"^process_cpu_seconds_total (\S+)$", text, re.M)
+    return requests, float(cpu.group(1)) if cpu else float("nan")
+
+
+def _init_homes(work: Path, n: int) -> list[tuple[Path, str]]:
+    """n node homes as users make them (`cnode init`, in parallel); (home, peer id) each."""
+    homes = [work / f"node-{i:02d}" for i in range(n)]
+    procs = [
+        subprocess.Popen([*CNODE, "init", "--home", str(h)], stdout=subprocess.PIPE, text=True)
+        for h in homes
+    ]
+    out = []
+    for home, proc in zip(homes, procs, strict=True):
+        text, _ = proc.communicate(timeout=300)
+        peer = next(x.split()[-1] for x in text.splitlines() if x.startswith("peer id:"))
+        out.append((home, peer))
+    return out
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def run_size(n: int, rounds: int, timeout_s: float) -> dict[str, Any]:
+    with TemporaryDirectory(prefix=f"cnode-swarm{n}-") as tmp:
+        work = Path(tmp)
+        nodes = _init_homes(work, n)
+        key = Identity.generate()
+        save_identity(key, work / "coordinator.key")
+        config = {
+            "run": RUN,
+            "coordinator": key.peer_id_str,
+            "rounds": {
+                "min_participants": n,
+                "round_timeout_s": 600.0,
+                "checkpoint_every": 1,
+                "cooldown_s": 120.0,
+                "warmup_s": 2.0,
+                "collect_timeout_s": 120.0,
+            },
+            "access": {"peers": [peer for _, peer in nodes]},
+            "network": {"allow_private_addrs": True},
+            "training": {"model": MODEL, "local_steps": 1},
+        }
+        (work / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
+        coordinator = CoordinatorProcess(
+            work / "run.toml", work / "coordinator.db", work / "coordinator.key"
+        ).start()
+        procs: list[subprocess.Popen[bytes]] = []
+        began = time.monotonic()
+        try:
+            start_requests, start_cpu = _metrics(coordinator.url)
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            for i, (home, _) in enumerate(nodes):
+                cmd = [
+                    *CNODE, "--log-json", "train", "--run", RUN,
+                    "--run-config", str(work / "run.toml"), "--home", str(home),
+                    "--coordinator", coordinator.url,
+                    "--listen", f"/ip4/127.0.0.1/tcp/{_port()}",
+                    "--rounds", str(rounds), "--report", str(home / "report.jsonl"),
+                ]  # fmt: skip
+                if i == 0:
+                    cmd.append("--checkpointer")
+                with (home / "node.log").open("ab") as log:
+                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(1.0)
+            broken = any(p.poll() is None for p in procs)
+            end_requests, end_cpu = _metrics(coordinator.url)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=10)
+            coordinator.stop()
+        return _figures(n, rounds, nodes, procs, began, broken, (start_requests, start_cpu),
+                        (end_requests, end_cpu))  # fmt: skip
+
+
+def _figures(
+    n: int,
+    rounds: int,
+    nodes: list[tuple[Path, str]],
+    procs: list[subprocess.Popen[bytes]],
+    began: float,
+    broken: bool,
+    start: tuple[float, float],
+    end: tuple[float, float],
+) -> dict[str, Any]:
+    events = {home: _events(home, "round") for home, _ in nodes}
+    finals: dict[int, set[str]] = {e[-1]["round"]: set() for e in events.values() if e}
+    for evs in events.values():
+        if evs:
+            finals[evs[-1]["round"]].add(evs[-1]["state_cid"])
+    times: dict[int, float] = {}
+    for evs in events.values():
+        for e in evs:
+            times[e["round"]] = max(times.get(e["round"], 0.0), float(e["t"]))
+    ordered = sorted(times)
+    gaps = [times[b] - times[a] for a, b in itertools.pairwise(ordered)]
+    phase = {
+        k: _median([float(e[k]) for evs in events.values() for e in evs if e.get(k) is not None])
+        for k in ("train_s", "publish_s", "fetch_s", "aggregate_s")
+    }
+    bytes_in = _median([float(e["bytes_in"]) for evs in events.values() for e in evs[1:]])
+    played = max(len(ordered), 1)
+    stops = [e.get("stop_reason") for home, _ in nodes for e in _events(home, "stopped")]
+    return {
+        "n": n,
+        "rounds_done": len(ordered),
+        "broken": broken or len(ordered) < rounds,
+        "where": None if not broken else f"after round {ordered[-1] if ordered else 0}",
+        "s_per_round": _median(gaps),
+        "phase_median_s": phase,
+        "bytes_in_per_peer_round": bytes_in,
+        "coordinator_requests_per_round": round((end[0] - start[0]) / played, 1),
+        "coordinator_cpu_s_per_round": round((end[1] - start[1]) / played, 2),
+        "one_state_cid_at_the_end": len(finals.get(rounds, set())) == 1
+        and sum(1 for evs in events.values() if evs and evs[-1]["round"] == rounds) == n,
+        "stop_reasons": {r: stops.count(r) for r in set(stops)},
+        "exit_codes": sorted({p.returncode for p in procs}),
+        "wall_s": round(time.monotonic() - began, 1),
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes", default="4,8,16,32")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--timeout-s", type=float, default=900.0, help="per size")
+    args = p.parse_args()
+    results = []
+    for n in (int(x) for x in args.sizes.split(",")):
+        print(f"-- {n} nodes", flush=True)
+        result = run_size(n, args.rounds, args.timeout_s)
+        print(json.dumps(result), flush=True)
+        results.append(result)
+        if result["broken"]:
+            print(f"{n} nodes did not finish {args.rounds} rounds: larger sizes skipped")
+            break
+    base = results[0].get("bytes_in_per_peer_round") if results else None
+    print("\nn | s/round | bytes in/peer/round (x smallest n) | coord req/round | coord CPU s/round"
+          " | one CID")  # fmt: skip
+    for r in results:
+        mine = r["bytes_in_per_peer_round"]
+        ratio = mine / base if base and mine else None
+        print(
+            f"{r['n']} | {r['s_per_round']} | {r['bytes_in_per_peer_round']} "
+            f"({ratio and round(ratio, 2)}x) | {r['coordinator_requests_per_round']} | "
+            f"{r['coordinator_cpu_s_per_round']} | {r['one_state_cid_at_the_end']}"
+        )
+    return 0 if results and not results[-1]["broken"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
