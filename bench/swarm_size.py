@@ -64,7 +64,7 @@ def _metrics(url: str) -> tuple[float, float]:
         text = answer.read().decode()
     requests = sum(
         float(m.group(1))
-        for m in re.finditer(r"^cnode_coordinator_requests_total\{[^}]*\} (\S+)$", text, re.M)
+        for m in re.finditer(r"^cnode_coordinator_requests_total\{.*\} (\S+)$", text, re.M)
     )
     cpu = re.search(r"^process_cpu_seconds_total (\S+)$", text, re.M)
     return requests, float(cpu.group(1)) if cpu else float("nan")
