@@ -6,6 +6,7 @@ in ``finally``. Waits are bounded and fail with the tails of the logs.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -93,6 +94,9 @@ class Swarm:
         training: dict[str, Any] | None = None,  # settings over TINY_TRAINING
         backup_step_s: float | None = None,
         allow_private_addrs: bool = True,  # False: a public run, as a user who left it out
+        # Identities from the names (the same peer ids, so the same data shards, every run): for
+        # tests whose outcome depends on which shard each peer trains and is scored on.
+        fixed_identities: bool = False,
     ) -> None:
         self.tmp = tmp
         self.gateways = list(gateways or [])  # the run config's trustless gateways
@@ -101,7 +105,11 @@ class Swarm:
         for name in names:
             home = tmp / name
             home.mkdir(parents=True)
-            identity = Identity.generate()
+            identity = (
+                Identity.from_seed(hashlib.sha256(f"swarm/{name}".encode()).digest())
+                if fixed_identities
+                else Identity.generate()
+            )
             save_identity(identity, home / IDENTITY_FILE)
             port = _free_port()
             save_config(home, NodeConfig(listen=f"/ip4/127.0.0.1/tcp/{port}"))
