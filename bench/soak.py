@@ -40,6 +40,7 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import tomli_w
+from _homes import init_homes, report_events  # bench/ is the script's folder
 
 from cnode.auth import Identity, save_identity
 from cnode.node.coordinator.server import CoordinatorProcess
@@ -78,13 +79,7 @@ class Member:
         return bool(self.procs) and self.procs[-1].poll() is None
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        report = self.home / "report.jsonl"
-        if not report.exists():
-            return []
-        lines = report.read_text(encoding="utf-8").splitlines()
-        # The last line may be half-written while the node runs.
-        events = [json.loads(line) for line in lines if line.endswith("}")]
-        return [e for e in events if kind is None or e["event"] == kind]
+        return report_events(self.home, kind)
 
 
 class Soak:
@@ -93,10 +88,10 @@ class Soak:
         names = [f"honest-{i + 1}" for i in range(args.nodes)] + ["attacker"]
         names += [f"joiner-{i + 1}" for i in range(2)]
         self.members: dict[str, Member] = {}
-        for host, name in enumerate(names, start=1):
-            home = work / name
+        peers = init_homes([work / name for name in names])
+        for host, (name, peer) in enumerate(zip(names, peers, strict=True), start=1):
             role = "attacker" if name == "attacker" else "honest"
-            self.members[name] = Member(name, host, home, _init(home), role)
+            self.members[name] = Member(name, host, work / name, peer, role)
         self.hosts = len(names) + 1
         self.coordinator: CoordinatorProcess | None = None
         self.log: list[str] = []  # what the soak did, when (printed at the end)
@@ -345,15 +340,6 @@ def _verify_checkpoints(honest: list[Member]) -> tuple[int, list[str]]:
         else:
             failed.append(f"{m.name}: {verify.stdout[-300:]}{verify.stderr[-300:]}")
     return verified, failed
-
-
-def _init(home: Path) -> str:
-    """A node home as a user makes one (`cnode init`); its peer id."""
-    out = subprocess.run(
-        [sys.executable, "-m", "cnode", "init", "--home", str(home)],
-        capture_output=True, text=True, check=True, timeout=60,
-    ).stdout  # fmt: skip
-    return next(line.split()[-1] for line in out.splitlines() if line.startswith("peer id:"))
 
 
 def _median(xs: list[float]) -> float | None:

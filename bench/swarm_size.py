@@ -27,7 +27,6 @@ import signal
 import socket
 import statistics
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -35,27 +34,19 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import tomli_w
+from _homes import CNODE, init_homes, report_events  # bench/ is the script's folder
 
 from cnode.auth import Identity, save_identity
 from cnode.node.coordinator.server import CoordinatorProcess
 
 RUN = "scale"
 MODEL = {"n_layer": 4, "n_embd": 160, "n_head": 4}  # ~1.4M parameters with the 1024-token vocab
-CNODE = [sys.executable, "-m", "cnode"]
 
 
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _events(home: Path, kind: str) -> list[dict[str, Any]]:
-    report = home / "report.jsonl"
-    if not report.exists():
-        return []
-    lines = report.read_text(encoding="utf-8").splitlines()
-    return [e for e in (json.loads(x) for x in lines if x.endswith("}")) if e["event"] == kind]
 
 
 def _metrics(url: str) -> tuple[float, float]:
@@ -71,18 +62,9 @@ def _metrics(url: str) -> tuple[float, float]:
 
 
 def _init_homes(work: Path, n: int) -> list[tuple[Path, str]]:
-    """n node homes as users make them (`cnode init`, in parallel); (home, peer id) each."""
+    """n node homes as users make them; (home, peer id) each."""
     homes = [work / f"node-{i:02d}" for i in range(n)]
-    procs = [
-        subprocess.Popen([*CNODE, "init", "--home", str(h)], stdout=subprocess.PIPE, text=True)
-        for h in homes
-    ]
-    out = []
-    for home, proc in zip(homes, procs, strict=True):
-        text, _ = proc.communicate(timeout=300)
-        peer = next(x.split()[-1] for x in text.splitlines() if x.startswith("peer id:"))
-        out.append((home, peer))
-    return out
+    return list(zip(homes, init_homes(homes), strict=True))
 
 
 def _median(xs: list[float]) -> float | None:
@@ -161,7 +143,7 @@ def _figures(
     start: tuple[float, float],
     end: tuple[float, float],
 ) -> dict[str, Any]:
-    events = {home: _events(home, "round") for home, _ in nodes}
+    events = {home: report_events(home, "round") for home, _ in nodes}
     finals: dict[int, set[str]] = {e[-1]["round"]: set() for e in events.values() if e}
     for evs in events.values():
         if evs:
@@ -178,7 +160,7 @@ def _figures(
     }
     bytes_in = _median([float(e["bytes_in"]) for evs in events.values() for e in evs[1:]])
     played = max(len(ordered), 1)
-    stops = [e.get("stop_reason") for home, _ in nodes for e in _events(home, "stopped")]
+    stops = [e.get("stop_reason") for home, _ in nodes for e in report_events(home, "stopped")]
     return {
         "n": n,
         "rounds_done": len(ordered),

@@ -123,9 +123,9 @@ class PartitionRules:
         """When round ``row``'s result window opens: at the collect deadline, or when the score
         records close if that is later (every aggregator waits for them)."""
         opens = float(row["collect_deadline"])
-        if self.config.scored:
-            closes = self._scores_close_at(row)
-            opens = max(opens, opens if closes is None else closes)
+        closes = self._scores_close_at(row) if self.config.scored else None
+        if closes is not None:
+            opens = max(opens, closes)
         return opens
 
     def _backup_step(self, row: sqlite3.Row) -> float:
