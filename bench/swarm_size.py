@@ -49,14 +49,16 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def _metrics(url: str) -> tuple[float, float]:
-    """(HTTP requests answered, CPU seconds) from the coordinator's /metrics."""
+def _metrics(url: str) -> tuple[dict[str, float], float]:
+    """(HTTP requests answered by route and status, CPU seconds) from the coordinator's
+    /metrics."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=10) as answer:
         text = answer.read().decode()
-    requests = sum(
-        float(m.group(1))
-        for m in re.finditer(r"^cnode_coordinator_requests_total\{.*\} (\S+)$", text, re.M)
-    )
+    requests: dict[str, float] = {}
+    for m in re.finditer(r"^cnode_coordinator_requests_total\{(.*)\} (\S+)$", text, re.M):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', m.group(1)))
+        key = f"{labels.get('route', '?')} {labels.get('status', '?')}"
+        requests[key] = requests.get(key, 0.0) + float(m.group(2))
     cpu = re.search(r"^process_cpu_seconds_total (\S+)$", text, re.M)
     return requests, float(cpu.group(1)) if cpu else float("nan")
 
@@ -140,8 +142,8 @@ def _figures(
     procs: list[subprocess.Popen[bytes]],
     began: float,
     broken: bool,
-    start: tuple[float, float],
-    end: tuple[float, float],
+    start: tuple[dict[str, float], float],
+    end: tuple[dict[str, float], float],
 ) -> dict[str, Any]:
     events = {home: report_events(home, "round") for home, _ in nodes}
     finals: dict[int, set[str]] = {e[-1]["round"]: set() for e in events.values() if e}
@@ -169,7 +171,14 @@ def _figures(
         "s_per_round": _median(gaps),
         "phase_median_s": phase,
         "bytes_in_per_peer_round": bytes_in,
-        "coordinator_requests_per_round": round((end[0] - start[0]) / played, 1),
+        "coordinator_requests_per_round": round(
+            (sum(end[0].values()) - sum(start[0].values())) / played, 1
+        ),
+        "coordinator_requests_per_round_by_route": {
+            route: round((count - start[0].get(route, 0.0)) / played, 1)
+            for route, count in sorted(end[0].items())
+            if count > start[0].get(route, 0.0)
+        },
         "coordinator_cpu_s_per_round": round((end[1] - start[1]) / played, 2),
         "one_state_cid_at_the_end": len(finals.get(rounds, set())) == 1
         and sum(1 for evs in events.values() if evs and evs[-1]["round"] == rounds) == n,

@@ -68,8 +68,12 @@ AGREED_WAIT_SLACK_S = 30.0
 AGREED_FETCH_S = 60.0
 # Seconds one dial of one peer address may take.
 DIAL_TIMEOUT_S = 10.0
-# Seconds between two reads of the run state that look for new peers to dial (and bans).
+# Seconds between two reads of the run state that look for new peers to dial (and bans), per
+# DISCOVERY_PEERS_PER_POLL peers the state lists, at most DISCOVERY_POLL_MAX_S: the swarm's
+# reads stay about constant in its size (swarm/_peers.discovery_poll_s).
 DISCOVERY_POLL_S = 2.0
+DISCOVERY_PEERS_PER_POLL = 4
+DISCOVERY_POLL_MAX_S = 16.0
 # A peer that could not be dialed is tried again after DIAL_BACKOFF_FIRST_S, doubling per
 # failure up to DIAL_BACKOFF_MAX_S.
 DIAL_BACKOFF_FIRST_S = 1.0
@@ -91,6 +95,9 @@ JOIN_WAIT_S = 3600.0
 # and while waiting long (for a round to be published before a late join, for a checkpoint).
 POLL_INTERVAL_S = 0.2
 SLOW_POLL_S = 1.0
+# Shortest hold of a node's long poll for partition results while it waits for its backup turn
+# (the poll answers at once when the last result comes; this only bounds re-polls near a turn).
+BACKUP_POLL_MIN_S = 1.0
 # Seconds between two looks at the headers gossip brought in, while waiting for stragglers.
 HEADER_CHECK_S = 1.0
 # Seconds a node spends sending one dashboard report (held-out loss, catch-up) to the

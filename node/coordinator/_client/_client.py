@@ -346,6 +346,26 @@ class CoordinatorClient:
                 return info
             await anyio.sleep(0)
 
+    async def wait_scores_closed(self, round: int) -> RoundInfo:
+        """Wait until ``round``'s score records are closed (or it is agreed) and return the
+        record. Bound it yourself."""
+        while True:
+            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="scores")
+            if info.scores_closed or info.status is RoundStatus.AGREED:
+                return info
+            await anyio.sleep(0)
+
+    async def wait_checkpoint(self, round: int) -> CheckpointRecord | None:
+        """Wait until a checkpoint of ``round`` or a later round is recorded and return the
+        current one (from the signed run state: one more read once the long poll answers).
+        Bound it yourself."""
+        while True:
+            await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="checkpoint")
+            record = await self.current_checkpoint()
+            if record is not None and record.round >= round:
+                return record
+            await anyio.sleep(0)
+
     async def checkpoints(
         self, *, after: int = -1, limit: int = limits.MAX_CHECKPOINT_PAGE
     ) -> list[CheckpointRecord]:

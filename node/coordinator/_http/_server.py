@@ -135,7 +135,8 @@ class CoordinatorServer:
         self._request_limit = RateLimiter(
             limits.REQUEST_BURST, limits.REQUEST_RATE_PER_S, limits.MAX_RATE_BUCKETS
         )
-        self.waits = RoundWaits(self.store)  # long polls of round records
+        # long polls of round records
+        self.waits = RoundWaits(self.store, self.machine.partitions.scores_closed)
         self.evidence_slots = EvidenceSlots(
             limits.MAX_EVIDENCE_CHECKS,
             limits.MAX_EVIDENCE_CHECKS_PER_PEER,
@@ -209,6 +210,8 @@ class CoordinatorServer:
         while True:
             await asyncio.sleep(limits.TICK_S)
             now = time.time()
+            if self.waits.timed():  # score records close with time alone (the pace rule)
+                self.waits.wake()
             due = self.machine.next_due()
             if due is not None and now >= due:
                 before = self.store.version()
@@ -277,7 +280,8 @@ class CoordinatorServer:
                 f"round must be >= 1, wait in [0, {limits.MAX_LONG_POLL_S}] and until one of "
                 f"{', '.join(UNTIL)}",
             )
-        if n not in self._round_cache and wait > 0:
+        # An agreed round's record is final, but its checkpoint may still be to come.
+        if wait > 0 and (n not in self._round_cache or until == "checkpoint"):
             await self.waits.wait(n, until, wait)
         cached = self._round_cache.get(n)
         if cached is None:

@@ -93,6 +93,11 @@ class PartitionRules:
             "backup_step_ms": ms(row["backup_step"]),
         }
 
+    def scores_closed(self, n: int, now: float) -> bool:
+        """Round ``n``'s score records are closed (False for a round that is not listed)."""
+        row = self.store.round_row(n)
+        return row is not None and self._scores_closed(row, now)
+
     def _scores_closed(self, row: sqlite3.Row, now: float) -> bool:
         """No score record is taken any more: the round is agreed, or its score phase closed
         (specs/coordinator.md#scores-in-partitioned-rounds). The verdict only moves from open

@@ -52,14 +52,13 @@ async def agree_on_checkpoint(
             raise
         return
     with trio.move_on_after(limits.AGREE_WAIT_S):
-        while True:
-            record = (await client.run_state()).checkpoint
-            if record is not None and record.round >= round_:
-                if record.round == round_ and record.manifest != str(manifest):
-                    raise StateMismatchError(
-                        f"round {round_}: this node's checkpoint {manifest} (state "
-                        f"{state_cid}) differs from the swarm's {record.manifest}"
-                    )
-                return
-            await trio.sleep(limits.POLL_INTERVAL_S)
+        # A long poll answered when the checkpoint is recorded, then one read of the signed
+        # state: not a read of the state every POLL_INTERVAL_S by every node (issue 27).
+        record = await client.wait_checkpoint(round_)
+        if record is not None and record.round == round_ and record.manifest != str(manifest):
+            raise StateMismatchError(
+                f"round {round_}: this node's checkpoint {manifest} (state "
+                f"{state_cid}) differs from the swarm's {record.manifest}"
+            )
+        return
     log.warning("checkpoint_not_confirmed", round=round_, manifest=str(manifest))

@@ -34,6 +34,7 @@ from cnode.node.coordinator import (
     CoordinatorRejected,
     RoundInfo,
 )
+from cnode.node.coordinator import limits as coordinator_limits
 from cnode.node.p2p import P2PNode
 from cnode.storage import CID, StorageError
 
@@ -295,19 +296,41 @@ class PartitionedExchange:
         """Poll until every partition has a result (or the round is agreed), taking over a
         partition this node backs up when its time comes."""
         info = state.info
+        current = info
         with trio.move_on_after(limits.RESULTS_WAIT_S):
             while True:
-                with trio.move_on_after(limits.SLOW_POLL_S * 2):
-                    current = await self.client.wait_results(info.round)
-                    if current.agreed is not None or len(current.results) >= info.parts:
-                        return current
-                current = await self.client.round_info(info.round)
+                # One long poll, held until every result is in or this node's next backup turn
+                # (never cancelled and re-sent on a short timer: n nodes x 2 requests every
+                # 2 s was most of a 16-node swarm's requests, issue 27).
+                wait_s = self._until_my_backup(state, current)
+                current = await self.client.round_info(info.round, wait_s=wait_s, until="results")
                 if current.agreed is not None or len(current.results) >= info.parts:
                     return current
                 await self._back_up(state, current)
         raise RoundStalledError(
             f"round {info.round}: partition results still missing after {limits.RESULTS_WAIT_S:g} s"
         )
+
+    def _until_my_backup(self, state: _Round, current: RoundInfo) -> float:
+        """Seconds to hold the next results poll: until this node's earliest backup turn for a
+        partition still without a result (at least BACKUP_POLL_MIN_S); the longest poll when it
+        has none; BACKUP_POLL_MIN_S x 2 while the result window is not open (its opening is
+        not a result, so a poll would not answer on it)."""
+        info, me = state.info, self.trainer.peer
+        if current.results_open_ms is None or current.backup_step_ms is None:
+            return limits.BACKUP_POLL_MIN_S * 2
+        opened, step = current.results_open_ms / 1000, current.backup_step_ms / 1000
+        turns = [
+            opened + (order.index(me) + 1) * step
+            for partition in range(info.parts)
+            if str(partition) not in current.results and partition not in state.done
+            for order in [backup_aggregators(self.trainer.run, info.round, info.members, partition)]
+            if me in order
+        ]
+        if not turns:
+            return coordinator_limits.MAX_LONG_POLL_S
+        wait = min(turns) - time.time()
+        return min(max(wait, limits.BACKUP_POLL_MIN_S), coordinator_limits.MAX_LONG_POLL_S)
 
     async def _back_up(self, state: _Round, current: RoundInfo) -> None:
         """Take over a partition this node backs up once its time in the result window came

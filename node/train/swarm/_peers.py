@@ -32,7 +32,7 @@ from cnode.node.p2p import P2PError, P2PNode
 from .. import limits
 from .._exceptions import TrainingConfigError
 
-__all__ = ["PeerFinder", "advertised_addrs"]
+__all__ = ["PeerFinder", "advertised_addrs", "discovery_poll_s"]
 
 log = structlog.get_logger(__name__)
 
@@ -120,6 +120,15 @@ def listed_addrs(state: RunState) -> dict[str, list[str]]:
         if record is not None:
             addrs.update(record.addrs)
     return addrs
+
+
+def discovery_poll_s(listed: int) -> float:
+    """Seconds to the next read of the run state by ``follow``, with ``listed`` peers in it:
+    DISCOVERY_POLL_S per DISCOVERY_PEERS_PER_POLL listed peers, at most DISCOVERY_POLL_MAX_S.
+    The swarm's reads then stay about constant in n instead of growing with it (issue 27); a
+    round's own members are dialed from its record anyway, and bans also come by gossip."""
+    scale = max(1.0, listed / limits.DISCOVERY_PEERS_PER_POLL)
+    return min(limits.DISCOVERY_POLL_S * scale, limits.DISCOVERY_POLL_MAX_S)
 
 
 def _peer_of(address: str) -> str:
@@ -221,6 +230,7 @@ class PeerFinder:
             wanted = dict(extra)
             for address in state.p2p_addrs:  # the coordinator's gossip node
                 wanted.setdefault(_peer_of(address), []).append(address)
-            wanted.update(listed_addrs(state))
+            listed = listed_addrs(state)
+            wanted.update(listed)
             await self.dial(wanted)
-            await trio.sleep(limits.DISCOVERY_POLL_S)
+            await trio.sleep(discovery_poll_s(len(listed)))

@@ -198,3 +198,74 @@ def test_a_non_member_may_not_send_a_score_record(serve: Any, peers: Any) -> Non
             await client.aclose()
 
     trio.run(main)
+
+
+def test_a_long_poll_for_the_scores_answers_when_they_close_not_at_its_end(
+    serve: Any, peers: Any
+) -> None:
+    # until=scores is one request per node for the whole score phase (issue 27: re-reading the
+    # record every 0.2 s was most of a 16-node swarm's requests). It answers when the last
+    # member's record comes (a change), and when the pace rule closes them (time alone: the
+    # coordinator's tick wakes it), each long before the poll's MAX_LONG_POLL_S.
+    running = serve(
+        run_config(
+            peers, partitioned="auto", scores=True, min_participants=4, collect_timeout_s=2.0
+        )
+    )
+    by_id = {p.peer_id_str: p for p in peers}
+
+    async def main() -> None:
+        clients, _ = await _publish(running, peers)
+        members = sorted(clients)
+        first = clients[members[0]]
+        answered: list[RoundInfo] = []
+
+        async def poll() -> None:
+            answered.append(
+                await first.round_info(1, wait_s=limits.MAX_LONG_POLL_S, until="scores")
+            )
+
+        began = time.monotonic()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(poll)
+            await trio.sleep(0.3)
+            assert not answered  # open: the poll holds
+            for peer in members[:3]:
+                await clients[peer].score(1, record=_record(by_id[peer]))
+            # Three of four by the nominal deadline: they close by the pace rule, with time.
+        assert time.monotonic() - began < limits.MAX_LONG_POLL_S
+        info = answered[0]
+        assert info.scores_closed is True and list(info.scores) == members[:3]
+        with trio.fail_after(limits.MAX_LONG_POLL_S / 2):  # a closed round answers at once
+            assert (await first.wait_scores_closed(1)).scores_closed is True
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
+
+
+def test_a_long_poll_for_the_scores_answers_on_the_last_record(serve: Any, peers: Any) -> None:
+    running = serve(run_config(peers, partitioned="auto", scores=True, min_participants=4))
+    by_id = {p.peer_id_str: p for p in peers}
+
+    async def main() -> None:
+        clients, _ = await _publish(running, peers)
+        members = sorted(clients)
+        for peer in members[:3]:
+            await clients[peer].score(1, record=_record(by_id[peer]))
+        answered: list[RoundInfo] = []
+
+        async def poll() -> None:
+            answered.append(await clients[members[0]].wait_scores_closed(1))
+
+        with trio.fail_after(limits.MAX_LONG_POLL_S / 2):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(poll)
+                await trio.sleep(0.3)
+                assert not answered
+                await clients[members[3]].score(1, record=_record(by_id[members[3]]))
+        assert answered[0].scores_closed is True and len(answered[0].scores) == 4
+        for c in clients.values():
+            await c.aclose()
+
+    trio.run(main)
