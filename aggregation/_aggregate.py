@@ -28,6 +28,7 @@ def aggregate(
     config: AggregatorConfig,
     weights: Mapping[str, float] | None = None,
     previous: Mapping[str, torch.Tensor] | None = None,
+    by_layer: bool = False,
 ) -> AggregationResult:
     """Aggregate one round's updates, deterministically.
 
@@ -39,6 +40,9 @@ def aggregate(
         weights: peer id -> weight (samples processed); used by weighted_mean (required) and
             centered_clip (optional, uniform otherwise). Ignored by the other rules.
         previous: the previous round's aggregate, used by centered_clip with start="previous".
+        by_layer: read the updates one layer at a time, holding only that layer of each (see
+            :class:`Stack`): with mappings that decode a layer when it is looked up, aggregating
+            n updates holds n x one layer, not n whole updates. The same bits either way.
 
     Returns:
         AggregationResult with the aggregate in the expected dtypes, one PeerRecord per peer
@@ -69,9 +73,10 @@ def aggregate(
             raise AggregationInputError(f"previous aggregate is invalid: {why}")
         prev = previous
 
-    stack = Stack([updates[p] for p in accepted], specs)
+    stack = Stack([updates[p] for p in accepted], specs, by_layer=by_layer)
     out = RULES[config.name](stack, [w[p] for p in accepted], config.params, prev)
     sq = out.sq_distances if out.sq_distances is not None else stack.sq_distances(out.vector)
+    stack.release()
     distances = [math.sqrt(d) for d in sq.tolist()]
     typical = statistics.median(distances)
     records = _records(peers, reasons, accepted, distances, out.clip_weights, w, typical)

@@ -186,10 +186,22 @@ class Stack:
 
     Nothing is ever stacked whole: peak memory is the inputs plus a few chunk buffers and one
     n x W accumulator per user. Peers are in the order given (callers sort by peer id).
+
+    ``by_layer``: the updates are read one layer at a time, in name order, and only the current
+    layer's tensors are held (``u[name]`` is looked up when the layer's first block is read and
+    dropped when the next layer starts). With mappings that decode a layer on lookup, a pass
+    over n updates then holds n x one layer, not n whole updates. Tiles go layer-major instead
+    of position-major: each accumulator column still receives its additions in layer-then-chunk
+    order, so the bits are the same (tests/aggregation/test_by_layer.py); only the cache
+    locality of the accumulator differs.
     """
 
     def __init__(
-        self, updates: Sequence[Mapping[str, torch.Tensor]], expected: Mapping[str, TensorSpec]
+        self,
+        updates: Sequence[Mapping[str, torch.Tensor]],
+        expected: Mapping[str, TensorSpec],
+        *,
+        by_layer: bool = False,
     ) -> None:
         self.names = sorted(expected)
         self.specs = {n: expected[n] for n in self.names}
@@ -198,23 +210,28 @@ class Stack:
         self.tile = tile_width(self.n, self.width)
         self.chunks: list[Chunk] = []
         self.tiles_major: list[Chunk] = []
+        self.by_layer = by_layer
+        self._updates = updates
         # Per layer, the n flattened updates (views; reshape(-1) copies only non-contiguous
         # inputs). Blocks slice them when read: no per-block views kept (a 1B-parameter model
-        # has millions of tiles).
+        # has millions of tiles). by_layer: only the layer being read (see _layer).
         self._flat: dict[str, list[torch.Tensor]] = {}
         for name in self.names:
             numel = self.specs[name].numel
             if numel == 0:
                 continue
-            self._flat[name] = [u[name].detach().reshape(-1) for u in updates]
+            if not by_layer:
+                self._flat[name] = [u[name].detach().reshape(-1) for u in updates]
             for start in range(0, numel, self.width):
                 self.chunks.append(Chunk(name, start, min(start + self.width, numel)))
             for start in range(0, numel, self.tile):
                 stop = min(start + self.tile, numel)
                 self.tiles_major.append(Chunk(name, start, stop, start % self.width))
         # Position-major; per position, layer (name order) then chunk: the accumulation order.
+        # by_layer keeps them as built: layer, chunk, position (the same order per column).
         order = {name: i for i, name in enumerate(self.names)}
-        self.tiles_major.sort(key=lambda t: (t.pos, order[t.name], t.start))
+        if not by_layer:
+            self.tiles_major.sort(key=lambda t: (t.pos, order[t.name], t.start))
         self._bufs: dict[tuple[str, torch.dtype, int], torch.Tensor] = {}
 
     def buffer(self, key: str, size: int, dtype: torch.dtype = _F64, rows: int = 0) -> torch.Tensor:
@@ -235,7 +252,21 @@ class Stack:
         return out
 
     def _slices(self, chunk: Chunk) -> list[torch.Tensor]:
-        return [f[chunk.start : chunk.stop] for f in self._flat[chunk.name]]
+        return [f[chunk.start : chunk.stop] for f in self._layer(chunk.name)]
+
+    def _layer(self, name: str) -> list[torch.Tensor]:
+        """The n flattened tensors of layer ``name``; by_layer: looked up now, the previous
+        layer's dropped (every pass reads the layers in name order, each one once)."""
+        flat = self._flat.get(name)
+        if flat is None:
+            self._flat.clear()
+            flat = self._flat[name] = [u[name].detach().reshape(-1) for u in self._updates]
+        return flat
+
+    def release(self) -> None:
+        """Drop the layer held (by_layer): the end of a pass."""
+        if self.by_layer:
+            self._flat.clear()
 
     def tiles(self, chunk: Chunk, width: int = 0) -> list[Chunk]:
         """``chunk`` cut into pieces of ``width`` (default ``tile``) columns, keeping ``pos``."""

@@ -58,6 +58,8 @@ __all__ = [
     "seal_update_header",
     "segment_layer",
     "store_update",
+    "streams_updates",
+    "update_manifest",
 ]
 
 log = structlog.get_logger(__name__)
@@ -179,7 +181,8 @@ def store_update(
     return save_checkpoint(store, {segment_layer(i): t for i, t in enumerate(encoded)}, meta)
 
 
-def _update_manifest(store: BlockStore, cid: CID, peer: str, codec: str) -> Manifest:
+def update_manifest(store: BlockStore, cid: CID, peer: str, codec: str) -> Manifest:
+    """The update manifest at ``cid``, checked to be an update of ``codec`` and our layout."""
     try:
         manifest = read_manifest(store, cid)
     except StorageError as exc:
@@ -207,14 +210,17 @@ def load_segments(
     codec: str,
     numel: int,
     indices: Sequence[int],
+    manifest: Manifest | None = None,
 ) -> dict[int, torch.Tensor]:
     """Decode segments ``indices`` of the update at ``cid`` (a state of ``numel`` values).
 
     Only those layers' chunks must be in ``store`` (and the manifest's nodes). Raises
     MalformedUpdateError when the update breaks the layout (a layer missing, extra or of the
-    wrong length, a bad encoding): bytes that prove the sender wrong, like NaN.
+    wrong length, a bad encoding): bytes that prove the sender wrong, like NaN. ``manifest``:
+    the update's, already read by :func:`update_manifest` (a caller decoding segment by
+    segment reads it once).
     """
-    manifest = _update_manifest(store, cid, peer, codec)
+    manifest = manifest or update_manifest(store, cid, peer, codec)
     ranges = segment_ranges(numel)
     names = {layer.name: layer for layer in manifest.layers}
     want = {segment_layer(i) for i in range(len(ranges))}
@@ -274,11 +280,20 @@ class RoundResult:
     momentum: State | None = None  # the outer momentum after the round (nesterov), else None
 
 
+def streams_updates(members: int, state: Mapping[str, torch.Tensor]) -> bool:
+    """Whether a full round of ``members`` updates of ``state``'s size reads them one layer at
+    a time (past WHOLE_UPDATES_MAX_BYTES of decoded float32 updates) rather than whole."""
+    numel = sum(t.numel() for t in state.values())
+    return members * numel * 4 > limits.WHOLE_UPDATES_MAX_BYTES
+
+
 def aggregate_round(
     parent: State,
-    updates: Mapping[str, State],
+    updates: Mapping[str, Mapping[str, torch.Tensor]],
     config: TrainingConfig,
     momentum: State | None = None,
+    *,
+    by_layer: bool = False,
 ) -> RoundResult:
     """Aggregate the round's updates with the run's rule and take the outer step from ``parent``
     (and ``momentum``, the outer momentum before the round; None starts from zeros).
@@ -288,6 +303,9 @@ def aggregate_round(
 
     A round whose agreed set is empty (nobody's update was held by a majority of its members)
     applies nothing: the state and the momentum stay the parent's, on every node alike.
+
+    ``by_layer``: the updates are mappings that decode a layer on lookup (SegmentedUpdate), read
+    one layer at a time (aggregation.aggregate's by_layer): the same bits, n x one layer held.
     """
     rule = AggregatorConfig(name=config.aggregator, params=dict(config.aggregator_params))
     if uses_momentum(config) and momentum is None:
@@ -296,6 +314,6 @@ def aggregate_round(
         unchanged = {name: t.clone() for name, t in parent.items()}
         nothing = AggregationResult({}, {}, {"rule": config.aggregator, "accepted": 0})
         return RoundResult(unchanged, state_cid(unchanged), nothing, momentum)
-    result = aggregate(updates, expected=expected_specs(parent), config=rule)
+    result = aggregate(updates, expected=expected_specs(parent), config=rule, by_layer=by_layer)
     new, new_momentum = outer_step(parent, momentum, result.tensors, config)
     return RoundResult(new, state_cid(new), result, new_momentum)

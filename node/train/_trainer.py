@@ -37,7 +37,9 @@ from ._round import (
     load_update,
     seal_update_header,
     store_update,
+    streams_updates,
 )
+from ._segmented import SegmentedUpdate
 from ._trainer_partitioned import PartitionedRounds
 from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from .model import (
@@ -221,17 +223,20 @@ class NodeTrainer(PartitionedRounds):
             raise StateMismatchError(
                 f"asked to aggregate round {round_} on the state of {self.round}"
             )
-        updates: dict[str, State] = {}
+        updates: dict[str, Mapping[str, torch.Tensor]] = {}
         dropped = dict(dropped)
         used: dict[str, CID] = {}
         malformed: dict[str, PeerRecord] = {}  # provably bad bytes: ban evidence, like NaN
+        # n whole decoded updates past WHOLE_UPDATES_MAX_BYTES: read them one layer at a time
+        # instead (the same bits; specs/training.md#memory).
+        by_layer = streams_updates(len(headers), self.state)
         for peer in sorted(headers):
             cid, header = headers[peer]
             if header.base != self.state_cid:
                 dropped[peer] = f"trained from state {header.base}, not {self.state_cid}"
                 continue
             try:
-                updates[peer] = load_update(
+                updates[peer] = (SegmentedUpdate if by_layer else load_update)(
                     self.store,
                     header.update,
                     peer=peer,
@@ -253,7 +258,7 @@ class NodeTrainer(PartitionedRounds):
                 self.scoring.admitted_updates(scored, updates),
                 self.scoring.rule_config(),
             )
-        result = aggregate_round(self.state, updates, rule, self.momentum)
+        result = aggregate_round(self.state, updates, rule, self.momentum, by_layer=by_layer)
         update_cids = {p: str(headers[p][1].update) for p in [*used, *malformed]}
         records = {**result.aggregation.records, **malformed}
         bans = self.bans.observe(round_, records, update_cids)

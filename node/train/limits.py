@@ -19,10 +19,15 @@ MAX_MODEL_PARAMETERS_CEILING = 8_000_000_000
 # (a full round: every member's, whole; "auto" runs full rounds of at most
 # PARTITION_MIN_MEMBERS - 1 = 2 members), the aggregate, the new state and CenteredClip's
 # temporaries (~0.6 of a model, measured: specs/training.md#memory). The outer momentum,
-# if a run has one, adds one to each. A run with partitioned = "never" holds n + 4 in a round of
-# n members: this start check does not know n, and does not cover that case.
+# if a run has one, adds one to each. A full round whose n decoded updates would pass
+# WHOLE_UPDATES_MAX_BYTES reads them one layer at a time instead (_segmented.SegmentedUpdate,
+# aggregate(by_layer=True)): n x (one segment + one layer), not n whole updates, so
+# ROUND_BUFFERS covers partitioned = "never" too.
 TRAINING_BUFFERS = 7
 ROUND_BUFFERS = 7
+# Decoded float32 bytes of a full round's n updates past which the round reads them one layer
+# at a time (the same bits; each CenteredClip pass then decodes every update again).
+WHOLE_UPDATES_MAX_BYTES = 1 << 30
 # Bytes a node needs beyond its whole-model buffers (interpreter, torch, libp2p, one layer's
 # chunks in flight); measured ~450 MB for a node process at rest.
 NODE_BASE_BYTES = 512 * 1024 * 1024

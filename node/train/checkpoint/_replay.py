@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+import torch
 
 from cnode.aggregation import score_seed
 from cnode.storage import (
@@ -27,7 +28,8 @@ from cnode.storage import (
 from .. import limits
 from .._config import TrainingConfig
 from .._exceptions import CatchUpError, PeerUpdateError, ReplayMismatchError
-from .._round import UpdateHeader, aggregate_round, load_update
+from .._round import UpdateHeader, aggregate_round, load_update, streams_updates
+from .._segmented import SegmentedUpdate
 from ..model import (
     State,
     TextData,
@@ -159,7 +161,8 @@ def _replay_full(
     """Re-aggregate full round ``number`` from its members' updates (and score them, with
     ``scoring``); every header must name the replayed parent state as its base."""
     base = state_cid(state)
-    updates: dict[str, State] = {}
+    updates: dict[str, Mapping[str, torch.Tensor]] = {}
+    by_layer = streams_updates(len(headers), state)  # as the round did: the same bits either way
     for _cid, header in sorted(headers, key=lambda item: item[1].peer):
         if header.base != base:
             raise ReplayMismatchError(
@@ -167,7 +170,7 @@ def _replay_full(
                 f"but the replayed parent state is {base}"
             )
         try:
-            updates[header.peer] = load_update(
+            updates[header.peer] = (SegmentedUpdate if by_layer else load_update)(
                 store,
                 header.update,
                 peer=header.peer,
@@ -181,7 +184,7 @@ def _replay_full(
         scored = scoring.score(number, state, updates, {h.peer: c for c, h in headers})
         updates, rule = scoring.admitted_updates(scored, updates), scoring.rule_config()
         extra = {"scores": scored.to_params()}
-    result = aggregate_round(state, updates, rule, momentum)
+    result = aggregate_round(state, updates, rule, momentum, by_layer=by_layer)
     cids = tuple(cid for cid, _ in sorted(headers, key=lambda item: item[1].peer))
     entry = RoundLog(number, result.state_cid, cids, result.aggregation.params | extra)
     log.info("round_replayed", round=number, updates=len(updates), state=str(result.state_cid))

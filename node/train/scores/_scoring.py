@@ -54,6 +54,10 @@ from .._round import expected_specs
 from ..model import Placement, State, TextData
 from ._settle import LossModels, settle_needed
 
+# An update as scoring reads it: a dict, or a mapping that decodes a layer when it is looked up
+# (_segmented.SegmentedUpdate, a full round past WHOLE_UPDATES_MAX_BYTES).
+Update = Mapping[str, torch.Tensor]
+
 __all__ = [
     "RoundScoring",
     "ScoredRound",
@@ -130,7 +134,7 @@ class RoundScoring:
         own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
         return own, held
 
-    def _reference(self, parent: State, update: State, own: torch.Tensor, held: torch.Tensor
+    def _reference(self, parent: State, update: Update, own: torch.Tensor, held: torch.Tensor
                    ) -> tuple[float, float, float, float]:  # fmt: skip
         self.models.settled += 1
         own_before, held_before = self.models.reference(parent, None, [own, held])
@@ -138,7 +142,7 @@ class RoundScoring:
         return own_before, own_after, held_before, held_after
 
     def measure(
-        self, seed: bytes, parent: State, peer: str, update: State
+        self, seed: bytes, parent: State, peer: str, update: Update
     ) -> tuple[float, float, float, float]:
         """The four losses of one update (own before/after, held before/after), as :meth:`score`
         takes them (the same integers; the fast losses may differ in the last bits, since the
@@ -150,7 +154,7 @@ class RoundScoring:
         return self._reference(parent, update, own, held) if settle_needed(losses) else losses
 
     def score(
-        self, round_: int, parent: State, updates: Mapping[str, State], headers: Mapping[str, CID]
+        self, round_: int, parent: State, updates: Mapping[str, Update], headers: Mapping[str, CID]
     ) -> ScoredRound:
         """Score the round's updates (``headers``: peer -> its signed header CID, for the seed),
         move the reputation, and say who is admitted."""
@@ -181,8 +185,8 @@ class RoundScoring:
         return ScoredRound(round_, seed, scores, admitted, dict(self.reputation))
 
     def admitted_updates(
-        self, scored: ScoredRound, updates: Mapping[str, State]
-    ) -> dict[str, State]:
+        self, scored: ScoredRound, updates: Mapping[str, Update]
+    ) -> dict[str, Update]:
         """The updates aggregate() gets: the admitted ones, and the invalid ones (to be rejected
         with their reason); a valid update that was not admitted is left out."""
         keep = set(scored.admitted)
