@@ -12,8 +12,13 @@ stream of the same byte count between two processes (bench/_raw_stream.py) for t
 joiner, which fetches the checkpoint with ``cnode checkpoint fetch`` from 2 holder processes
 (``cnode checkpoint serve``) and whose peak RSS is polled from outside (bench/fetch.py).
 
-What it does not cover yet (see docs/benchmarks.md): the exchange with 7 holder processes and
-aggregation.
+``--aggregate``: also a full round's aggregation of ``PEERS`` (7) synthetic int8-blockwise
+updates stored in the node's block store, with the run's default rule (CenteredClip), read one
+layer at a time (SegmentedUpdate + ``aggregate_round(by_layer=True)``: what a round past
+WHOLE_UPDATES_MAX_BYTES does), against the whole-update path (``load_update`` of each, then
+``aggregate_round``) where 7 decoded updates fit in half the available memory; the two must give
+the same state CID. What it does not cover yet (see docs/benchmarks.md): the exchange with 7
+holder processes.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from pathlib import Path
 
 # parameters -> (d, blocks): 12 d^2 per block. 10M is a quick check that the bench runs.
 SIZES = {"10M": (512, 3), "100M": (1024, 8), "500M": (2048, 10), "1B": (2048, 20)}
+PEERS = 7  # the other members of a full round whose updates one node aggregates
 
 
 def _state(size: str) -> dict:  # type: ignore[type-arg]
@@ -96,11 +102,57 @@ def _child(args: argparse.Namespace) -> None:
         kept = [f.read_bytes() for f in sorted((Path(args.store) / "blocks").rglob("*"))
                 if f.is_file()]  # fmt: skip
         assert kept
+    elif args.child in ("aggregate", "aggregate_whole"):
+        before, start, out = _aggregate_child(args, store)
     else:  # car
         start = time.perf_counter()
         export_car(store, CID.parse(args.cid), Path(args.store).parent / "c.car")
     seconds = time.perf_counter() - start
     print(json.dumps({**out, "seconds": seconds, "peak": _peak(), "before": before}))
+
+
+def _updates_child(args: argparse.Namespace) -> None:
+    """Store PEERS synthetic int8 updates of ``args.size`` (about 1e-3 the state's scale, one
+    of them 30x: an outlier for CenteredClip to clip); print their manifest CIDs."""
+    import torch
+
+    from cnode.node.train._round import encode_update, store_update
+    from cnode.storage import BlockStore, compute_cid
+
+    store = BlockStore(Path(args.store))
+    base = compute_cid(b"scale bench parent", 0x71)
+    cids = []
+    for i in range(PEERS):
+        g = torch.Generator().manual_seed(100 + i)
+        delta = {k: torch.randn(t.shape, generator=g).mul_(1e-3 * (30 if i == PEERS - 1 else 1))
+                 for k, t in _state(args.size).items()}  # fmt: skip
+        encoded, _ = encode_update(delta, "int8-blockwise")
+        del delta
+        cids.append(str(store_update(store, encoded, run="b", round_=1, base=base,
+                                     codec="int8-blockwise")))  # fmt: skip
+        del encoded
+    print(json.dumps({"cids": cids}))
+
+
+def _aggregate_child(args: argparse.Namespace, store: object) -> tuple[int, float, dict]:  # type: ignore[type-arg]
+    """Aggregate the stored updates as a full round does; (RSS before, start time, figures)."""
+    from cnode.node.train import TrainingConfig
+    from cnode.node.train._round import aggregate_round, load_update
+    from cnode.node.train._segmented import SegmentedUpdate
+    from cnode.storage import CID
+
+    parent = _state(args.size)
+    config = TrainingConfig.from_dict({"update_codec": "int8-blockwise"})
+    before = _peak()  # the parent state is the round's own, not the phase's
+    start = time.perf_counter()
+    streamed = args.child == "aggregate"
+    opened = SegmentedUpdate if streamed else load_update
+    updates = {f"peer{i}": opened(store, CID.parse(c), peer=f"peer{i}", codec="int8-blockwise",  # type: ignore[operator]
+                                  shapes=parent)
+               for i, c in enumerate(args.cid.split(","))}  # fmt: skip
+    result = aggregate_round(parent, updates, config, by_layer=streamed)
+    return before, start, {"state_cid": str(result.state_cid),
+                           "iterations": result.aggregation.params.get("iterations")}  # fmt: skip
 
 
 def _run(*argv: str) -> dict:  # type: ignore[type-arg]
@@ -124,13 +176,17 @@ def _row(size: str, phase: str, got: dict, model: int, base: dict | None, what: 
     )  # fmt: skip
 
 
-def bench(size: str, tmp: Path) -> None:
+def bench(size: str, tmp: Path, *, aggregate: bool = False, only_aggregate: bool = False) -> None:
     d, blocks = SIZES[size]
     params = blocks * 12 * d * d
     model = params * 4
     root = tmp / size / "blocks"
     root.mkdir(parents=True)
     common = ("--size", size, "--store", str(root))
+    if only_aggregate:
+        _aggregation(size, common, model)
+        shutil.rmtree(tmp / size)
+        return
     base_save = _run("--child", "torch_save", *common)
     (tmp / size / "state.pt").unlink()
     save = _run("--child", "save", *common)
@@ -143,7 +199,36 @@ def bench(size: str, tmp: Path) -> None:
     _row(size, "load", _run("--child", "load", *common, *cid), model, raw, "read files")
     _row(size, "car", _run("--child", "car", *common, *cid), model, raw, "read files")
     _late_joiner(size, tmp / size, root, save["cid"], model)
+    if aggregate:
+        _aggregation(size, common, model)
     shutil.rmtree(tmp / size)
+
+
+def _aggregation(size: str, common: tuple[str, ...], model: int) -> None:
+    """A full round of PEERS stored updates, one layer at a time, against the whole path."""
+    import psutil
+
+    made = _run("--child", "updates", *common)
+    cids = ("--cid", ",".join(made["cids"]))
+    whole = None
+    if PEERS * model * 2 < psutil.virtual_memory().available:  # the baseline must fit
+        whole = _run("--child", "aggregate_whole", *common, *cids)
+    got = _run("--child", "aggregate", *common, *cids)
+    same = whole is None or whole["state_cid"] == got["state_cid"]
+    extra = (got["peak"] - got["before"]) / 2**20
+    base = (
+        f"whole updates {whole['seconds']:.2f} s, +{(whole['peak'] - whole['before']) / 2**20:.0f}"
+        f" MiB -> {whole['seconds'] / got['seconds']:.2f}x; same state CID: {same}"
+        if whole else f"whole updates: not run ({PEERS} x the model does not fit)"
+    )  # fmt: skip
+    print(
+        f"{size:>5} {'aggregate':<9} {got['seconds']:7.2f} s ({PEERS} updates, CenteredClip, "
+        f"{got['iterations']} iterations) peak RSS {got['peak'] / 2**20:7.0f} MiB "
+        f"(+{extra:.0f} MiB over the parent state = {extra * 2**20 / model:.2f} models); {base}",
+        flush=True,
+    )
+    if not same:
+        raise SystemExit(f"{size}: layer by layer and whole gave different states")
 
 
 def _late_joiner(size: str, base: Path, store: Path, cid: str, model: int) -> None:
@@ -175,7 +260,12 @@ def main() -> None:
     parser.add_argument("--size", default="100M")
     parser.add_argument("--store")
     parser.add_argument("--cid")
+    parser.add_argument("--aggregate", action="store_true", help="also a full round's aggregation")
+    parser.add_argument("--only-aggregate", action="store_true", help="only the aggregation")
     args = parser.parse_args()
+    if args.child == "updates":
+        _updates_child(args)
+        return
     if args.child:
         _child(args)
         return
@@ -187,7 +277,7 @@ def main() -> None:
           f"{os.getloadavg()[0]:.1f}")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="cnode-scale-", dir=os.environ.get("BENCH_DIR")) as t:
         for size in sizes:
-            bench(size, Path(t))
+            bench(size, Path(t), aggregate=args.aggregate, only_aggregate=args.only_aggregate)
 
 
 if __name__ == "__main__":
