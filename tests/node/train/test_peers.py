@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from cnode.auth import Identity
-from cnode.node.train import TrainingConfigError
-from cnode.node.train.swarm._peers import advertised_addrs
+from cnode.node.train import TrainingConfigError, limits
+from cnode.node.train.swarm._peers import advertised_addrs, discovery_poll_s
 
 PEER = Identity.generate().peer_id_str
 
@@ -104,3 +104,13 @@ def test_a_round_whose_members_cannot_be_dialed_is_said_by_name(tmp_path: Path) 
     assert "lists no address" in unreached[hidden] and "tcp/9" in unreached[silent]
     (warning,) = [e for e in logs if e["event"] == "round_members_unreachable"]
     assert warning["round"] == 3 and warning["members"] == unreached
+
+
+def test_discovery_reads_slow_down_with_the_swarm_so_its_total_stays_flat() -> None:
+    # Every node reads the signed state in follow(); n nodes every 2 s made the coordinator's
+    # reads grow with n (issue 27). 2 s per 4 listed peers keeps the swarm at ~2 reads a second.
+    assert discovery_poll_s(0) == discovery_poll_s(4) == limits.DISCOVERY_POLL_S
+    assert discovery_poll_s(16) == 4 * limits.DISCOVERY_POLL_S
+    assert discovery_poll_s(1000) == limits.DISCOVERY_POLL_MAX_S
+    for n in (4, 8, 16):
+        assert n / discovery_poll_s(n) == 4 / limits.DISCOVERY_POLL_S
