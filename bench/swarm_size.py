@@ -73,9 +73,10 @@ def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
 
-def run_size(n: int, rounds: int, timeout_s: float) -> dict[str, Any]:
+def run_size(n: int, rounds: int, timeout_s: float, keep: Path | None = None) -> dict[str, Any]:
     with TemporaryDirectory(prefix=f"cnode-swarm{n}-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp) if keep is None else keep / f"swarm{n}"
+        work.mkdir(parents=True, exist_ok=True)
         nodes = _init_homes(work, n)
         key = Identity.generate()
         save_identity(key, work / "coordinator.key")
@@ -193,11 +194,12 @@ def main() -> int:
     p.add_argument("--sizes", default="4,8,16,32")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout-s", type=float, default=900.0, help="per size")
+    p.add_argument("--keep", type=Path, help="keep every size's homes and logs under this folder")
     args = p.parse_args()
     results = []
     for n in (int(x) for x in args.sizes.split(",")):
         print(f"-- {n} nodes", flush=True)
-        result = run_size(n, args.rounds, args.timeout_s)
+        result = run_size(n, args.rounds, args.timeout_s, args.keep)
         print(json.dumps(result), flush=True)
         results.append(result)
         if result["broken"]:
