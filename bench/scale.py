@@ -116,7 +116,7 @@ def _updates_child(args: argparse.Namespace) -> None:
     of them 30x: an outlier for CenteredClip to clip); print their manifest CIDs."""
     import torch
 
-    from cnode.node.train._round import encode_update, store_update
+    from cnode.node.train import encode_update, store_update
     from cnode.storage import BlockStore, compute_cid
 
     store = BlockStore(Path(args.store))
@@ -136,9 +136,7 @@ def _updates_child(args: argparse.Namespace) -> None:
 
 def _aggregate_child(args: argparse.Namespace, store: object) -> tuple[int, float, dict]:  # type: ignore[type-arg]
     """Aggregate the stored updates as a full round does; (RSS before, start time, figures)."""
-    from cnode.node.train import TrainingConfig
-    from cnode.node.train._round import aggregate_round, load_update
-    from cnode.node.train._segmented import SegmentedUpdate
+    from cnode.node.train import SegmentedUpdate, TrainingConfig, aggregate_round, load_update
     from cnode.storage import CID
 
     parent = _state(args.size)

@@ -28,10 +28,13 @@ from ._loop import run_node as run_node
 from ._round import UPDATE_HEADER_TYPE as UPDATE_HEADER_TYPE
 from ._round import UpdateHeader as UpdateHeader
 from ._round import aggregate_round as aggregate_round
+from ._round import encode_update as encode_update
 from ._round import header_cid as header_cid
 from ._round import load_update as load_update
 from ._round import open_update_header as open_update_header
 from ._round import seal_update_header as seal_update_header
+from ._round import store_update as store_update
+from ._segmented import SegmentedUpdate as SegmentedUpdate
 from ._stop import NodeStopped as NodeStopped
 from ._stop import StopReason as StopReason
 from ._stop import stop_reason_of as stop_reason_of
@@ -107,6 +110,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "RoundStalledError",
     "SCORE_RECORD_TYPE",
     "ScoreRecord",
+    "SegmentedUpdate",
     "SignedUpdates",
     "StateMismatchError",
     "StopReason",
@@ -125,6 +129,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "check_partition_evidence",
     "check_reputation_evidence",
     "check_signed_updates",
+    "encode_update",
     "evaluate",
     "fetch_replay_inputs",
     "fetch_update_segments",
@@ -152,6 +157,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/train/test_ex
     "state_numel",
     "stop_reason_of",
     "store_checkpoint",
+    "store_update",
     "train_local",
     "updates_topic",
 ]
