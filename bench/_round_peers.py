@@ -377,7 +377,7 @@ class _Peer:
                     trainer.store, mine[peer][1].update, peer=peer,
                     codec=trainer.config.wire_codec, shapes=trainer.state,
                 )  # fmt: skip
-                trainer.scoring.measure(seed, trainer.state, peer, update)
+                trainer.scoring.measure(round_, seed, trainer.state, peer, update)
 
         await trio.to_thread.run_sync(measure)
         t["scores"] = time.perf_counter() - began

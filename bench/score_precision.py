@@ -168,7 +168,7 @@ def _costs(
         seed = score_seed(headers.values())
         began = time.perf_counter()
         for p in peers[:2]:
-            scoring.measure(seed, state, p, updates[p])
+            scoring.measure(2, seed, state, p, updates[p])
         two = time.perf_counter() - began
         rows.append((name, full, two))
     for name, full, two in rows:
@@ -190,7 +190,7 @@ def _old_path(
     began = time.perf_counter()
     held_done = False
     for p in sorted(four):
-        own, held = scoring._batches(seed, p)
+        own, held = scoring._batches(2, seed, p)
         if not held_done:
             scoring.models.reference(state, None, [held])
             held_done = True
@@ -199,7 +199,7 @@ def _old_path(
     full = time.perf_counter() - began
     began = time.perf_counter()
     for p in sorted(four)[:2]:
-        own, held = scoring._batches(seed, p)
+        own, held = scoring._batches(2, seed, p)
         scoring.models.reference(state, None, [own, held])
         scoring.models.reference(state, four[p], [own, held])
     return full, time.perf_counter() - began

@@ -162,7 +162,7 @@ class PartitionScores:
             return
         cid, header = got
         losses = await trio.to_thread.run_sync(
-            self._measure, seed, target, cid, header, limiter=self._model_lock
+            self._measure, info.round, seed, target, cid, header, limiter=self._model_lock
         )
         if isinstance(losses, str):
             unscored[target] = losses
@@ -186,7 +186,7 @@ class PartitionScores:
         return got
 
     def _measure(
-        self, seed: bytes, target: str, cid: CID, header: UpdateHeader
+        self, round_: int, seed: bytes, target: str, cid: CID, header: UpdateHeader
     ) -> TargetLosses | str:
         trainer, scoring = self.trainer, self.trainer.scoring
         assert scoring is not None
@@ -205,7 +205,9 @@ class PartitionScores:
         bad = validate_update(update, expected_specs(trainer.state))
         if bad is not None:
             return (INVALID_PREFIX + bad)[: limits.MAX_REASON_CHARS]
-        return TargetLosses.measured(cid, scoring.measure(seed, trainer.state, target, update))
+        return TargetLosses.measured(
+            cid, scoring.measure(round_, seed, trainer.state, target, update)
+        )
 
     # -- 2 and 3: the closed records, agreed ----------------------------------------------------
 
@@ -262,7 +264,7 @@ class PartitionScores:
                     f"round {info.round}: the disputed update of {target} cannot be had: {got}"
                 )
             losses = await trio.to_thread.run_sync(
-                self._measure, seed, target, *got, limiter=self._model_lock
+                self._measure, info.round, seed, target, *got, limiter=self._model_lock
             )
             if isinstance(losses, str):
                 raise OutputsUnavailableError(

@@ -5,8 +5,9 @@ With ``training.scores = true`` every node, and every replay, does for each roun
 1. the **seed**: ``score_seed`` of the CIDs of the signed headers whose updates the round uses
    (the agreed input set, fixed only after every header is out; a checkpoint lists them);
 2. for each update that passes ``validate_update``: four losses of the run's model in eval mode
-   (no dropout), on ``SCORE_SEQUENCES`` sequences drawn by ``draw_indices``: from the sender's
-   assigned shard (``TextData.shard(peer)``, purpose ``"own:<peer id>"``) and from the shared
+   (no dropout), on ``SCORE_SEQUENCES`` sequences drawn by ``draw_indices``: from the shard the
+   sender trained on in this round (``TextData.shard(peer, round, seed=run seed)``, the one
+   assignment trainer, scorers and replay compute; purpose ``"own:<peer id>"``) and from the shared
    held-out split (``TextData.eval``, purpose ``"held"``), each before (the agreed state) and
    after (state + SCORE_STEP x update). Computed in float32 on the node's device, or in float64
    on the CPU where a score is within BOUNDARY_UNITS of a rounding boundary (_settle.py);
@@ -122,11 +123,12 @@ class RoundScoring:
             self.config, aggregator=rule.name, aggregator_params=dict(rule.params)
         )
 
-    def _batches(self, seed: bytes, peer: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The round's scoring batches of ``peer``'s update: its own data, the held-out split."""
+    def _batches(self, round_: int, seed: bytes, peer: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scoring batches of ``peer``'s update of ``round_``: from the shard it trained on
+        in that round (its own data), and from the held-out split."""
         n = limits.SCORE_SEQUENCES
         held = self.data.eval[torch.tensor(draw_indices(seed, "held", len(self.data.eval), n))]
-        shard = self.data.shard(peer)
+        shard = self.data.shard(peer, round_, seed=self.config.seed)
         own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
         return own, held
 
@@ -138,12 +140,13 @@ class RoundScoring:
         return own_before, own_after, held_before, held_after
 
     def measure(
-        self, seed: bytes, parent: State, peer: str, update: State
+        self, round_: int, seed: bytes, parent: State, peer: str, update: State
     ) -> tuple[float, float, float, float]:
-        """The four losses of one update (own before/after, held before/after), as :meth:`score`
-        takes them (the same integers; the fast losses may differ in the last bits, since the
-        batches share other forward passes there): what a scorer of a partitioned round signs."""
-        own, held = self._batches(seed, peer)
+        """The four losses of ``peer``'s update of ``round_`` (own before/after, held
+        before/after), as :meth:`score` takes them (the same integers; the fast losses may
+        differ in the last bits, since the batches share other forward passes there): what a
+        scorer of a partitioned round signs."""
+        own, held = self._batches(round_, seed, peer)
         own_before, held_before = self.models.fast(parent, None, [own, held])
         own_after, held_after = self.models.fast(parent, update, [own, held])
         losses = (own_before, own_after, held_before, held_after)
@@ -160,7 +163,7 @@ class RoundScoring:
         specs = expected_specs(parent)
         valid = [p for p in sorted(updates) if validate_update(updates[p], specs) is None]
         # (an invalid update: aggregate() rejects it with the reason, ban evidence as before)
-        batches = {p: self._batches(seed, p) for p in valid}
+        batches = {p: self._batches(round_, seed, p) for p in valid}
         # Every "before" loss at once (the same weights, the agreed state): the held-out batch
         # (the same for every peer) and each peer's own batch.
         held = [batches[p][1] for p in valid[:1]]
