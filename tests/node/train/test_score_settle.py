@@ -165,3 +165,24 @@ def test_scorers_take_the_own_batch_from_the_shard_the_sender_trained_on_that_ro
         assert rows(own) <= in_shard  # ... is where every scorer draws its own batch from
         assert torch.equal(held, scoring._batches(round_ + 1, seed, peer)[1])  # held: shared
     assert len(shards_seen) > 1  # rounds move the peer across shards
+
+
+def test_targets_measured_together_give_the_integers_of_one_at_a_time() -> None:
+    data = TextData.build(CONFIG.data, CONFIG.model)
+    state = model_state(build_model(CONFIG))
+    updates = _updates(state, 3, 3e-3)
+    scoring = RoundScoring(CONFIG, data)
+    seed = score_seed(["bafy-a", "bafy-b", "bafy-c"])
+    together = scoring.measure_targets(2, seed, state, updates)
+    assert sorted(together) == sorted(updates)
+    if scoring.models.settled == 0:  # (a settled target takes the reference's four losses)
+        assert len({losses[2] for losses in together.values()}) == 1  # one held "before" pass
+    for peer, update in updates.items():
+        alone = scoring.measure(2, seed, state, peer, update)
+        assert all(
+            abs(a - b) <= SCORE_LOSS_RTOL * abs(b)
+            for a, b in zip(together[peer], alone, strict=True)
+        )
+        a, b = score_update(peer, *together[peer]), score_update(peer, *alone)
+        assert (a.own, a.held, a.score) == (b.own, b.held, b.score)
+    assert scoring.measure_targets(2, seed, state, {}) == {}
