@@ -348,8 +348,8 @@ class _Peer:
 
     async def _scores(self, round_: int, mine: dict[str, Any], t: dict[str, Any]) -> None:
         """As a partitioned round with scores: this peer's score targets (targets_of), each
-        update whole from its author, and their four losses (RoundScoring.measure). The bench
-        then aggregates every input (no admission: the records are not exchanged)."""
+        update whole from its author, and their four losses (RoundScoring.measure_targets). The
+        bench then aggregates every input (no admission: the records are not exchanged)."""
         import trio
 
         from cnode.aggregation import score_seed
@@ -370,14 +370,16 @@ class _Peer:
                 for peer in targets:
                     nursery.start_soon(fetch, peer)
 
-        def measure() -> None:
+        def measure() -> None:  # as the node does: every target at once (measure_targets)
             assert trainer.scoring is not None
-            for peer in targets:
-                update = load_update(
+            updates = {
+                peer: load_update(
                     trainer.store, mine[peer][1].update, peer=peer,
                     codec=trainer.config.wire_codec, shapes=trainer.state,
-                )  # fmt: skip
-                trainer.scoring.measure(seed, trainer.state, peer, update)
+                )
+                for peer in targets
+            }  # fmt: skip
+            trainer.scoring.measure_targets(round_, seed, trainer.state, updates)
 
         await trio.to_thread.run_sync(measure)
         t["scores"] = time.perf_counter() - began
