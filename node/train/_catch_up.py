@@ -32,10 +32,9 @@ from cnode.storage import CID, HFFolderError
 
 from . import limits
 from ._exceptions import CatchUpError
-from ._membership import leave_round
 from ._report import Reporter
 from ._trainer import NodeTrainer
-from .swarm import KnownBans
+from .swarm import KnownBans, leave_round
 
 __all__ = ["CatchUp"]
 

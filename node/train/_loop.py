@@ -37,7 +37,6 @@ from . import limits
 from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
-from ._membership import leave_round
 from ._report import Reporter
 from ._round_loop import RoundLoop
 from ._stop import NodeStopped, StopReason, stop_reason_of
@@ -51,6 +50,7 @@ from .swarm import (
     PeerFinder,
     RunTopics,
     advertised_addrs,
+    leave_round,
     maybe_gateway,
     serve_metrics,
 )

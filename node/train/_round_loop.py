@@ -34,12 +34,19 @@ from ._exceptions import (
     OutputsUnavailableError,
     RoundStalledError,
 )
-from ._membership import leave_round
 from ._report import Reporter
 from ._trainer import NodeTrainer, OwnUpdate, RoundOutcome
 from .checkpoint import agree_on_checkpoint
 from .exchange import PartitionedExchange, UpdateExchange
-from .swarm import HeaderCollector, KnownBans, RunTopics, catch_up_report, round_report, send_report
+from .swarm import (
+    HeaderCollector,
+    KnownBans,
+    RunTopics,
+    catch_up_report,
+    leave_round,
+    round_report,
+    send_report,
+)
 
 __all__ = ["RoundLoop"]
 

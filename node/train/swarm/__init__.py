@@ -1,6 +1,6 @@
 """The node's view of the swarm: its peers and their addresses, the run's gossip topics and the
-update headers on them, the bans, the optional HTTP gateway, the dashboard reports and the node's
-Prometheus metrics.
+update headers on them, the bans, leaving a round, the optional HTTP gateway, the dashboard
+reports and the node's Prometheus metrics.
 
 The names other parts of ``cnode.node.train`` use; the modules stay private.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from ._bans import KnownBans as KnownBans
 from ._gateway import maybe_gateway as maybe_gateway
 from ._headers import HeaderCollector as HeaderCollector
+from ._membership import leave_round as leave_round
 from ._metrics import NodeMetrics as NodeMetrics
 from ._metrics import serve_metrics as serve_metrics
 from ._peers import PeerFinder as PeerFinder

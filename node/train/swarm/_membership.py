@@ -7,7 +7,7 @@ import trio
 
 from cnode.node.coordinator import CoordinatorClient, CoordinatorError
 
-from . import limits
+from .. import limits
 
 __all__ = ["leave_round"]
 
