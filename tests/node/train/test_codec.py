@@ -221,3 +221,27 @@ def test_error_decay_scales_the_residual_it_carries(tmp_path: Path) -> None:
         not torch.allclose(sent[n] + node.residual.tensors[n], d + residual_1[n], atol=1e-6)
         for n, d in own2.local.delta.items()
     )
+
+
+def test_the_decayed_residual_is_the_same_bits_on_any_thread_count() -> None:
+    import numpy as np
+
+    from cnode.node.train.model import Residual, with_residual
+
+    gen = torch.Generator().manual_seed(5)
+    delta = {"w": torch.randn(70_001, generator=gen), "b": torch.randn(3, generator=gen)}
+    residual = Residual(1, {k: torch.randn(t.shape, generator=gen) for k, t in delta.items()})
+    before, outs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(with_residual(delta, residual, 0.95))
+    finally:
+        torch.set_num_threads(before)
+    for name, t in delta.items():
+        # Two exactly rounded float32 operations, as numpy's scalar-free float32 arithmetic.
+        expect = t.numpy() + residual.tensors[name].numpy() * np.float32(0.95)
+        for out in outs:
+            assert out[name].numpy().tobytes() == expect.tobytes()
+    same = with_residual(delta, residual, 1.0)
+    assert all(torch.equal(same[k], delta[k] + residual.tensors[k]) for k in delta)
