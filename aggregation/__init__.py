@@ -50,6 +50,7 @@ from ._scores import left_out_reason as left_out_reason
 from ._scores import loss_in_range as loss_in_range
 from ._scores import loss_score as loss_score
 from ._scores import median_spread as median_spread
+from ._scores import own_floor as own_floor
 from ._scores import record_loss as record_loss
 from ._scores import round_standing as round_standing
 from ._scores import score_assignment as score_assignment
@@ -105,6 +106,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "loss_score",
     "median_spread",
     "new_attack",
+    "own_floor",
     "partition_count",
     "partition_segments",
     "record_loss",

@@ -52,6 +52,7 @@ __all__ = [
     "loss_in_range",
     "loss_score",
     "median_spread",
+    "own_floor",
     "record_loss",
     "round_standing",
     "score_assignment",
@@ -218,6 +219,16 @@ def median_spread(values: Sequence[int]) -> tuple[int, int]:
     return median, max(limits.SPREAD_FLOOR, deviations[n - (n - 1) // 2 - 1])
 
 
+def own_floor(median: int) -> int:
+    """The lowest own-data score an update may have (revision 5): min(median, 0) minus
+    OWN_FLOOR_PERCENT % of |median|, ``median`` the round's lower median own score. Below it the
+    update made the data it was trained on worse by more than a tenth of what the median
+    member's update gained there (or, when the median loses, by a tenth more than it lost). Never
+    above 0: an update that lowers its own data's loss is never below it, whatever the others
+    send."""
+    return min(median, 0) - (limits.OWN_FLOOR_PERCENT * abs(median)) // 100
+
+
 def _standing(value: int, median: int, spread: int) -> int:
     return (100 * (value - median)) // spread
 
@@ -232,17 +243,21 @@ class Standing:
     # late in training honest held-out scores are noise around 0, and attackers sitting at 0
     # there (IPM) set its median and shrink its spread (200-round bench: 13 honest bans).
     round: int
+    # The own score is below own_floor(the round's median): the update made its sender's own
+    # data worse. Such an update is not admitted, and only such rounds count towards a ban.
+    harm: bool = False
 
 
 def round_standing(scores: Mapping[str, UpdateScore]) -> dict[str, Standing]:
     """Every scored peer's standing this round (:class:`Standing`, sorted by peer)."""
     own = median_spread([s.own for s in scores.values()])
     held = median_spread([s.held for s in scores.values()])
+    floor = own_floor(own[0])
     out = {}
     for peer in sorted(scores):
         a, b = _standing(scores[peer].own, *own), _standing(scores[peer].held, *held)
         c = limits.STANDING_CLAMP
-        out[peer] = Standing(a, b, max(-c, min(c, a)))
+        out[peer] = Standing(a, b, max(-c, min(c, a)), scores[peer].own < floor)
     return out
 
 
@@ -257,8 +272,11 @@ def scored_config() -> AggregatorConfig:
 def left_out_reason(standing: Standing, reputation: int) -> str | None:
     """Why an update with this standing and reputation (after the round) is not admitted, or
     None when it is: each component's standing >= -ADMIT_SPREADS spreads (own-data gain cannot
-    pay for held-out harm), reputation >= ADMIT_REPUTATION."""
+    pay for held-out harm), the own score not below the own floor, reputation >=
+    ADMIT_REPUTATION."""
     bar = -100 * limits.ADMIT_SPREADS
+    if standing.harm:
+        return "own-data score below the own floor: the update made its sender's own data worse"
     if standing.own < bar:
         return f"own-data score {standing.own / 100:.2f} spreads from the median (bar {bar // 100})"
     if standing.held < bar:
@@ -338,7 +356,7 @@ class ReputationPolicy:
                 out.append(blatant)
                 continue
             rep = reputation[peer]
-            if rep >= bound:
+            if rep >= bound or not standing[peer].harm:
                 self._low.pop(peer, None)
                 continue
             low = self._low.setdefault(peer, [])
@@ -375,7 +393,7 @@ class ReputationPolicy:
         scores: Mapping[str, UpdateScore],
         cids: Mapping[str, str],
     ) -> BanRecommendation | None:
-        if standing.own > -100 * limits.BLATANT_SPREADS:
+        if standing.own > -100 * limits.BLATANT_SPREADS or not standing.harm:
             self._blatant.pop(peer, None)
             return None
         low = self._blatant.setdefault(peer, [])

@@ -120,14 +120,23 @@ STANDING_CLAMP = 300  # one round moves a reputation by at most 3 spreads / REPU
 # gain cannot pay for held-out harm), and the reputation after the round >= ADMIT_REPUTATION.
 ADMIT_SPREADS = 3
 ADMIT_REPUTATION = -250  # the reputation gate keeps out only a peer at the ban bound
+# Revision 5 (issue 24): the own-data floor. An update trained on its sender's data makes that
+# data's loss lower; one that raises it by more than a share of what the median member's update
+# gains was not trained on it. floor = min(med, 0) - OWN_FLOOR_PERCENT % x |med| (med: the own
+# component's lower median). Below the floor an update is not admitted, whatever the spread (the
+# spread of honest scores on skewed shards spans thousands of units: 3 spreads under the lowest
+# honest score admitted sign-flipped updates), and only such a round counts towards a ban: an
+# honest update whose own data it improved is never banned, however far below the others.
+OWN_FLOOR_PERCENT = 10
 # Bans: reputation (the EMA of round standings) below BAN_REPUTATION in REPUTATION_BAN_ROUNDS
-# scored rounds in a row. Measured on honest peers (200-round bench runs): see the false-ban
-# rate in specs/aggregation.md.
+# scored rounds in a row, each with the own score below the floor. Measured on honest peers
+# (200-round bench runs): see the false-ban rate in specs/aggregation.md.
 BAN_REPUTATION = -250
 REPUTATION_BAN_ROUNDS = 3  # ... in this many scored rounds in a row -> ban recommendation
 # ... or, without waiting for the average: a round standing at least BLATANT_SPREADS honest
-# spreads below the median (own data, unclamped) in REPUTATION_BAN_ROUNDS scored rounds
-# in a row (honest standings measured on the bench: 1st percentile -6 to -9.5 spreads).
+# spreads below the median (own data, unclamped) and under the own floor in
+# REPUTATION_BAN_ROUNDS scored rounds in a row (honest standings measured on the bench: 1st
+# percentile -6 to -9.5 spreads).
 BLATANT_SPREADS = 10
 # CenteredClip on the admitted updates (scored_config()): distance rejection off, tau = 3 x the
 # median distance, so honest heterogeneous updates are almost never clipped while a far update

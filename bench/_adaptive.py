@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from cnode.aggregation import ATTACKS, UpdateScore, limits, round_standing
+from cnode.aggregation import ATTACKS, UpdateScore, left_out_reason, round_standing
 
 Params = dict[str, torch.Tensor]
 Forward = Callable[[Params, torch.Tensor], torch.Tensor]
@@ -26,7 +26,8 @@ Score = Callable[
 # f send the same update. "blind": the honest mean reversed, with the component its sender's own
 # data sees (its own-data gradient) removed, added to its own honest delta; "bar": its own delta
 # minus k x the honest mean, k the largest in K_GRID that its own simulation of the round (on
-# batches it draws itself) admits; "alie": within the honest spread (cnode.aggregation's alie);
+# batches it draws itself, with cnode.aggregation.left_out_reason: every bar, the own floor too)
+# admits; "alie": within the honest spread (cnode.aggregation's alie);
 # "inflate": its own delta plus INFLATE x its distance from the honest mean, to drag the centre.
 ADAPTIVE = ("blind", "bar", "alie_adaptive", "inflate")
 K_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
@@ -91,8 +92,7 @@ def adaptive_update(
         data = {f"h{i}": v for i, v in enumerate(others.values())}
         data |= {f"z{i}": own for i in range(f)}
         _, scores = score(glob, ups, data, held, guess)
-        standing = round_standing(scores)
-        bar = -100 * limits.ADMIT_SPREADS
-        if all(standing[f"z{i}"].own >= bar and standing[f"z{i}"].held >= bar for i in range(f)):
+        standing = round_standing(scores)  # the whole admission rule, own floor included
+        if all(left_out_reason(standing[f"z{i}"], 0) is None for i in range(f)):
             best = cand
     return _unflat(best, mine)

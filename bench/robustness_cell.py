@@ -6,6 +6,7 @@ bench/robustness_summary.py reads them back. Prints the line too.
 
     flock /tmp/cnode-heavy.lock nice -n 5 .venv/bin/python bench/robustness_cell.py \
         --shards iid --attack bar --seed 0 --out results.jsonl
+    ... --codec sparse-topk   # every update through the sparse codec, with error feedback
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ def cell(shards: str, aggregator: str, attack: str, seed: int, rounds: int) -> d
         "attack": attack,
         "seed": seed,
         "rounds": rounds,
+        "codec": rb.CODEC[0],
         "accuracy": round(acc, 2),
         "honest_bans": [[p, r] for _, p, r in rb.BANS["honest"]],
         "attacker_bans": [[p, r] for _, p, r in rb.BANS["attacker"]],
@@ -68,7 +70,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, required=True)
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--codec", default="f32", help="update codec (bench/_codec_pass.py)")
     args = ap.parse_args()
+    rb.CODEC[0] = rb.wire(args.codec)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(1)
     line = json.dumps(cell(args.shards, args.aggregator, args.attack, args.seed, args.rounds))

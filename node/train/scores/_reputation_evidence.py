@@ -1,7 +1,8 @@
 """The coordinator's own check of reputation-ban evidence (specs/coordinator.md#bans).
 
 A reputation ban report names K = REPUTATION_BAN_ROUNDS consecutive scored rounds in which the
-accused's reputation stayed below the ban bound. Reputations are integer functions of the agreed
+accused's reputation stayed below the ban bound and its own-data score below the own floor.
+Reputations are integer functions of the agreed
 scores, and in partitioned rounds the agreed scores are functions of the signed score records
 the coordinator closed each round with. So the coordinator replays rounds 1..N with the same
 code every node runs (``resolve_scores``) on the records it holds, no model needed, and compares
@@ -25,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cnode.aggregation import ban_bound, score_seed
+from cnode.aggregation import ban_bound, round_standing, score_seed
 from cnode.aggregation import limits as agg_limits
 from cnode.node.coordinator import ReputationVerdict
 from cnode.storage import CID, StorageError
@@ -119,7 +120,10 @@ def _replay(
         rep = reputation[accused]
         bound = ban_bound({p: reputation[p] for p in resolved.scores})
         score = resolved.scores[accused].to_dict()
-        out[n] = _Low(rep, bound, str(headers[accused]), seed.hex(), score) if rep < bound else None
+        # A round counts only with the reputation below the bound and the own score below the
+        # own floor, as ReputationPolicy.observe counts it on every node.
+        low = rep < bound and round_standing(resolved.scores)[accused].harm
+        out[n] = _Low(rep, bound, str(headers[accused]), seed.hex(), score) if low else None
     return out
 
 
@@ -160,7 +164,8 @@ def check_reputation_evidence(
     highs = [n for n in last if trail[n] is None]
     if len(last) < k or highs:
         return _refuted(
-            f"the records put the reputation at or above the ban bound in rounds {highs} "
+            f"the records put the reputation at or above the ban bound, or the own score at or "
+            f"above the own floor, in rounds {highs} "
             f"(of {last})"
         )
     lows = [trail[n] for n in last]
