@@ -225,7 +225,7 @@ def main() -> int:
             print(f"\n{mode}, {codec}: {json.dumps(run)}", flush=True)
     allreduce = hivemind = None
     if not args.no_baseline:
-        allreduce = gloo_allreduce(n, args.rounds, base)
+        allreduce = round(gloo_allreduce(n, args.rounds, base), 4)
         got = hivemind_allreduce(n, params)
         hivemind = None if got is None else got[0]
     print(f"\nall-reduce of the same float32 model, {n} processes: gloo {allreduce} s, "
