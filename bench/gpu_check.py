@@ -306,7 +306,7 @@ def _score_figures(
     held = data.eval[torch.tensor(draw_indices(seed, "held", len(data.eval), n))]
     batches = {}
     for peer in deltas:
-        shard = data.shard(peer)
+        shard = data.shard(peer, 1, seed=config.seed)
         batches[peer] = [data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]], held]
     got: dict[str, dict[str, list[float]]] = {}
     seconds: dict[str, float] = {}
@@ -378,7 +378,7 @@ def _round_of_4(
     updates = dict(zip((f"p{i}" for i in range(4)), [*deltas.values()] * 2, strict=True))
     own = {}
     for peer in updates:
-        shard = data.shard(peer)
+        shard = data.shard(peer, 1, seed=config.seed)
         own[peer] = data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
     models = settle.LossModels(config, Placement(device))
     out = {}

@@ -12,10 +12,12 @@ an honest run; the attacker is left to the aggregator alone, i.e. ``scores = fal
 **Runs** (``--runs``, comma-separated; each is a *spec*: an outer optimizer, then ``/key=value``
 settings): ``sgd`` (the run default), ``nesterov`` (DiLoCo's 0.7 / 0.9), ``sgd/outer_lr=2``,
 ``nesterov/outer_lr=1/outer_momentum=0.5/attackers=1``. Keys: the run config's ``outer_lr``,
-``outer_momentum``, ``local_steps``, ``lr``, ``n_shards`` (``training.data.n_shards``), and
+``outer_momentum``, ``local_steps``, ``lr``, ``n_shards`` (``training.data.n_shards``),
+``assignment`` (``training.data.assignment``: ``rotate``, the run default, or ``fixed``), and
 ``attackers`` (gaussian attackers beside the 4 honest nodes), ``names`` (``hashed``: nodes named
 ``node-0..3`` take whatever shard their name hashes to, as random peer ids do; ``distinct``, the
-default: names whose shards differ, so the swarm covers as many shards as it has nodes).
+default: names whose shards differ in round 1, so under ``fixed`` the swarm covers as many
+shards as it has nodes; under ``rotate`` each node walks through every shard anyway).
 ``baseline`` (or ``baseline/lr=...``) is one process, AdamW at the run's lr and batch size,
 batches drawn from all shards. **Equal tokens**: a run takes ``--rounds x 16 / local_steps``
 rounds, so every run ends at the same tokens as the baseline; its held-out loss is shown at
@@ -48,7 +50,7 @@ NODES = 4
 BASE_LOCAL_STEPS = 16  # a baseline "round" is NODES x this many steps: the default run's tokens
 DEFAULT_RUNS = "baseline,sgd,nesterov,nesterov/attackers=1"
 CONFIG_KEYS = {"outer_lr": float, "outer_momentum": float, "local_steps": int, "lr": float}
-BENCH_KEYS = {"attackers": int, "n_shards": int, "names": str}
+BENCH_KEYS = {"attackers": int, "n_shards": int, "assignment": str, "names": str}
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, Any], dict[str, Any]]:
@@ -115,8 +117,7 @@ def run_spec(spec: str, rounds: int, device_name: str, threads: int) -> list[flo
 
     head, keys, bench = parse_spec(spec)
     raw: dict[str, Any] = {"scores": False, **keys}
-    if "n_shards" in bench:
-        raw["data"] = {"n_shards": bench["n_shards"]}
+    raw["data"] = {k: bench[k] for k in ("n_shards", "assignment") if k in bench}
     config = TrainingConfig.for_run(raw)
     data = TextData.build(config.data, config.model)
     device = torch.device(device_name)
@@ -223,16 +224,16 @@ def _held_out(model: Any, data: Any, device: Any) -> float:
         return float(model(input_ids=x, labels=x).loss)
 
 
-def node_names(count: int, data: Any, how: str) -> list[str]:
-    """``count`` peer names: ``node-0..`` (hashed), or the first ``node-j`` whose shards differ
-    while shards are free (distinct)."""
+def node_names(count: int, data: Any, how: str, seed: int = 0) -> list[str]:
+    """``count`` peer names: ``node-0..`` (hashed), or the first ``node-j`` whose shards in round
+    1 differ while shards are free (distinct)."""
     if how == "hashed":
         return [f"node-{i}" for i in range(count)]
     names: list[str] = []
     used: set[int] = set()
     j = 0
     while len(names) < count:
-        shard = int(data.shard(f"node-{j}")[0])  # shard k holds sequences k, k + n, ...
+        shard = data.shard_index(f"node-{j}", 1, seed=seed)
         if shard not in used or len(used) >= data.n_shards:
             names.append(f"node-{j}")
             used.add(shard)
@@ -271,7 +272,7 @@ def _swarm(config: Any, data: Any, device: Any, rounds: int, bench: dict[str, An
     expected = {n: TensorSpec(tuple(t.shape), torch.float32) for n, t in state.items()}
     attack = ATTACKS["gaussian"]
     rng = torch.Generator().manual_seed(config.seed + 1)
-    honest = node_names(NODES, data, bench["names"])
+    honest = node_names(NODES, data, bench["names"], config.seed)
     peers = honest + [f"attacker-{i}" for i in range(bench["attackers"])]
     out = []
     for round_ in range(1, rounds + 1):

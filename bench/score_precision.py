@@ -34,7 +34,7 @@ from collections.abc import Callable
 import structlog
 import torch
 
-from cnode.aggregation import draw_indices, score_seed
+from cnode.aggregation import draw_indices, score_seed, score_update
 from cnode.aggregation import limits as agg_limits
 from cnode.node.train import TextData, TrainingConfig, build_model, model_state, train_local
 from cnode.node.train.limits import SCORE_DEVICE_RTOL, SCORE_SEQUENCES
@@ -46,6 +46,7 @@ MODELS = {
     "tiny": {},
 }
 Losses = tuple[float, float, float, float]
+REPEAT = 5  # timings of the 2-target scorer, one by one against batched: the median of each
 
 
 def _x(before: float, after: float) -> float:
@@ -103,7 +104,7 @@ def main() -> None:
     held = data.eval[torch.tensor(draw_indices(seed, "held", len(data.eval), n))]
     batches = {}
     for p in peers:
-        shard = data.shard(p)
+        shard = data.shard(p, 3, seed=config.seed)
         batches[p] = (data.train[shard[draw_indices(seed, f"own:{p}", len(shard), n)]], held)
     params = sum(t.numel() for t in state.values())
     print(f"score_precision: {args.model} ({params:,} parameters), {args.targets} real updates, "
@@ -166,11 +167,25 @@ def _costs(
         scoring.score(2, state, four, headers)
         full = time.perf_counter() - began
         seed = score_seed(headers.values())
-        began = time.perf_counter()
-        for p in peers[:2]:
-            scoring.measure(seed, state, p, updates[p])
-        two = time.perf_counter() - began
+        two_updates = {p: updates[p] for p in peers[:2]}
+        one_by_one, batched = [], []
+        for _ in range(REPEAT):  # interleaved, the median of each
+            began = time.perf_counter()
+            single = {p: scoring.measure(3, seed, state, p, u) for p, u in two_updates.items()}
+            one_by_one.append(time.perf_counter() - began)
+            began = time.perf_counter()
+            together = scoring.measure_targets(3, seed, state, two_updates)
+            batched.append(time.perf_counter() - began)
+        same = all(
+            score_update(p, *single[p]).score == score_update(p, *together[p]).score
+            and score_update(p, *single[p]).own == score_update(p, *together[p]).own
+            for p in two_updates
+        )
+        two, two_batched = statistics.median(one_by_one), statistics.median(batched)
         rows.append((name, full, two))
+        print(f"  {name}: 2 targets one by one {two:.3f} s = {two / train_s:.1%} of training, "
+              f"batched (measure_targets) {two_batched:.3f} s = {two_batched / train_s:.1%} "
+              f"({two_batched / two:.2f}x); same integers: {same}")  # fmt: skip
     for name, full, two in rows:
         print(f"  {name:30s} 4 updates (full round) {full:6.2f} s = {full / train_s:6.1%} of "
               f"training; 2 targets (partitioned) {two:6.2f} s = {two / train_s:6.1%}")  # fmt: skip
@@ -190,7 +205,7 @@ def _old_path(
     began = time.perf_counter()
     held_done = False
     for p in sorted(four):
-        own, held = scoring._batches(seed, p)
+        own, held = scoring._batches(3, seed, p)
         if not held_done:
             scoring.models.reference(state, None, [held])
             held_done = True
@@ -199,7 +214,7 @@ def _old_path(
     full = time.perf_counter() - began
     began = time.perf_counter()
     for p in sorted(four)[:2]:
-        own, held = scoring._batches(seed, p)
+        own, held = scoring._batches(3, seed, p)
         scoring.models.reference(state, None, [own, held])
         scoring.models.reference(state, four[p], [own, held])
     return full, time.perf_counter() - began

@@ -131,8 +131,13 @@ class DataConfig:
     # dataset at a commit: "hf://datasets/OWNER/NAME/PATH@COMMIT" (see parse_hub_corpus).
     corpus: str = BUILTIN_CORPUS
     seq_len: int = 64  # tokens per training sequence (<= model n_positions)
-    n_shards: int = 8  # the corpus is cut into this many shards; a peer's id picks its shard
+    n_shards: int = 8  # the corpus is cut into this many shards (training sequence i: i mod n)
     eval_sequences: int = 64  # held-out sequences (the same on every node) for the loss report
+    # Which shard a peer trains on in a round (specs/training.md, "Sequences and shards"):
+    # "rotate" walks every peer through all shards, one per round, in an order drawn from (seed,
+    # peer id, round // n_shards); "fixed" is the shard its id hashes to, every round (what runs
+    # before it trained on, and what a recorded config without the key means: from_dict).
+    assignment: str = "rotate"
 
 
 # training.partitioned values; "auto" partitions rounds of at least PARTITION_MIN_MEMBERS.
@@ -142,6 +147,7 @@ OUTER_OPTIMIZERS = ("sgd", "nesterov")
 # What a [training] table that says outer_optimizer = "nesterov" and not these keys gets: DiLoCo's.
 NESTEROV_DEFAULTS = {"outer_lr": 0.7, "outer_momentum": 0.9}
 PRECISIONS = ("fp32", "bf16-mixed")
+ASSIGNMENTS = ("rotate", "fixed")  # training.data.assignment
 
 
 @dataclass(frozen=True)
@@ -225,6 +231,8 @@ class TrainingConfig:
             del out["precision"]
         if self.error_decay == 1.0:
             del out["error_decay"]
+        if self.data.assignment == "fixed":
+            del out["data"]["assignment"]  # a record without it means "fixed" (from_dict)
         return out
 
     @classmethod
@@ -238,9 +246,12 @@ class TrainingConfig:
         """Build from a table as recorded (a checkpoint's ``extra.training``, what ``to_dict``
         wrote): as :meth:`for_run`, but an absent ``scores`` is off: ``to_dict`` always writes
         it, so only a record from before scores were recorded lacks it, and those runs did not
-        score."""
+        score. Likewise an absent ``data.assignment`` is ``"fixed"``, what those runs used."""
         if not isinstance(raw, dict):
             raise TrainingConfigError("[training] must be a table")
+        data = raw.get("data", {})
+        if isinstance(data, dict):  # (a non-table is refused by _parse, naming it)
+            raw = {**raw, "data": {"assignment": "fixed", **data}}
         return cls._parse({"scores": False, **raw})
 
     @classmethod
@@ -329,6 +340,11 @@ class TrainingConfig:
         if self.precision not in PRECISIONS:
             raise TrainingConfigError(
                 f"training.precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
+        if self.data.assignment not in ASSIGNMENTS:
+            raise TrainingConfigError(
+                f"training.data.assignment {self.data.assignment!r} is not one of "
+                f"{', '.join(ASSIGNMENTS)}"
             )
 
 

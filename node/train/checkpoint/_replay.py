@@ -231,7 +231,7 @@ def _replay_spread(
             codec=scoring.config.wire_codec, shapes=parent,
         )  # fmt: skip
         recomputed[target] = TargetLosses(
-            cids[target], *scoring.measure(seed, parent, target, update)
+            cids[target], *scoring.measure(number, seed, parent, target, update)
         )
     return resolve_scores(common, reputation=scoring.reputation, recompute=recomputed.__getitem__)
 

@@ -4,7 +4,8 @@ specs/training.md#scores-in-partitioned-rounds, message by message:
 
 1. **Score.** As soon as the round is published, this node fetches the whole updates of its
    targets (``targets_of``: the next SCORERS_PER_UPDATE members in the assignment order), every
-   block verified, measures their losses exactly as a full round does (``RoundScoring.measure``),
+   block verified, measures their losses exactly as a full round does, all targets together
+   (``RoundScoring.measure_targets``: their "before" losses share one forward pass),
    signs a :class:`ScoreRecord`, stores it as a block and reports its CID (op ``score``). It
    always reports one, naming the targets it could not score and why.
 2. **Close.** The coordinator takes records until every member sent one or the score deadline;
@@ -16,6 +17,8 @@ specs/training.md#scores-in-partitioned-rounds, message by message:
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import structlog
 import trio
@@ -34,6 +37,7 @@ from .._exceptions import (
 )
 from .._round import UpdateHeader, expected_specs, load_update
 from .._trainer import NodeTrainer
+from ..model import State
 from ..scores import (
     INVALID_PREFIX,
     BadScoreRecordError,
@@ -112,13 +116,17 @@ class PartitionScores:
             return
         seed = score_seed(round_headers(info).values())
         targets = targets_of(self.trainer.run, info.round, info.members, me)
-        scores: dict[str, TargetLosses] = {}
+        fetched: dict[str, tuple[CID, UpdateHeader]] = {}
         unscored: dict[str, str] = {t: "not fetched in time" for t in targets}
         began = trio.current_time()
         with trio.move_on_after(limits.ROUND_FETCH_S):
             async with trio.open_nursery() as nursery:
                 for target in targets:
-                    nursery.start_soon(self._score_one, info, seed, target, scores, unscored)
+                    nursery.start_soon(self._fetch_target, info, target, fetched, unscored)
+        # Then every fetched target in one measurement: their "before" losses share one pass.
+        scores = await trio.to_thread.run_sync(
+            self._measure_targets, info.round, seed, fetched, unscored, limiter=self._model_lock
+        )
         scores = _testing_aid(self.trainer.attack_name, info, targets, scores)
         record = ScoreRecord(
             self.trainer.run,
@@ -145,12 +153,11 @@ class PartitionScores:
             seconds=round(trio.current_time() - began, 3),
         )
 
-    async def _score_one(
+    async def _fetch_target(
         self,
         info: RoundInfo,
-        seed: bytes,
         target: str,
-        scores: dict[str, TargetLosses],
+        fetched: dict[str, tuple[CID, UpdateHeader]],
         unscored: dict[str, str],
     ) -> None:
         if target not in info.headers:
@@ -159,15 +166,8 @@ class PartitionScores:
         got = await self._fetch_update(info, target)
         if isinstance(got, str):
             unscored[target] = got
-            return
-        cid, header = got
-        losses = await trio.to_thread.run_sync(
-            self._measure, seed, target, cid, header, limiter=self._model_lock
-        )
-        if isinstance(losses, str):
-            unscored[target] = losses
         else:
-            scores[target] = losses
+            fetched[target] = got
 
     async def _fetch_update(self, info: RoundInfo, target: str) -> tuple[CID, UpdateHeader] | str:
         """The target's header and whole update (blocks verified), or why not."""
@@ -185,11 +185,9 @@ class PartitionScores:
             return f"update not fetched: {got.why}"[: limits.MAX_REASON_CHARS]
         return got
 
-    def _measure(
-        self, seed: bytes, target: str, cid: CID, header: UpdateHeader
-    ) -> TargetLosses | str:
-        trainer, scoring = self.trainer, self.trainer.scoring
-        assert scoring is not None
+    def _load(self, target: str, header: UpdateHeader) -> State | str:
+        """The target's update, decoded and validated against the agreed state, or why not."""
+        trainer = self.trainer
         if header.base != trainer.state_cid:
             return f"trained from state {header.base}, not {trainer.state_cid}"
         try:
@@ -205,7 +203,41 @@ class PartitionScores:
         bad = validate_update(update, expected_specs(trainer.state))
         if bad is not None:
             return (INVALID_PREFIX + bad)[: limits.MAX_REASON_CHARS]
-        return TargetLosses.measured(cid, scoring.measure(seed, trainer.state, target, update))
+        return update
+
+    def _measure_targets(
+        self,
+        round_: int,
+        seed: bytes,
+        fetched: Mapping[str, tuple[CID, UpdateHeader]],
+        unscored: dict[str, str],
+    ) -> dict[str, TargetLosses]:
+        """The losses of every fetched target that loads (``RoundScoring.measure_targets``);
+        each one that does not is added to ``unscored`` with why."""
+        scoring = self.trainer.scoring
+        assert scoring is not None
+        updates: dict[str, State] = {}
+        for target, (_cid, header) in sorted(fetched.items()):
+            got = self._load(target, header)
+            if isinstance(got, str):
+                unscored[target] = got
+            else:
+                updates[target] = got
+        measured = scoring.measure_targets(round_, seed, self.trainer.state, updates)
+        return {t: TargetLosses.measured(fetched[t][0], losses) for t, losses in measured.items()}
+
+    def _measure(
+        self, round_: int, seed: bytes, target: str, cid: CID, header: UpdateHeader
+    ) -> TargetLosses | str:
+        """One target's losses (a disputed one, recomputed), or why it cannot be scored."""
+        scoring = self.trainer.scoring
+        assert scoring is not None
+        update = self._load(target, header)
+        if isinstance(update, str):
+            return update
+        return TargetLosses.measured(
+            cid, scoring.measure(round_, seed, self.trainer.state, target, update)
+        )
 
     # -- 2 and 3: the closed records, agreed ----------------------------------------------------
 
@@ -262,7 +294,7 @@ class PartitionScores:
                     f"round {info.round}: the disputed update of {target} cannot be had: {got}"
                 )
             losses = await trio.to_thread.run_sync(
-                self._measure, seed, target, *got, limiter=self._model_lock
+                self._measure, info.round, seed, target, *got, limiter=self._model_lock
             )
             if isinstance(losses, str):
                 raise OutputsUnavailableError(

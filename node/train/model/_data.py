@@ -1,4 +1,4 @@
-"""Training text, its tokenizer, and one shard per peer.
+"""Training text, its tokenizer, and the shard each peer trains on in each round.
 
 The default corpus ships with the project (``data/corpus.txt``): docstrings of CPython 3.11's
 standard library, extracted once and frozen into the file. Docstrings exist on every machine, but
@@ -15,7 +15,9 @@ over ``MAX_CORPUS_BYTES`` is never downloaded.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -35,7 +37,14 @@ from .._config import (
 )
 from .._exceptions import TrainingConfigError
 
-__all__ = ["TextData", "load_corpus_text", "load_tokenizer", "shard_of", "train_tokenizer"]
+__all__ = [
+    "TextData",
+    "assigned_shard",
+    "load_corpus_text",
+    "load_tokenizer",
+    "shard_of",
+    "train_tokenizer",
+]
 
 DATA_DIR = Path(__file__).parent.parent / "data"  # node/train/data: shipped package data
 CORPUS_FILE = DATA_DIR / "corpus.txt"
@@ -138,8 +147,37 @@ def load_tokenizer(data: DataConfig, model: ModelConfig, text: str | None = None
 
 
 def shard_of(peer_id: str, n_shards: int) -> int:
-    """The shard a peer trains on: its id's SHA-256, modulo the number of shards."""
+    """The shard a peer trains on under ``assignment = "fixed"``: its id's SHA-256, modulo the
+    number of shards."""
     return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") % n_shards
+
+
+def assigned_shard(
+    peer_id: str, round_: int, *, n_shards: int, seed: int, assignment: str = "rotate"
+) -> int:
+    """The shard ``peer_id`` trains on in ``round_``, and on which its update is scored.
+
+    A function of public values only (the run's seed and assignment, the peer id, the round), so
+    trainer, scorers and replay agree without a message. ``"rotate"``: rounds are cut into
+    epochs of ``n_shards``; in epoch ``e`` the peer visits every shard once, in the order
+    ``(a * k + b) mod n_shards`` for the epoch's k-th round, with ``a`` (a unit mod n_shards)
+    and ``b`` drawn from SHA-256 of (seed, peer id, e). So over any 2 n_shards − 1 rounds a
+    node trains on all the data, and two peers that share a shard in one round seldom share it
+    in the next (ids that hash alike no longer shrink the swarm's data, as under ``"fixed"``).
+    """
+    if assignment == "fixed":
+        return shard_of(peer_id, n_shards)
+    if assignment != "rotate":
+        raise TrainingConfigError(f"training.data.assignment {assignment!r} is not known")
+    if n_shards == 1:
+        return 0
+    epoch, k = divmod(round_, n_shards)
+    digest = hashlib.sha256(f"shards/{seed}/{peer_id}/{epoch}".encode()).digest()
+    a = int.from_bytes(digest[:8], "big") % n_shards
+    while math.gcd(a, n_shards) != 1:  # the next unit: 1 is one, so this ends
+        a = (a + 1) % n_shards
+    b = int.from_bytes(digest[8:16], "big") % n_shards
+    return (a * k + b) % n_shards
 
 
 def _seed_of(*parts: object) -> int:
@@ -155,14 +193,23 @@ class TextData:
     eval: torch.Tensor  # int64 [eval_sequences, seq_len]
     n_shards: int
     tokenizer_json: str  # the tokenizer, as stored next to checkpoints
+    assignment: str = "rotate"  # training.data.assignment (see assigned_shard)
 
     @classmethod
     def build(cls, data: DataConfig, model: ModelConfig) -> TextData:
-        return _build_cached(data, model)
+        # The assignment does not change the sequences: one tokenization serves both.
+        text = _build_cached(dataclasses.replace(data, assignment="rotate"), model)
+        return dataclasses.replace(text, assignment=data.assignment)
 
-    def shard(self, peer_id: str) -> torch.Tensor:
-        """Indices of the training sequences in ``peer_id``'s shard."""
-        return self.shard_of_index(shard_of(peer_id, self.n_shards))
+    def shard_index(self, peer_id: str, round_: int, *, seed: int) -> int:
+        """The shard ``peer_id`` trains on, and is scored on, in ``round_``."""
+        return assigned_shard(
+            peer_id, round_, n_shards=self.n_shards, seed=seed, assignment=self.assignment
+        )
+
+    def shard(self, peer_id: str, round_: int, *, seed: int) -> torch.Tensor:
+        """Indices of the training sequences ``peer_id`` trains on in ``round_`` (its shard)."""
+        return self.shard_of_index(self.shard_index(peer_id, round_, seed=seed))
 
     def shard_of_index(self, shard: int) -> torch.Tensor:
         """Indices of the training sequences in shard ``shard`` (every n_shards-th sequence)."""
@@ -171,8 +218,9 @@ class TextData:
     def batches(
         self, peer_id: str, round_: int, *, seed: int, steps: int, batch_size: int
     ) -> list[torch.Tensor]:
-        """The batches ``peer_id`` trains on in ``round_``: a function of its arguments only."""
-        indices = self.shard(peer_id)
+        """The batches ``peer_id`` trains on in ``round_``: a function of its arguments only
+        (and of the run's data: the corpus, n_shards, the assignment)."""
+        indices = self.shard(peer_id, round_, seed=seed)
         generator = torch.Generator().manual_seed(_seed_of(seed, peer_id, round_))
         out = []
         for _ in range(steps):

@@ -5,8 +5,9 @@ With ``training.scores = true`` every node, and every replay, does for each roun
 1. the **seed**: ``score_seed`` of the CIDs of the signed headers whose updates the round uses
    (the agreed input set, fixed only after every header is out; a checkpoint lists them);
 2. for each update that passes ``validate_update``: four losses of the run's model in eval mode
-   (no dropout), on ``SCORE_SEQUENCES`` sequences drawn by ``draw_indices``: from the sender's
-   assigned shard (``TextData.shard(peer)``, purpose ``"own:<peer id>"``) and from the shared
+   (no dropout), on ``SCORE_SEQUENCES`` sequences drawn by ``draw_indices``: from the shard the
+   sender trained on in this round (``TextData.shard(peer, round, seed=run seed)``, the one
+   assignment trainer, scorers and replay compute; purpose ``"own:<peer id>"``) and from the shared
    held-out split (``TextData.eval``, purpose ``"held"``), each before (the agreed state) and
    after (state + SCORE_STEP x update). Computed in float32 on the node's device, or in float64
    on the CPU where a score is within BOUNDARY_UNITS of a rounding boundary (_settle.py);
@@ -122,11 +123,12 @@ class RoundScoring:
             self.config, aggregator=rule.name, aggregator_params=dict(rule.params)
         )
 
-    def _batches(self, seed: bytes, peer: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """The round's scoring batches of ``peer``'s update: its own data, the held-out split."""
+    def _batches(self, round_: int, seed: bytes, peer: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scoring batches of ``peer``'s update of ``round_``: from the shard it trained on
+        in that round (its own data), and from the held-out split."""
         n = limits.SCORE_SEQUENCES
         held = self.data.eval[torch.tensor(draw_indices(seed, "held", len(self.data.eval), n))]
-        shard = self.data.shard(peer)
+        shard = self.data.shard(peer, round_, seed=self.config.seed)
         own = self.data.train[shard[draw_indices(seed, f"own:{peer}", len(shard), n)]]
         return own, held
 
@@ -138,16 +140,37 @@ class RoundScoring:
         return own_before, own_after, held_before, held_after
 
     def measure(
-        self, seed: bytes, parent: State, peer: str, update: State
+        self, round_: int, seed: bytes, parent: State, peer: str, update: State
     ) -> tuple[float, float, float, float]:
-        """The four losses of one update (own before/after, held before/after), as :meth:`score`
-        takes them (the same integers; the fast losses may differ in the last bits, since the
-        batches share other forward passes there): what a scorer of a partitioned round signs."""
-        own, held = self._batches(seed, peer)
-        own_before, held_before = self.models.fast(parent, None, [own, held])
-        own_after, held_after = self.models.fast(parent, update, [own, held])
-        losses = (own_before, own_after, held_before, held_after)
-        return self._reference(parent, update, own, held) if settle_needed(losses) else losses
+        """The four losses of ``peer``'s update of ``round_`` (own before/after, held
+        before/after): :meth:`measure_targets` of that one update."""
+        return self.measure_targets(round_, seed, parent, {peer: update})[peer]
+
+    def measure_targets(
+        self, round_: int, seed: bytes, parent: State, updates: Mapping[str, State]
+    ) -> dict[str, tuple[float, float, float, float]]:
+        """The four losses of each update of ``round_`` (own before/after, held before/after),
+        as :meth:`score` takes them: what a scorer of a partitioned round signs for its targets.
+
+        Every "before" loss comes from one batched pass at the agreed state (the held-out batch,
+        the same for every target, and each target's own batch); then one pass per update. The
+        integers are the same however the targets are grouped (the fast losses may differ in
+        the last bits, since the batches share other forward passes: _settle.py's rule)."""
+        peers = sorted(updates)
+        if not peers:
+            return {}
+        batches = {p: self._batches(round_, seed, p) for p in peers}
+        held = batches[peers[0]][1]
+        before = self.models.fast(parent, None, [held, *(batches[p][0] for p in peers)])
+        out = {}
+        for i, peer in enumerate(peers):
+            own, held_p = batches[peer]
+            own_after, held_after = self.models.fast(parent, updates[peer], [own, held_p])
+            losses = (before[1 + i], own_after, before[0], held_after)
+            if settle_needed(losses):
+                losses = self._reference(parent, updates[peer], own, held_p)
+            out[peer] = losses
+        return out
 
     def score(
         self, round_: int, parent: State, updates: Mapping[str, State], headers: Mapping[str, CID]
@@ -158,21 +181,10 @@ class RoundScoring:
             return ScoredRound(round_, b"", {}, (), dict(self.reputation))
         seed = score_seed(str(c) for c in headers.values())
         specs = expected_specs(parent)
-        valid = [p for p in sorted(updates) if validate_update(updates[p], specs) is None]
+        valid = {p: u for p, u in updates.items() if validate_update(u, specs) is None}
         # (an invalid update: aggregate() rejects it with the reason, ban evidence as before)
-        batches = {p: self._batches(seed, p) for p in valid}
-        # Every "before" loss at once (the same weights, the agreed state): the held-out batch
-        # (the same for every peer) and each peer's own batch.
-        held = [batches[p][1] for p in valid[:1]]
-        before = self.models.fast(parent, None, [*held, *(batches[p][0] for p in valid)])
-        scores: dict[str, UpdateScore] = {}
-        for i, peer in enumerate(valid):
-            own, held_p = batches[peer]
-            own_after, held_after = self.models.fast(parent, updates[peer], [own, held_p])
-            losses = (before[1 + i], own_after, before[0], held_after)
-            if settle_needed(losses):
-                losses = self._reference(parent, updates[peer], own, held_p)
-            scores[peer] = score_update(peer, *losses)
+        measured = self.measure_targets(round_, seed, parent, valid)
+        scores = {p: score_update(p, *measured[p]) for p in sorted(measured)}
         standing = round_standing(scores)
         self.reputation = update_reputation(
             self.reputation, {p: d.round for p, d in standing.items()}

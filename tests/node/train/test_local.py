@@ -14,6 +14,7 @@ from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE
 from cnode.node.cli import main
 from cnode.node.train import (
+    DataConfig,
     StopReason,
     TextData,
     TrainingConfig,
@@ -43,7 +44,10 @@ def test_a_recorded_config_always_says_whether_it_scores() -> None:
 def test_empty_table_gives_the_tiny_default_model() -> None:
     config = TrainingConfig.for_run({})
     assert config == TrainingConfig()
-    assert TrainingConfig.from_dict({}) == TrainingConfig(scores=False)  # a record before scores
+    # a record from before scores and the per-round shard assignment: neither
+    assert TrainingConfig.from_dict({}) == TrainingConfig(
+        scores=False, data=DataConfig(assignment="fixed")
+    )
     state = model_state(build_model(config))
     assert 100_000 < sum(t.numel() for t in state.values()) < 300_000
     assert all(t.dtype == torch.float32 for t in state.values())

@@ -65,7 +65,7 @@ def _records(
                 node.store, header.update, peer=target, codec=CONFIG.update_codec,
                 shapes=node.state,
             )  # fmt: skip
-            losses = node.scoring.measure(seed, node.state, target, update)
+            losses = node.scoring.measure(1, seed, node.state, target, update)
             if node.peer == liar and target == lie_about:
                 losses = (losses[0], losses[0] * 1.5, losses[2], losses[3])  # "it hurt a lot"
             scores[target] = TargetLosses(cid, *losses)
@@ -90,7 +90,7 @@ def _agree(node: NodeTrainer, headers: dict, seed: bytes, records: dict) -> Spre
             shapes=node.state,
         )  # fmt: skip
         recomputed[target] = TargetLosses(
-            headers[target][0], *node.scoring.measure(seed, node.state, target, update)
+            headers[target][0], *node.scoring.measure(1, seed, node.state, target, update)
         )
     return resolve_scores(
         common,
@@ -188,7 +188,7 @@ def test_a_member_whose_header_nobody_has_is_left_out_and_the_checkpoint_still_v
             update = load_update(node.store, header.update, peer=target,
                                  codec=CONFIG.update_codec, shapes=node.state)  # fmt: skip
             scores[target] = TargetLosses(
-                cid, *node.scoring.measure(seed, node.state, target, update)
+                cid, *node.scoring.measure(1, seed, node.state, target, update)
             )
         envelope = seal_score_record(
             node.identity, ScoreRecord(RUN, 1, node.peer, node.state_cid, seed, scores, unscored)

@@ -74,7 +74,7 @@ def test_fast_scores_give_the_references_integers_and_near_ones_take_its_losses(
     scored = scoring.score(1, state, updates, headers)
     seed = score_seed(headers.values())
     for peer, update in updates.items():
-        own, held = scoring._batches(seed, peer)  # the batches score() took
+        own, held = scoring._batches(1, seed, peer)  # the batches score() took
         ob, hb = scoring.models.reference(state, None, [own, held])
         oa, ha = scoring.models.reference(state, update, [own, held])
         reference = score_update(peer, ob, oa, hb, ha)
@@ -88,7 +88,7 @@ def test_fast_scores_give_the_references_integers_and_near_ones_take_its_losses(
     # measure() (a partitioned round's scorer) gives score()'s integers, its losses within the
     # tolerance (score() runs every "before" batch in one forward pass).
     for peer in sorted(updates)[:2]:
-        measured = scoring.measure(seed, state, peer, updates[peer])
+        measured = scoring.measure(1, seed, state, peer, updates[peer])
         s = scored.scores[peer]
         recorded = (s.own_before, s.own_after, s.held_before, s.held_after)
         assert all(
@@ -106,12 +106,12 @@ def test_a_score_near_a_boundary_is_settled_by_the_reference(
     scoring = RoundScoring(CONFIG, data)
     peer, update = next(iter(_updates(state, 1, 3e-3).items()))
     seed = score_seed(["bafy-header"])
-    own, held = scoring._batches(seed, peer)
+    own, held = scoring._batches(1, seed, peer)
     ob, hb = scoring.models.reference(state, None, [own, held])
     oa, ha = scoring.models.reference(state, update, [own, held])
     # A band as wide as a unit puts every score "near a boundary": the reference settles all.
     monkeypatch.setattr("cnode.node.train.scores._settle.BOUNDARY_UNITS", 0.5)
-    assert scoring.measure(seed, state, peer, update) == (ob, oa, hb, ha)
+    assert scoring.measure(1, seed, state, peer, update) == (ob, oa, hb, ha)
     assert scoring.models.settled == 1
     scored = scoring.score(1, state, {peer: update}, {peer: "bafy-header"})
     assert scored.scores[peer].held_after == ha and scoring.models.settled == 2
@@ -142,3 +142,47 @@ def test_the_fast_model_keeps_the_state_only_while_it_is_unchanged() -> None:
     bad = {**state, "transformer.wte.weight": torch.zeros(3, 3)}
     with pytest.raises(TrainingConfigError, match=r"transformer\.wte\.weight has shape"):
         models.fast(bad, None, batch)
+
+
+def test_scorers_take_the_own_batch_from_the_shard_the_sender_trained_on_that_round() -> None:
+    data = TextData.build(CONFIG.data, CONFIG.model)
+    assert data.assignment == "rotate"
+    scoring = RoundScoring(CONFIG, data)
+    seed = score_seed(["bafy-header"])
+    peer = "12D3KooWscored"
+
+    def rows(t: torch.Tensor) -> set[tuple[int, ...]]:
+        return {tuple(r.tolist()) for r in t}
+
+    shards_seen = set()
+    for round_ in range(1, CONFIG.data.n_shards + 1):
+        shard = data.shard_index(peer, round_, seed=CONFIG.seed)
+        shards_seen.add(shard)
+        in_shard = rows(data.train[data.shard_of_index(shard)])
+        trained = data.batches(peer, round_, seed=CONFIG.seed, steps=2, batch_size=4)
+        assert all(rows(b) <= in_shard for b in trained)  # the trainer's data of the round ...
+        own, held = scoring._batches(round_, seed, peer)
+        assert rows(own) <= in_shard  # ... is where every scorer draws its own batch from
+        assert torch.equal(held, scoring._batches(round_ + 1, seed, peer)[1])  # held: shared
+    assert len(shards_seen) > 1  # rounds move the peer across shards
+
+
+def test_targets_measured_together_give_the_integers_of_one_at_a_time() -> None:
+    data = TextData.build(CONFIG.data, CONFIG.model)
+    state = model_state(build_model(CONFIG))
+    updates = _updates(state, 3, 3e-3)
+    scoring = RoundScoring(CONFIG, data)
+    seed = score_seed(["bafy-a", "bafy-b", "bafy-c"])
+    together = scoring.measure_targets(2, seed, state, updates)
+    assert sorted(together) == sorted(updates)
+    if scoring.models.settled == 0:  # (a settled target takes the reference's four losses)
+        assert len({losses[2] for losses in together.values()}) == 1  # one held "before" pass
+    for peer, update in updates.items():
+        alone = scoring.measure(2, seed, state, peer, update)
+        assert all(
+            abs(a - b) <= SCORE_LOSS_RTOL * abs(b)
+            for a, b in zip(together[peer], alone, strict=True)
+        )
+        a, b = score_update(peer, *together[peer]), score_update(peer, *alone)
+        assert (a.own, a.held, a.score) == (b.own, b.held, b.score)
+    assert scoring.measure_targets(2, seed, state, {}) == {}

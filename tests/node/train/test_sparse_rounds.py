@@ -113,7 +113,7 @@ def test_partitioned_sparse_round_with_scores_agrees_and_replays(tmp_path: Path)
             update = load_update(node.store, header.update, peer=target,  # type: ignore[attr-defined]
                                  codec=SCORED.wire_codec, shapes=node.state)  # fmt: skip
             scores[target] = TargetLosses(
-                cid, *node.scoring.measure(seed, node.state, target, update)
+                cid, *node.scoring.measure(1, seed, node.state, target, update)
             )  # type: ignore[arg-type]
         envelope = seal_score_record(
             node.identity, ScoreRecord(RUN, 1, node.peer, node.state_cid, seed, scores, {})
