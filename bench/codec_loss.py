@@ -18,6 +18,7 @@ count the 3 other partitions' outputs.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import tempfile
 import time
@@ -89,16 +90,19 @@ def _run(
     density: float = 1 / 64,
     partitioned: bool = False,
     outer: str = "sgd:1",
+    decay: float = 1.0,
+    extra: dict[str, object] | None = None,
 ) -> tuple[list[float], int, str]:
-    config = TrainingConfig.from_dict(
-        {"update_codec": codec, "update_density": density, **_outer_keys(outer)}
-    )
+    keys = {"update_codec": codec, "update_density": density, **_outer_keys(outer), **(extra or {})}
+    if codec != "f32":
+        keys["error_decay"] = decay
+    config = TrainingConfig.from_dict(keys)
     nodes = [
         NodeTrainer(
             config,
             run="bench",
             identity=Identity.from_seed(bytes([i + 1]) * 32),
-            store=BlockStore(work / f"{codec}-{density}-{outer}" / f"n{i}"),
+            store=BlockStore(work / f"{codec}-{density}-{outer}-{decay}" / f"n{i}"),
         )
         for i in range(PEERS)
     ]
@@ -143,26 +147,45 @@ def main() -> None:
         help="outer optimizers to run each codec with: sgd:LR or nesterov:LR:MOMENTUM; the first "
         "one's f32 run is the baseline",
     )
+    parser.add_argument(
+        "--error-decay",
+        nargs="+",
+        type=float,
+        default=[1.0],
+        help="lossy codecs: training.error_decay values to run (one run each)",
+    )
+    parser.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY=JSON",
+        help="[training] keys every run gets, e.g. local_steps=8 aggregator='\"mean\"'",
+    )
     args = parser.parse_args()
+    extra = {k: json.loads(v) for k, _, v in (item.partition("=") for item in args.set)}
     runs = [
         (
-            (f"{c}@{d:g}" if c == "sparse-topk" else c) + ("" if o == "sgd:1" else f" {o}"),
+            (f"{c}@{d:g}" if c == "sparse-topk" else c)
+            + ("" if e == 1.0 else f" decay {e:g}")
+            + ("" if o == "sgd:1" else f" {o}"),
             c,
             d,
             o,
+            e,
         )
         for o in args.outer
         for c in args.codec
         for d in (args.density if c == "sparse-topk" else [1 / 64])
+        for e in (args.error_decay if c != "f32" else [1.0])
     ]
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     torch.set_num_threads(1)
     results = {}
     with tempfile.TemporaryDirectory(prefix="cnode-codec-loss-") as tmp:
-        for codec, name, density, outer in runs:
+        for codec, name, density, outer, decay in runs:
             began = time.perf_counter()
             losses, wire, state = _run(
-                name, args.rounds, Path(tmp), density, args.partitioned, outer
+                name, args.rounds, Path(tmp), density, args.partitioned, outer, decay, extra
             )
             results[codec] = (losses, wire)
             print(
@@ -170,7 +193,7 @@ def main() -> None:
                 f"fetched by one node {wire / 1e6:.2f} MB; {time.perf_counter() - began:.0f} s; "
                 f"final state {state[:16]}…"
             )
-    baseline = next((c for c, name, _, _ in runs if name == "f32"), None)
+    baseline = next((c for c, name, _, _, _ in runs if name == "f32"), None)
     if baseline is not None:
         ref_loss, ref_wire = results[baseline][0][-1], results[baseline][1]
         for codec, (losses, wire) in results.items():

@@ -1,315 +1,252 @@
-"""Seconds and bytes per training round, full replication vs partitioned, vs a plain all-reduce.
+"""Seconds and bytes per round of real `cnode train` nodes, vs all-reduce of the same model.
 
-N peers (``--peers``, default 4), each its own process, on loopback; each a real py-libp2p node
-with a real BlockStore and a ``NodeTrainer``. The model is GPT-2-style, ~10.2M parameters (each
-f32 update ~41 MB); above 8 peers, or with ``--small``, a ~1.7M-parameter one (the banner says
-which). Per round, each cnode peer:
+For each (mode, codec): a coordinator and ``--peers`` ``cnode train`` processes on 127.0.0.1
+(homes made with ``cnode init``, one checkpointer), the node's own round code end to end: a
+GPT-2-style model of ~10.2M parameters (``--small``: ~1.7M; each f32 update 4 bytes a value),
+one local step a round, scores on as in a default run, ``training.partitioned = "always"``
+(``--mode partitioned``) or ``"never"`` (``--mode full``). Nothing of the round is re-implemented
+here: the figures are the nodes' own round reports (specs/training.md#partitioned-rounds, the
+round event):
 
-* train      one local AdamW step (batch 4 x 64 tokens) and the parameter delta;
-* publish    store the delta (64 segments, one manifest layer each), sign the update header,
-             put it on gossipsub;
-* wait       (not this peer's work, reported apart) until every header has arrived (the
-             slowest trainer), and at barriers between network and compute phases, so no peer
-             serves blocks (GIL-bound, main thread) while another computes;
+* overhead   per node and round, ``assembled_at`` minus the latest ``published_at`` of the
+             round's members: from the last update published to this node's assembled state
+             (fetching, scoring, aggregating, results, verification, assembly and every wait);
+* phases     partitioned rounds: the node's stages (``phases``: aggregate, scores_wait,
+             results_wait, results, verify, agreed_wait, assemble; and scores, concurrent with
+             aggregate); full rounds: fetch and aggregate;
+* bytes in   verified bytes each node fetched (``bytes_in_by``: exchange = partition inputs and
+             outputs, verify, scores = whole score targets), per round, as a ratio to one f32
+             update of the model: everything a node receives but headers and small envelopes.
 
-``--mode full`` (every peer fetches every update and aggregates everything):
+Medians over nodes and rounds, the first round left out when ``--rounds`` > 1 (warm-up). The
+baselines run in the same invocation: the gloo all-reduce of the same float32 model
+(bench/_allreduce.py, ``--no-baseline`` skips it and hivemind) and, where a venv has hivemind
+1.1.12 (``CNODE_BENCH_HIVEMIND_PYTHON`` or /opt/hivemind-venv, never a cnode dependency), its
+all-reduce (bench/_hivemind_allreduce.py: N processes, DecentralizedAverager, matchmaking done
+before the timed trigger). ``--json`` ends with one JSON line: ``{"peers", "params",
+"allreduce_s", "hivemind_s", "runs": [{"mode", "codec", "overhead_s", "overhead_vs_allreduce",
+"overhead_vs_hivemind", "phases", "bytes_in_vs_f32": {"exchange", "verify", "scores", "all"},
+"states", "rounds_done", "broken"}]}``.
 
-* fetch      the other N-1 updates whole, every block verified against its CID;
-* aggregate  scores of all N updates (training.scores), CenteredClip of the admitted, apply,
-             state CID.
-
-``--mode partitioned`` (parts = partition_count(N, SEGMENTS), aggregators =
-assign_partitions("bench", round, sorted peer ids, parts)):
-
-* fetch      this peer's partition's segments of the N-1 other updates (fetch_update_segments,
-             from each update's author);
-* scores     this peer's score targets (targets_of: 2 of the others), each update whole from its
-             author, and their four losses (RoundScoring.measure); the records are not
-             exchanged, so the partitions aggregate every input with scored_config();
-* aggregate  CenteredClip of the partition (NodeTrainer.aggregate_partition), output stored,
-             result signed and stored; its CID goes to the others as a file in the work dir
-             (bench-only coordination, like the address files: the coordinator is left out);
-* results    every other partition's signed result and output, from its aggregator;
-* verify     ``--verify K`` partitions (default node/train/limits.VERIFY_PARTITIONS) chosen by
-             verification_choice(sha256 of the sorted result CIDs, me, parts, K, own excluded):
-             their inputs fetched and the partition recomputed; the output CID must match;
-* assemble   NodeTrainer.apply_partitions: the new state from every output, state CID.
-
-Printed per (mode, codec) swarm: the median over peers and rounds (the first round left out when
-rounds > 1) of each phase, and of the peer process's CPU seconds in it (all threads: steadier than
-wall time when other work shares the machine); bytes received per peer per round / update size,
-split into exchange (inputs + results) and verification; whether every peer ends on one state CID.
-The baseline runs in the same invocation: N processes with torch.distributed (gloo, loopback), the
-same model and step, ``all_reduce(delta) / N`` and apply. ``overhead_s`` = publish + fetch +
-scores + aggregate + results + verify + assemble (the medians): what a round costs beyond
-training and waiting for the slowest trainer; compared with the all-reduce. No coordinator is
-involved.
-Where a venv has hivemind 1.1.12 (``CNODE_BENCH_HIVEMIND_PYTHON`` or /opt/hivemind-venv, never a
-cnode dependency), its all-reduce of the same float32 model runs too (bench/_hivemind_allreduce.py:
-N processes, DecentralizedAverager, matchmaking done before the timed trigger) and each swarm's
-overhead is compared with it. Bytes in per peer are also given as a ratio to an f32 update
-(``in_vs_f32``: exchange + verification + scores, everything a peer receives but headers).
-Scores are on, as in a default run: in full mode ``aggregate`` scores every update (they are all
-held); in partitioned mode each peer fetches its score targets whole and measures their losses.
-
-``--json`` ends the output with ONE JSON line. One swarm: ``{"peers", "mode", "codec", "params",
-"update_bytes", "bytes_in_per_peer", "bytes_in_ratio", "verify_bytes_per_peer", "verify_ratio",
-"overhead_s", "allreduce_s", "overhead_vs_allreduce", "bytes_in_vs_f32", "hivemind_s",
-"overhead_vs_hivemind", "phases": {phase: s}, "cpu": {phase: CPU s}, "states"}``
-(``allreduce_s`` and the ratio null with ``--no-baseline``; ``states``: distinct final state
-CIDs, 1 when the peers agree). Several swarms: ``{"peers", "params", "allreduce_s", "runs":
-[one object as above per swarm]}``.
-
-    .venv/bin/python bench/round.py                          # 4 peers, both modes and codecs
-    .venv/bin/python bench/round.py --peers 8 --mode partitioned --codec f32 --json
-    .venv/bin/python bench/round.py --peers 16 --mode full partitioned --verify 0
+    .venv/bin/python bench/round.py --peers 4 --mode partitioned --codec sparse-topk
+    .venv/bin/python bench/round.py --peers 8 --small --codec sparse-topk --no-baseline --json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+from tempfile import TemporaryDirectory
 from typing import Any
 
+import tomli_w
+from _allreduce import gloo_allreduce  # bench/ is the script's folder
 from _hivemind_allreduce import measure as hivemind_allreduce
-from _round_peers import allreduce_peer, cnode_peer
+from _homes import CNODE, init_homes, report_events
 
-# n_layer=6, n_embd=368 (4 heads), vocab 1024, 64 positions: 10,152,000 parameters (+ LayerNorms).
-TRAINING = {
+from cnode.auth import Identity, save_identity
+from cnode.node.coordinator.server import CoordinatorProcess
+
+RUN = "bench-round"
+# n_layer=6, n_embd=368 (4 heads), vocab 1024, 64 positions: 10,180,352 parameters.
+TRAINING: dict[str, Any] = {
     "model": {"n_layer": 6, "n_embd": 368, "n_head": 4, "n_positions": 64},
     "local_steps": 1,
     "batch_size": 4,
     "data": {"eval_sequences": 8},
     "scores": True,  # as in a default run (TrainingConfig.for_run)
 }
-# For many peers on a small machine: n_layer=3, n_embd=192.
 SMALL = {**TRAINING, "model": {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_positions": 64}}
-PHASES = (
-    "train", "publish", "wait", "fetch", "scores", "aggregate", "results", "verify", "assemble"
-)  # fmt: skip
-OVERHEAD = ("publish", "fetch", "scores", "aggregate", "results", "verify", "assemble")
-# Process CPU per phase (train and publish share one worker-thread call: measured together).
-CPU = (
-    "train_publish",
-    "fetch",
-    "scores",
-    "aggregate",
-    "results",
-    "verify_fetch",
-    "verify_compute",
-    "assemble",
-)
-JOIN_S = 1200  # the longest a swarm may take before its processes are killed
+PHASES = ("aggregate", "scores", "scores_wait", "results_wait", "results", "verify",
+          "agreed_wait", "assemble")  # fmt: skip
+KINDS = ("exchange", "verify", "scores")
 
 
-def _run(target: Any, n: int, args_of: Any) -> list[list[dict[str, Any]]]:
-    """Start ``n`` processes of ``target``; their JSON outputs. Every process is stopped."""
-    ctx = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="cnode-bench-round-") as tmp:
-        outs = [str(Path(tmp) / f"out{i}.json") for i in range(n)]
-        procs = [ctx.Process(target=target, args=args_of(i, tmp, outs[i])) for i in range(n)]
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 4) if xs else None
+
+
+def _swarm(n: int, rounds: int, training: dict[str, Any], timeout_s: float) -> dict[Path, list]:
+    """Run one swarm to its end; each home's round events."""
+    with TemporaryDirectory(prefix=f"cnode-bench-round{n}-") as tmp:
+        work = Path(tmp)
+        homes = [work / f"node-{i:02d}" for i in range(n)]
+        peers = init_homes(homes)
+        key = Identity.generate()
+        save_identity(key, work / "coordinator.key")
+        config = {
+            "run": RUN,
+            "coordinator": key.peer_id_str,
+            "rounds": {
+                "min_participants": n,
+                "round_timeout_s": 600.0,
+                "checkpoint_every": 1,
+                "cooldown_s": 120.0,
+                "warmup_s": 2.0,
+                "collect_timeout_s": 300.0,
+            },
+            "access": {"peers": peers},
+            "network": {"allow_private_addrs": True},
+            "training": training,
+        }
+        (work / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
+        coordinator = CoordinatorProcess(
+            work / "run.toml", work / "coordinator.db", work / "coordinator.key"
+        ).start()
+        procs: list[subprocess.Popen[bytes]] = []
         try:
-            for p in procs:
-                p.start()
-            deadline = time.monotonic() + JOIN_S
-            while any(p.exitcode is None for p in procs):  # fail fast: one dies, all stop
-                failed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
-                if failed or time.monotonic() > deadline:
-                    why = f"exit {failed[0]}" if failed else f"over {JOIN_S} s"
-                    raise SystemExit(f"a peer process failed ({why}; -9: killed, often OOM)")
-                time.sleep(0.2)
-            if any(p.exitcode != 0 for p in procs):
-                raise SystemExit("a peer process failed")
-            return [json.loads(Path(o).read_text()) for o in outs]
+            env = dict(os.environ, OMP_NUM_THREADS="1")
+            for i, home in enumerate(homes):
+                cmd = [
+                    *CNODE, "--log-json", "train", "--run", RUN,
+                    "--run-config", str(work / "run.toml"), "--home", str(home),
+                    "--coordinator", coordinator.url,
+                    "--listen", f"/ip4/127.0.0.1/tcp/{_port()}",
+                    "--rounds", str(rounds), "--report", str(home / "report.jsonl"),
+                ]  # fmt: skip
+                if i == 0:
+                    cmd.append("--checkpointer")
+                with (home / "node.log").open("ab") as log:
+                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+                time.sleep(1.0)
         finally:
             for p in procs:
-                if p.is_alive():
+                if p.poll() is None:
+                    p.send_signal(signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
                     p.kill()
-                    p.join(timeout=10)
+                    p.wait(timeout=10)
+            coordinator.stop()
+        return {home: report_events(home, "round") for home in homes}
 
 
-def _median(results: list[list[dict[str, Any]]], key: str, skip_first: bool) -> float:
-    values = [r.get(key, 0.0) for peer in results for r in peer[1 if skip_first else 0 :]]
-    return float(statistics.median(values))
-
-
-def _report_cnode(
-    mode: str, codec: str, cnode: list[list[dict[str, Any]]], skip: bool, n: int, params: int
-) -> dict[str, Any]:
-    phases = {k: _median(cnode, k, skip) for k in (*PHASES, "round")}
-    cpu_note = ", first round left out" if skip else ""
-    print(
-        f"\n{mode}, update_codec = {codec!r}, {n} peers (median over peers and rounds"
-        f"{cpu_note}), seconds:"
-    )
-    for key, value in phases.items():
-        print(f"  {key:<10} {value:8.3f}")
-        if key == "verify" and value:
-            parts = {k: _median(cnode, f"verify_{k}", skip) for k in ("fetch", "compute")}
-            print("             (" + ", ".join(f"{k} {v:.3f}" for k, v in parts.items()) + ")")
-    cpu = {k: _median(cnode, f"cpu_{k}", skip) for k in CPU}
-    print(
-        "  CPU s (the peer's process, all threads; steadier than wall on a shared machine): "
-        + ", ".join(f"{k} {v:.3f}" for k, v in cpu.items() if v)
-    )
-    update = _median(cnode, "update_bytes", False)
-    fetched = _median(cnode, "fetched_bytes", skip)
-    verify = _median(cnode, "verify_bytes", skip)
-    scored = _median(cnode, "score_bytes", skip)
-    states = {r["state"] for peer in cnode for r in peer[-1:]}
-    overhead = sum(phases[k] for k in OVERHEAD)
-    print(
-        f"  update: {update / 1e6:.2f} MB (all its blocks); received per peer per round: "
-        f"exchange {fetched / 1e6:.2f} MB = {fetched / update:.2f}x the update, "
-        f"verification {verify / 1e6:.2f} MB = {verify / update:.2f}x, "
-        f"scores {scored / 1e6:.2f} MB = {scored / update:.2f}x"
-    )
-    f32 = 4 * params
-    print(
-        f"  received per peer per round, vs an f32 update ({f32 / 1e6:.2f} MB): exchange "
-        f"{fetched / f32:.4f}x, verification {verify / f32:.4f}x, scores {scored / f32:.4f}x, "
-        f"all {(fetched + verify + scored) / f32:.4f}x"
-    )
-    print(f"  overhead_s (publish+fetch+scores+aggregate+results+verify+assemble): {overhead:.3f}")
-    print(f"  every peer ends on one state: {len(states) == 1} ({', '.join(sorted(states))[:120]})")
-    retries = sum(r.get("retries", 0) for peer in cnode for r in peer)
-    print(f"  fetches retried (a holder starved past NO_PROGRESS_TIMEOUT_S): {retries}")
-    print(f"  load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+def _figures(events: dict[Path, list], rounds: int, f32_bytes: int) -> dict[str, Any]:
+    """The run's medians from the nodes' round events (see the module docstring)."""
+    skip = 1 if rounds > 1 else 0
+    rows = [e for evs in events.values() for e in evs if e["round"] > skip]
+    last_published: dict[int, float] = {}
+    for e in (e for evs in events.values() for e in evs):
+        last_published[e["round"]] = max(last_published.get(e["round"], 0.0), e["published_at"])
+    overhead = _median([e["assembled_at"] - last_published[e["round"]] for e in rows])
+    phases = {
+        k: _median([e["phases"][k] for e in rows if k in e.get("phases", {})]) for k in PHASES
+    }
+    phases.update({k: _median([e[k] for e in rows if e.get("parts") == 0]) for k in
+                   ("fetch_s", "aggregate_s")})  # fmt: skip
+    phases["train_s"] = _median([e["train_s"] for e in rows])
+    by_kind = {
+        k: _median([e.get("bytes_in_by", {}).get(k, 0) / f32_bytes for e in rows]) for k in KINDS
+    }
+    if not any(e.get("bytes_in_by") for e in rows):  # full rounds: no split, all is exchange
+        by_kind["exchange"] = _median([e["bytes_in"] / f32_bytes for e in rows])
+    finals = {evs[-1]["state_cid"] for evs in events.values() if evs and evs[-1]["round"] == rounds}
+    done = min((evs[-1]["round"] if evs else 0) for evs in events.values())
     return {
-        "peers": n,
-        "mode": mode,
-        "codec": codec,
-        "update_bytes": int(update),
-        "bytes_in_per_peer": int(fetched),
-        "bytes_in_ratio": round(fetched / update, 4),
-        "verify_bytes_per_peer": int(verify),
-        "verify_ratio": round(verify / update, 4),
-        "score_bytes_per_peer": int(scored),
-        "bytes_in_vs_f32": round((fetched + verify + scored) / f32, 5),
-        "overhead_s": round(overhead, 4),
-        "phases": {k: round(v, 4) for k, v in phases.items()},
-        "cpu": {k: round(v, 4) for k, v in cpu.items()},
-        "states": len(states),
-        "retries": retries,
+        "overhead_s": overhead,
+        "phases": {k: v for k, v in phases.items() if v is not None},
+        "bytes_in_vs_f32": {
+            **by_kind,
+            "all": _median([e["bytes_in"] / f32_bytes for e in rows]),
+        },
+        "states": len(finals),
+        "rounds_done": done,
+        "broken": done < rounds,
     }
 
 
 def _parse() -> argparse.Namespace:
     from cnode.aggregation import CODECS
-    from cnode.node.train import limits
 
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--peers", type=int, default=4, help="peer processes (default 4)")
+    parser.add_argument("--peers", type=int, default=4, help="cnode train processes (default 4)")
     parser.add_argument(
-        "--mode", nargs="+", choices=("full", "partitioned"), default=["full", "partitioned"]
+        "--mode", nargs="+", choices=("full", "partitioned"), default=["partitioned"]
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
-        "--codec",
-        nargs="+",
-        choices=CODECS,
-        default=["f32", "int8-blockwise"],
+        "--codec", nargs="+", choices=CODECS, default=["sparse-topk", "int8-blockwise"],
         help="the run's update_codec; several: one swarm each, compared",
-    )
-    parser.add_argument(
-        "--verify",
-        type=int,
-        default=limits.VERIFY_PARTITIONS,
-        help="partitions each peer recomputes per round (partitioned mode; 0 allowed)",
-    )
-    parser.add_argument("--small", action="store_true", help="the small model (auto above 8)")
-    parser.add_argument("--no-baseline", action="store_true", help="skip the gloo all-reduce")
+    )  # fmt: skip
+    parser.add_argument("--set", nargs="+", default=[], metavar="KEY=JSON",
+                        help="more [training] keys, e.g. error_decay=0.95")  # fmt: skip
+    parser.add_argument("--small", action="store_true", help="the ~1.7M-parameter model")
+    parser.add_argument("--no-baseline", action="store_true", help="skip gloo and hivemind")
+    parser.add_argument("--timeout-s", type=float, default=900.0, help="per swarm")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
     args = parser.parse_args()
-    if args.peers < 2 or args.rounds < 1 or args.verify < 0:
-        parser.error("--peers >= 2, --rounds >= 1, --verify >= 0")
+    if args.peers < 2 or args.rounds < 1:
+        parser.error("--peers >= 2, --rounds >= 1")
     return args
 
 
-def main() -> None:
+def main() -> int:
     args = _parse()
     from cnode.node.train import TrainingConfig, build_model, model_state
 
-    n = args.peers
-    training = SMALL if args.small or n > 8 else TRAINING
-    model = TrainingConfig.from_dict(training).model
+    base = SMALL if args.small else TRAINING
+    extra = {k: json.loads(v) for k, _, v in (item.partition("=") for item in args.set)}
     params = sum(
-        t.numel() for t in model_state(build_model(TrainingConfig.from_dict(training))).values()
+        t.numel() for t in model_state(build_model(TrainingConfig.from_dict(base))).values()
     )
+    n, f32 = args.peers, 4 * params
     print(
-        f"bench/round.py: {n} peers on loopback, model n_layer={model.n_layer} "
-        f"n_embd={model.n_embd}: {params:,} parameters ({params * 4 / 1e6:.1f} MB per f32 "
-        f"update), {args.rounds} rounds, {os.cpu_count()} CPUs, modes {', '.join(args.mode)}, "
-        f"codecs {', '.join(args.codec)}, verify {args.verify}"
+        f"bench/round.py: {n} cnode train nodes on loopback, {params:,} parameters "
+        f"({f32 / 1e6:.2f} MB per f32 update), {args.rounds} rounds, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
     )
-    skip = args.rounds > 1  # the first round includes warm-up (allocations, first connections)
-    base_spec = {"peers": n, "rounds": args.rounds, "training": training, "verify": args.verify}
-    runs: list[dict[str, Any]] = []
+    runs = []
     for mode in args.mode:
         for codec in args.codec:
-            spec = {**base_spec, "mode": mode, "codec": codec}
-            cnode = _run(cnode_peer, n, lambda i, tmp, out, s=spec: (i, s, tmp, out))
-            runs.append({**_report_cnode(mode, codec, cnode, skip, n, params), "params": params})
-            sys.stdout.flush()
-    allreduce: float | None = None
+            partitioned = "always" if mode == "partitioned" else "never"
+            training = {**base, "update_codec": codec, "partitioned": partitioned, **extra}
+            events = _swarm(n, args.rounds, training, args.timeout_s)
+            run = {"mode": mode, "codec": codec, **_figures(events, args.rounds, f32)}
+            runs.append(run)
+            print(f"\n{mode}, {codec}: {json.dumps(run)}", flush=True)
+    allreduce = hivemind = None
     if not args.no_baseline:
-        base = _run(
-            allreduce_peer, n, lambda i, tmp, out: (i, base_spec, f"file://{tmp}/rendezvous", out)
-        )
-        b_rows = [(k, _median(base, k, skip)) for k in ("train", "wait", "allreduce", "round")]
-        print(f"\nall-reduce baseline (gloo, {n} processes, same model and step, f32), seconds:")
-        for key, value in b_rows:
-            print(f"  {key:<10} {value:8.3f}")
-        allreduce = dict(b_rows)["allreduce"]
-    hivemind = None if args.no_baseline else hivemind_allreduce(n, params)
-    if hivemind is not None:
-        print(
-            f"\nhivemind 1.1.12 all-reduce (DecentralizedAverager, {n} processes, the same "
-            f"float32 model, matchmaking excluded): median {hivemind[0]:.3f} s, max "
-            f"{hivemind[1]:.3f} s"
-        )
-    print(f"\nsummary, {n} peers, {params:,} parameters:")
-    print(
-        "  mode         codec          bytes_in  verify  in_vs_f32  overhead_s  allreduce_s  ratio"
-    )
+        allreduce = round(gloo_allreduce(n, args.rounds, base), 4)
+        got = hivemind_allreduce(n, params)
+        hivemind = None if got is None else got[0]
+    print(f"\nall-reduce of the same float32 model, {n} processes: gloo {allreduce} s, "
+          f"hivemind 1.1.12 {hivemind} s (median)")  # fmt: skip
+    print("\nmode         codec           overhead_s  vs gloo  vs hivemind  bytes in per peer per "
+          "round vs f32: exchange verify scores all  states")  # fmt: skip
     for run in runs:
-        run["allreduce_s"] = None if allreduce is None else round(allreduce, 4)
-        ratio = None if not allreduce else run["overhead_s"] / allreduce
-        run["overhead_vs_allreduce"] = None if ratio is None else round(ratio, 3)
-        run["hivemind_s"] = None if hivemind is None else round(hivemind[0], 4)
-        run["overhead_vs_hivemind"] = (
-            None if hivemind is None else round(run["overhead_s"] / hivemind[0], 3)
-        )
-        print(
-            f"  {run['mode']:<12} {run['codec']:<14} {run['bytes_in_ratio']:7.2f}x "
-            f"{run['verify_ratio']:6.2f}x {run['bytes_in_vs_f32']:9.4f}x "
-            f"{run['overhead_s']:10.3f}  "
-            f"{allreduce or float('nan'):10.3f}  {ratio or float('nan'):5.2f}x"
-            + (f"  vs hivemind {run['overhead_vs_hivemind']:.2f}x" if hivemind else "")
-        )
+        over = run["overhead_s"]
+        run["overhead_vs_allreduce"] = round(over / allreduce, 2) if over and allreduce else None
+        run["overhead_vs_hivemind"] = round(over / hivemind, 2) if over and hivemind else None
+        b = run["bytes_in_vs_f32"]
+        print(f"{run['mode']:<12} {run['codec']:<15} {over!s:>10}  "
+              f"{run['overhead_vs_allreduce']!s:>7}  {run['overhead_vs_hivemind']!s:>11}  "
+              f"{b['exchange']} {b['verify']} {b['scores']} {b['all']}  {run['states']}"
+              + ("  BROKEN" if run["broken"] else ""))  # fmt: skip
     if args.json:
-        if len(runs) == 1:
-            print(json.dumps(runs[0]))
-        else:
-            print(
-                json.dumps(
-                    {
-                        "peers": n,
-                        "params": params,
-                        "allreduce_s": runs[0]["allreduce_s"],
-                        "runs": runs,
-                    }
-                )
-            )
+        out = {"peers": n, "params": params, "allreduce_s": allreduce, "hivemind_s": hivemind}
+        print(json.dumps({**out, "runs": runs}))
     sys.stdout.flush()
+    return 1 if any(r["broken"] or r["states"] != 1 for r in runs) else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

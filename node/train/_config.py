@@ -183,6 +183,11 @@ class TrainingConfig:
     # 4096) per chunk; specs/training.md#update-codecs). Recorded with the run's config, so a
     # replay reads updates with the same bound.
     update_density: float = 1 / 64
+    # Error feedback's decay (specs/training.md#error-feedback): a lossy codec encodes
+    # ``delta + error_decay x residual``. 1 forgets nothing (the accumulated error is sent in
+    # full, late); SparseLoCo's 0.95 lets old error fade, so top-k does not keep shipping stale
+    # coordinates. 0 is no error feedback. Recorded only when not 1, so older runs keep their bytes.
+    error_decay: float = 1.0
     # Partitioned rounds (specs/training.md#partitioned-rounds): "auto" partitions a round whose
     # published member list has at least PARTITION_MIN_MEMBERS members, "always" every round,
     # "never" none (full replication: every member aggregates everything). The coordinator reads
@@ -224,6 +229,8 @@ class TrainingConfig:
             del out["outer_optimizer"], out["outer_momentum"]
         if self.precision == "fp32":
             del out["precision"]
+        if self.error_decay == 1.0:
+            del out["error_decay"]
         if self.data.assignment == "fixed":
             del out["data"]["assignment"]  # a record without it means "fixed" (from_dict)
         return out
@@ -321,6 +328,14 @@ class TrainingConfig:
         if self.outer_optimizer == "sgd" and self.outer_momentum != 0.0:
             raise TrainingConfigError(
                 'training.outer_momentum is for outer_optimizer = "nesterov"; "sgd" has none'
+            )
+        if not 0.0 <= self.error_decay <= 1.0:  # also refuses NaN
+            raise TrainingConfigError(
+                f"training.error_decay {self.error_decay!r} must be in [0, 1]"
+            )
+        if self.update_codec == "f32" and self.error_decay != 1.0:
+            raise TrainingConfigError(
+                'training.error_decay is for lossy codecs; update_codec = "f32" keeps no residual'
             )
         if self.precision not in PRECISIONS:
             raise TrainingConfigError(

@@ -92,6 +92,7 @@ class RoundLoop:
         if round_ is None:
             return True
         own, t_train, t_publish = await self._train_and_publish(round_)
+        published_at = time.time()  # wall clock: compared across nodes (bench/round.py)
         info = await self._wait_members(round_)
         sent, got = self.node.server.bytes_sent, self.exchange.fetcher.bytes_in
         began = time.monotonic()
@@ -99,6 +100,13 @@ class RoundLoop:
         if outcome is None:
             self.current_round = None  # the next round starts with a catch-up
             return False
+        assembled_at = time.time()
+        split: dict[str, object] = {}
+        if info.parts:
+            split = {
+                "phases": self.partitioned.last_phases,
+                "bytes_in_by": self.partitioned.last_bytes,
+            }
         if info.parts:
             t_fetch, t_aggregate = time.monotonic() - began, 0.0
             bytes_in = self.partitioned.last_bytes_in
@@ -141,6 +149,11 @@ class RoundLoop:
             # report's traffic table); a catch-up's are in its own event.
             bytes_in=bytes_in,
             bytes_out=self.node.server.bytes_sent - sent,
+            # When this node's header was out and when its new state was assembled (wall
+            # clock): the round's overhead is the latter minus the last member's former.
+            published_at=published_at,
+            assembled_at=assembled_at,
+            **split,
         )
         holds = None if manifest is None else str(manifest)
         report = round_report(round_, loss, str(self.trainer.state_cid), holds)

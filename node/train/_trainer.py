@@ -59,6 +59,7 @@ from .model import (
     state_cid,
     train_local,
     uses_momentum,
+    with_residual,
     zero_momentum,
 )
 from .scores import RoundScoring, checkpoint_reputation
@@ -181,7 +182,7 @@ class NodeTrainer(PartitionedRounds):
             delta = {k: t.to(torch.float32).contiguous() for k, t in delta.items()}
         codec = self.config.wire_codec
         if self.residual is not None and self.residual.round == round_ - 1:
-            delta = {k: t + self.residual.tensors[k] for k, t in delta.items()}
+            delta = with_residual(delta, self.residual, self.config.error_decay)
         encoded, decoded = encode_update(delta, codec)
         update = store_update(
             self.store, encoded, run=self.run, round_=round_, base=self.state_cid, codec=codec

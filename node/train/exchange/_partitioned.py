@@ -55,16 +55,15 @@ from ..partition import (
     partition_result_cid,
     state_numel,
 )
+from ._clock import Clock
 from ._fetch import GaveUp, MemberFetcher, enough_inputs, fetch_update_segments, with_retries
+from ._outputs import fetch_outputs
 from ._scores import PartitionScores
 from ._verify import PartitionVerifier
 
 __all__ = ["PartitionedExchange"]
 
 log = structlog.get_logger(__name__)
-
-# Partition outputs fetched at once (each from its aggregator first, then from everyone).
-_PARALLEL_OUTPUTS = 4
 
 
 @dataclass
@@ -99,6 +98,9 @@ class PartitionedExchange:
         self.verifier = PartitionVerifier(trainer, node, client)
         self.scores = PartitionScores(trainer, node, client, fetcher)
         self.last_bytes_in = 0
+        # The last round's seconds per stage and bytes in per kind (the round report's).
+        self.last_phases: dict[str, float] = {}
+        self.last_bytes: dict[str, int] = {}
 
     async def play(self, info: RoundInfo) -> RoundOutcome:
         """Aggregate, back up, verify and assemble round ``info.round``; return the outcome."""
@@ -115,12 +117,17 @@ class PartitionedExchange:
         deadline_s = (info.collect_deadline_ms or 0) / 1000 - time.time()
         mine = [p for p, peer in enumerate(info.aggregators) if peer == me]
         fetch_until = trio.current_time() + max(deadline_s - limits.COLLECT_REPORT_MARGIN_S, 1.0)
+        phases = self.last_phases = {}
+        clock = Clock(phases)
         async with trio.open_nursery() as nursery:
             if self.scores.enabled:  # score this node's targets while the partitions fetch
-                nursery.start_soon(self.scores.score_targets, info)
+                nursery.start_soon(clock.timed, "scores", self.scores.score_targets, info)
             for partition in mine:
                 await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
+            clock.lap("aggregate")  # its inputs fetched, the scores agreed, aggregated
+        clock.lap("scores_wait")  # this node's own scoring, when it ends after its partition
         recorded = await self._wait_results(state)
+        clock.lap("results_wait")
         results = await self._open_results(state, recorded)
         spread = await self.scores.agreed(info) if self.scores.enabled else None
         if spread is not None:  # a result that aggregates an update the scores left out
@@ -132,20 +139,30 @@ class PartitionedExchange:
         # Fetch the outputs before reporting `checked`: the round is agreed once every member
         # has checked, and an aggregator whose last round it is may leave right after.
         try:
-            await self._fetch_outputs(state, recorded, results)
+            state.bytes_in += (await self._fetch_outputs(recorded, results))[1]
         except OutputsUnavailableError as exc:
             log.warning("partition_outputs_not_yet", round=info.round, error=str(exc))
-        state.bytes_in += await self.verifier.check(info, recorded, results, numel=state.numel)
+        clock.lap("results")
+        verified = await self.verifier.check(info, recorded, results, numel=state.numel)
+        clock.lap("verify")
         agreed = await self._wait_agreed(info.round)
-        outputs = await self._fetch_outputs(state, agreed, results)
+        clock.lap("agreed_wait")
+        outputs, got = await self._fetch_outputs(agreed, results)
+        state.bytes_in += got
         dropped = dict(agreed.excluded)
-        self.last_bytes_in = state.bytes_in + self.scores.bytes_in
+        self.last_bytes = {
+            "exchange": state.bytes_in,
+            "verify": verified,
+            "scores": self.scores.bytes_in,
+        }
+        self.last_bytes_in = sum(self.last_bytes.values())
         self.scores.bytes_in = 0
         outcome = await trio.to_thread.run_sync(
             lambda: self.trainer.apply_partitions(
                 info.round, results, outputs, parts=info.parts, dropped=dropped, scores=spread
             )
         )
+        clock.lap("assemble")
         unreached = self._say_unreached(info)
         others = [m for m in info.members if m != me]
         if outcome.empty and others and len(unreached) == len(others):
@@ -418,52 +435,6 @@ class PartitionedExchange:
         return agreed
 
     async def _fetch_outputs(
-        self,
-        state: _Round,
-        agreed: RoundInfo,
-        results: dict[int, tuple[CID, PartitionResult]],
-    ) -> dict[int, CID | None]:
-        """Each partition's output as ``agreed`` records it (recomputed where the result was
-        wrong), fetched; raises OutputsUnavailableError naming one that cannot be had."""
-        outputs: dict[int, CID | None] = {}
-        everyone = [m for m in agreed.members if m != self.trainer.peer]
-        for partition in range(agreed.parts):
-            entry = agreed.results.get(str(partition))
-            if entry is None or partition not in results:
-                outputs[partition] = None  # no result, or one that does not open (everywhere)
-                continue
-            if entry.replaced is not None:
-                outputs[partition] = CID.parse(entry.replaced) if entry.replaced else None
-            elif entry.header != str(results[partition][0]):
-                outputs[partition] = None  # a result other than the one this node opened
-            else:
-                outputs[partition] = results[partition][1].output
-        failures: dict[int, str] = {}
-        limiter = trio.CapacityLimiter(_PARALLEL_OUTPUTS)
-
-        async def fetch_one(partition: int, output: CID, holders: list[str]) -> None:
-            async def attempt(_: int) -> None:
-                state.bytes_in += (await self.node.fetch(output, holders=holders)).bytes
-
-            async with limiter:
-                got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
-            if isinstance(got, GaveUp):
-                failures[partition] = got.why
-
-        async with trio.open_nursery() as nursery:
-            for partition, output in outputs.items():
-                # Not `store.has(output)`: an earlier try (before `checked`) may have stored the
-                # root and run out of time before its chunks; assembling then read a chunk that
-                # is not there (BlockNotFoundError under load). fetch() walks the whole closure
-                # and asks only for what is missing: nothing, when it is all here.
-                if output is not None:
-                    entry = agreed.results[str(partition)]
-                    holders = [entry.peer, *([entry.by] if entry.by else []), *everyone]
-                    nursery.start_soon(fetch_one, partition, output, holders)
-        if failures:
-            partition, why = sorted(failures.items())[0]
-            raise OutputsUnavailableError(
-                f"round {agreed.round}: the output of partition {partition} (and "
-                f"{len(failures) - 1} more) could not be fetched: {why}"
-            )
-        return outputs
+        self, agreed: RoundInfo, results: dict[int, tuple[CID, PartitionResult]]
+    ) -> tuple[dict[int, CID | None], int]:
+        return await fetch_outputs(self.node, self.fetcher, self.trainer.peer, agreed, results)

@@ -36,6 +36,7 @@ from ._residual import Residual as Residual
 from ._residual import drop_residual as drop_residual
 from ._residual import load_residual as load_residual
 from ._residual import save_residual as save_residual
+from ._residual import with_residual as with_residual
 from ._state import layer_chunk_cids as layer_chunk_cids
 from ._state import state_cid as state_cid
 from ._state import state_cid_from_layers as state_cid_from_layers

@@ -16,12 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import structlog
+import torch
 
 from cnode.storage import BlockStore, CheckpointMeta, StorageError, load_checkpoint, save_checkpoint
 
 from ._model import State
 
-__all__ = ["Residual", "drop_residual", "load_residual", "save_residual"]
+__all__ = ["Residual", "drop_residual", "load_residual", "save_residual", "with_residual"]
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +33,18 @@ class Residual:
 
     round: int
     tensors: State
+
+
+def with_residual(delta: State, residual: Residual, decay: float) -> State:
+    """What a lossy codec encodes: ``delta + decay x residual`` per tensor (``training.
+    error_decay``). Elementwise float32, so the same bits on any machine and thread count; decay 1
+    adds the residual as it is (no multiply), as before the key existed."""
+    if decay == 1.0:
+        return {k: t + residual.tensors[k] for k, t in delta.items()}
+    # Two exactly rounded float32 operations, never a fused multiply-add (whose use could vary
+    # with the CPU's vector width): the same bits everywhere.
+    scale = torch.tensor(decay, dtype=torch.float32)
+    return {k: t + residual.tensors[k] * scale for k, t in delta.items()}
 
 
 def residual_pin(run: str) -> str:

@@ -182,3 +182,66 @@ def test_a_residual_of_another_round_is_not_resumed(tmp_path: Path) -> None:
     again = _node(tmp_path, 0, identity=identity)
     again.resume_checkpoint(genesis)  # type: ignore[arg-type]
     assert again.round == 0 and again.residual is None
+
+
+def test_error_decay_is_checked_and_recorded_only_when_not_1() -> None:
+    assert TrainingConfig().error_decay == 1.0
+    assert "error_decay" not in INT8.to_dict()  # older runs keep their recorded bytes
+    decayed = TrainingConfig.from_dict({**INT8.to_dict(), "error_decay": 0.95})
+    assert decayed.to_dict()["error_decay"] == 0.95
+    assert TrainingConfig.from_dict(decayed.to_dict()) == decayed
+    for bad in (-0.1, 1.5, float("nan"), float("inf")):
+        with pytest.raises(
+            TrainingConfigError, match=r"training\.error_decay .* must be in \[0, 1\]"
+        ):
+            TrainingConfig.from_dict({**INT8.to_dict(), "error_decay": bad})
+    with pytest.raises(TrainingConfigError, match=r"error_decay must be float, got 'x'"):
+        TrainingConfig.from_dict({**INT8.to_dict(), "error_decay": "x"})
+    with pytest.raises(TrainingConfigError, match=r"error_decay is for lossy codecs"):
+        TrainingConfig.from_dict({"error_decay": 0.5})  # f32 keeps no residual
+
+
+def test_error_decay_scales_the_residual_it_carries(tmp_path: Path) -> None:
+    config = TrainingConfig.from_dict({**INT8.to_dict(), "error_decay": 0.5})
+    node, other = _node(tmp_path, 0, config), _node(tmp_path, 1, config)
+    exchange_updates([node, other], [node.train(1), other.train(1)], 1)
+    assert node.residual is not None
+    residual_1 = {k: t.clone() for k, t in node.residual.tensors.items()}
+    own2 = node.train(2)
+    sent = load_update(
+        node.store, own2.header.update, peer=node.peer, codec="int8-blockwise", shapes=node.state
+    )
+    half = torch.tensor(0.5, dtype=torch.float32)
+    assert node.residual is not None
+    for name, delta in own2.local.delta.items():
+        encoded = delta + residual_1[name] * half  # e <- beta e + delta, then encoded
+        assert torch.allclose(sent[name] + node.residual.tensors[name], encoded, atol=1e-7)
+    # Not what decay 1 would have sent: the old error counts half.
+    assert any(
+        not torch.allclose(sent[n] + node.residual.tensors[n], d + residual_1[n], atol=1e-6)
+        for n, d in own2.local.delta.items()
+    )
+
+
+def test_the_decayed_residual_is_the_same_bits_on_any_thread_count() -> None:
+    import numpy as np
+
+    from cnode.node.train.model import Residual, with_residual
+
+    gen = torch.Generator().manual_seed(5)
+    delta = {"w": torch.randn(70_001, generator=gen), "b": torch.randn(3, generator=gen)}
+    residual = Residual(1, {k: torch.randn(t.shape, generator=gen) for k, t in delta.items()})
+    before, outs = torch.get_num_threads(), []
+    try:
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(with_residual(delta, residual, 0.95))
+    finally:
+        torch.set_num_threads(before)
+    for name, t in delta.items():
+        # Two exactly rounded float32 operations, as numpy's scalar-free float32 arithmetic.
+        expect = t.numpy() + residual.tensors[name].numpy() * np.float32(0.95)
+        for out in outs:
+            assert out[name].numpy().tobytes() == expect.tobytes()
+    same = with_residual(delta, residual, 1.0)
+    assert all(torch.equal(same[k], delta[k] + residual.tensors[k]) for k in delta)

@@ -80,6 +80,14 @@ def test_a_liar_is_banned_in_the_round_it_lies_and_a_withholder_is_backed_up(
     first = in_round1[0]
     manifest = CID.parse(str(_rounds_of(first)[1]["manifest"]))
     assert str(replay_checkpoint(store, manifest).state_cid) == round1[first.name]
+    # The round event splits a partitioned round's bytes and seconds (bench/round.py reads them).
+    for node in honest:
+        for event in _rounds_of(node).values():
+            split = event["bytes_in_by"]
+            assert set(split) == {"exchange", "verify", "scores"}, event  # type: ignore[arg-type]
+            assert sum(split.values()) == event["bytes_in"] > 0, event  # type: ignore[union-attr]
+            assert {"aggregate", "results", "verify", "assemble"} <= set(event["phases"]), event  # type: ignore[arg-type]
+            assert event["published_at"] <= event["assembled_at"], event  # type: ignore[operator]
     # No honest node was ever accused.
     assert {e["accused"] for n in honest for e in n.events("ban_reported")} <= {liar.peer}
 
