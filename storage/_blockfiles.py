@@ -35,6 +35,9 @@ class BlockFiles:
         self.quarantine = self.root / "quarantine"
         self.pins = self.root / "pins"
         self.unsynced = self.root / "unsynced"
+        # Shard folders known to exist: a save of thousands of chunks made a mkdir call per
+        # block (12 % of a 100M save). Nothing in the store removes a shard folder.
+        self._shards: set[str] = set()
         try:
             if not create:  # read-only use: nothing is created; an absent store reads as empty
                 try:
@@ -73,7 +76,7 @@ class BlockFiles:
         ``fsync=False`` (an open UnsyncedBatch covers it): only start the writeback.
         """
         target = self.path(cid)
-        target.parent.mkdir(exist_ok=True)
+        self._shard_folder(target)
         tmp = self.tmp / f"{target.name}.{os.getpid()}.{secrets.token_hex(6)}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         complete = False
@@ -97,5 +100,10 @@ class BlockFiles:
     def move_in(self, cid: CID, source: Path) -> None:
         """Rename an already fsynced, verified file into place (CAR import)."""
         target = self.path(cid)
-        target.parent.mkdir(exist_ok=True)
+        self._shard_folder(target)
         os.replace(source, target)
+
+    def _shard_folder(self, target: Path) -> None:
+        if target.parent.name not in self._shards:
+            target.parent.mkdir(exist_ok=True)
+            self._shards.add(target.parent.name)

@@ -24,7 +24,9 @@ import re
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Protocol
 
@@ -308,7 +310,38 @@ class BlockStore:
         With ``batch`` (:meth:`unsynced_save`, opened here at the first block that must be
         written) the block is not fsynced on its own: the batch's commit makes it durable.
         """
-        cid = compute_cid(data, codec)
+        return self._store_hashed(compute_cid(data, codec), data, batch)
+
+    def put_new_all(
+        self,
+        chunks: Iterable[bytes | bytearray | memoryview],
+        codec: int = RAW,
+        *,
+        batch: UnsyncedBatch | None = None,
+    ) -> tuple[CID, ...]:
+        """:meth:`put_new` for each chunk, in order; their CIDs.
+
+        The next chunks (at most HASH_AHEAD) are hashed in HASH_THREADS worker threads while
+        this one writes, so a save takes about the longer of hashing and writing, not their sum.
+        The caller must not change the chunks' bytes until this returns.
+        """
+        out: list[CID] = []
+        ahead: deque[tuple[bytes | bytearray | memoryview, Future[CID]]] = deque()
+        with ThreadPoolExecutor(limits.HASH_THREADS, thread_name_prefix="cnode-hash") as pool:
+            for chunk in chunks:
+                ahead.append((chunk, pool.submit(compute_cid, chunk, codec)))
+                if len(ahead) > limits.HASH_AHEAD:
+                    data, cid = ahead.popleft()
+                    out.append(self._store_hashed(cid.result(), data, batch))
+            while ahead:
+                data, cid = ahead.popleft()
+                out.append(self._store_hashed(cid.result(), data, batch))
+        return tuple(out)
+
+    def _store_hashed(
+        self, cid: CID, data: bytes | bytearray | memoryview, batch: UnsyncedBatch | None
+    ) -> CID:
+        """Store ``data`` under ``cid``, which this store computed from it."""
         path = self._files.path(cid)
         try:
             if path.stat().st_size == len(data):

@@ -59,8 +59,11 @@ UNSYNCED_SAVE_MIN_CHUNKS = 4
 def write_chunks(
     store: BlockStore, data: memoryview, batch: UnsyncedBatch | None = None
 ) -> tuple[CID, ...]:
-    """Cut ``data`` into CHUNK_SIZE slices and store each; return their CIDs."""
-    return tuple(store.put_new(chunk, RAW, batch=batch) for chunk in iter_chunks(data))
+    """Cut ``data`` into CHUNK_SIZE slices and store each; return their CIDs (hashed ahead in
+    worker threads when there are more than HASH_AHEAD of them: BlockStore.put_new_all)."""
+    if len(data) <= limits.HASH_AHEAD * limits.CHUNK_SIZE:
+        return tuple(store.put_new(chunk, RAW, batch=batch) for chunk in iter_chunks(data))
+    return store.put_new_all(iter_chunks(data), RAW, batch=batch)
 
 
 def write_stream(

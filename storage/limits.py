@@ -11,6 +11,11 @@ MAX_BLOCK_SIZE = 1 << 20
 # Tensors are cut into fixed slices of this many bytes (the last one may be shorter), so an
 # unchanged tensor gives the same chunk CIDs in the next checkpoint.
 CHUNK_SIZE = 1 << 20
+# A save of many chunks hashes the next ones in HASH_THREADS worker threads (hashlib releases
+# the GIL) while the calling thread writes, at most HASH_AHEAD chunks ahead (HASH_AHEAD x
+# CHUNK_SIZE of views into the caller's bytes, no copies): BlockStore.put_new_all.
+HASH_THREADS = 2
+HASH_AHEAD = 8
 
 # CIDs: only CIDv1, only these codecs (raw 0x55, dag-cbor 0x71, dag-pb 0x70 for the UnixFS view),
 # only sha2-256 with 32-byte digests.

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -9,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from cnode.storage import (
     DAG_CBOR,
@@ -19,6 +21,9 @@ from cnode.storage import (
     CorruptBlockError,
     StorageError,
     compute_cid,
+    limits,
+    load_checkpoint,
+    read_manifest,
     save_checkpoint,
 )
 
@@ -224,3 +229,27 @@ def test_read_only_store_creates_nothing_and_reads_empty(tmp_path: Path) -> None
     # an existing store opened read-only reads what it holds
     BlockStore(root).put(cid, b"hello")
     assert BlockStore(root, create=False).get(cid) == b"hello"
+
+
+def test_put_new_all_hashes_ahead_and_stores_what_put_new_would(tmp_path: Path) -> None:
+    """The save path's pipelined put (hashing in worker threads, writing in order): the same
+    CIDs in the same order as one put_new per chunk, every block readable and verified, already
+    held blocks skipped, and a layer over HASH_AHEAD chunks saved to the same manifest CID."""
+    rng = random.Random(5)
+    chunks = [rng.randbytes(rng.randrange(1, 5000)) for _ in range(3 * limits.HASH_AHEAD)]
+    chunks += [chunks[0], b""]  # a repeat and an empty block
+    one = BlockStore(tmp_path / "one")
+    want = tuple(one.put_new(c, RAW) for c in chunks)
+    many = BlockStore(tmp_path / "many")
+    assert many.put_new_all([memoryview(c) for c in chunks], RAW) == want
+    assert all(many.get(cid) == c for cid, c in zip(want, chunks, strict=True))
+    assert many.put_new_all(iter(chunks[:3])) == want[:3]  # held already: nothing rewritten
+    assert many.put_new_all([]) == ()
+    n = (limits.HASH_AHEAD + 3) * limits.CHUNK_SIZE // 4
+    state = {"w": torch.arange(n, dtype=torch.float32)}
+    saved = save_checkpoint(many, state, meta())
+    (layer,) = read_manifest(many, saved).layers
+    raw = state["w"].numpy().tobytes()
+    step = limits.CHUNK_SIZE
+    assert layer.chunks == tuple(compute_cid(raw[i : i + step]) for i in range(0, len(raw), step))
+    assert torch.equal(load_checkpoint(many, saved)[0]["w"], state["w"])
