@@ -1,10 +1,15 @@
-"""Node homes and reports for benches that run real `cnode train` processes (soak, swarm size)."""
+"""Node homes, processes and reports for benches that run real `cnode train` processes (soak,
+swarm size, round)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -35,3 +40,69 @@ def report_events(home: Path, kind: str | None = None) -> list[dict[str, Any]]:
     lines = report.read_text(encoding="utf-8").splitlines()
     events = [json.loads(line) for line in lines if line.endswith("}")]
     return [e for e in events if kind is None or e["event"] == kind]
+
+
+def run_config(run: str, coordinator: str, peers: list[str], training: dict[str, Any],
+               collect_timeout_s: float) -> dict[str, Any]:  # fmt: skip
+    """A run config for a bench swarm: every listed peer a member, a checkpoint each round."""
+    return {
+        "run": run,
+        "coordinator": coordinator,
+        "rounds": {
+            "min_participants": len(peers),
+            "round_timeout_s": 600.0,
+            "checkpoint_every": 1,
+            "cooldown_s": 120.0,
+            "warmup_s": 2.0,
+            "collect_timeout_s": collect_timeout_s,
+        },
+        "access": {"peers": peers},
+        "network": {"allow_private_addrs": True},
+        "training": training,
+    }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_nodes(
+    homes: list[Path], run: str, run_toml: Path, coordinator_url: str, rounds: int
+) -> list[subprocess.Popen[bytes]]:
+    """One `cnode train` per home (the first is the checkpointer), each logging to its home."""
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    procs = []
+    for i, home in enumerate(homes):
+        cmd = [
+            *CNODE, "--log-json", "train", "--run", run, "--run-config", str(run_toml),
+            "--home", str(home), "--coordinator", coordinator_url,
+            "--listen", f"/ip4/127.0.0.1/tcp/{free_port()}",
+            "--rounds", str(rounds), "--report", str(home / "report.jsonl"),
+        ]  # fmt: skip
+        if i == 0:
+            cmd.append("--checkpointer")
+        with (home / "node.log").open("ab") as log:
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
+    return procs
+
+
+def wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float) -> None:
+    """Until every process ends or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(1.0)
+
+
+def stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM what still runs, then kill what does not stop within 30 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(timeout=10)

@@ -37,12 +37,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -50,7 +47,7 @@ from typing import Any
 import tomli_w
 from _allreduce import gloo_allreduce  # bench/ is the script's folder
 from _hivemind_allreduce import measure as hivemind_allreduce
-from _homes import CNODE, init_homes, report_events
+from _homes import init_homes, report_events, run_config, start_nodes, stop_all, wait_all
 
 from cnode.auth import Identity, save_identity
 from cnode.node.coordinator.server import CoordinatorProcess
@@ -70,12 +67,6 @@ PHASES = ("aggregate", "scores", "scores_wait", "results_wait", "results", "veri
 KINDS = ("exchange", "verify", "scores")
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 4) if xs else None
 
@@ -88,53 +79,17 @@ def _swarm(n: int, rounds: int, training: dict[str, Any], timeout_s: float) -> d
         peers = init_homes(homes)
         key = Identity.generate()
         save_identity(key, work / "coordinator.key")
-        config = {
-            "run": RUN,
-            "coordinator": key.peer_id_str,
-            "rounds": {
-                "min_participants": n,
-                "round_timeout_s": 600.0,
-                "checkpoint_every": 1,
-                "cooldown_s": 120.0,
-                "warmup_s": 2.0,
-                "collect_timeout_s": 300.0,
-            },
-            "access": {"peers": peers},
-            "network": {"allow_private_addrs": True},
-            "training": training,
-        }
+        config = run_config(RUN, key.peer_id_str, peers, training, collect_timeout_s=300.0)
         (work / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
         coordinator = CoordinatorProcess(
             work / "run.toml", work / "coordinator.db", work / "coordinator.key"
         ).start()
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            for i, home in enumerate(homes):
-                cmd = [
-                    *CNODE, "--log-json", "train", "--run", RUN,
-                    "--run-config", str(work / "run.toml"), "--home", str(home),
-                    "--coordinator", coordinator.url,
-                    "--listen", f"/ip4/127.0.0.1/tcp/{_port()}",
-                    "--rounds", str(rounds), "--report", str(home / "report.jsonl"),
-                ]  # fmt: skip
-                if i == 0:
-                    cmd.append("--checkpointer")
-                with (home / "node.log").open("ab") as log:
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                time.sleep(1.0)
+            procs = start_nodes(homes, RUN, work / "run.toml", coordinator.url, rounds)
+            wait_all(procs, timeout_s)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=10)
+            stop_all(procs)
             coordinator.stop()
         return {home: report_events(home, "round") for home in homes}
 

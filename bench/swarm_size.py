@@ -21,10 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import re
-import signal
-import socket
 import statistics
 import subprocess
 import time
@@ -34,19 +31,20 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 import tomli_w
-from _homes import CNODE, init_homes, report_events  # bench/ is the script's folder
+from _homes import (  # bench/ is the script's folder
+    init_homes,
+    report_events,
+    run_config,
+    start_nodes,
+    stop_all,
+    wait_all,
+)
 
 from cnode.auth import Identity, save_identity
 from cnode.node.coordinator.server import CoordinatorProcess
 
 RUN = "scale"
 MODEL = {"n_layer": 4, "n_embd": 160, "n_head": 4}  # ~1.4M parameters with the 1024-token vocab
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _metrics(url: str) -> tuple[dict[str, float], float]:
@@ -80,21 +78,9 @@ def run_size(n: int, rounds: int, timeout_s: float, keep: Path | None = None) ->
         nodes = _init_homes(work, n)
         key = Identity.generate()
         save_identity(key, work / "coordinator.key")
-        config = {
-            "run": RUN,
-            "coordinator": key.peer_id_str,
-            "rounds": {
-                "min_participants": n,
-                "round_timeout_s": 600.0,
-                "checkpoint_every": 1,
-                "cooldown_s": 120.0,
-                "warmup_s": 2.0,
-                "collect_timeout_s": 120.0,
-            },
-            "access": {"peers": [peer for _, peer in nodes]},
-            "network": {"allow_private_addrs": True},
-            "training": {"model": MODEL, "local_steps": 1},
-        }
+        training = {"model": MODEL, "local_steps": 1}
+        peers = [peer for _, peer in nodes]
+        config = run_config(RUN, key.peer_id_str, peers, training, collect_timeout_s=120.0)
         (work / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
         coordinator = CoordinatorProcess(
             work / "run.toml", work / "coordinator.db", work / "coordinator.key"
@@ -103,34 +89,13 @@ def run_size(n: int, rounds: int, timeout_s: float, keep: Path | None = None) ->
         began = time.monotonic()
         try:
             start_requests, start_cpu = _metrics(coordinator.url)
-            env = dict(os.environ, OMP_NUM_THREADS="1")
-            for i, (home, _) in enumerate(nodes):
-                cmd = [
-                    *CNODE, "--log-json", "train", "--run", RUN,
-                    "--run-config", str(work / "run.toml"), "--home", str(home),
-                    "--coordinator", coordinator.url,
-                    "--listen", f"/ip4/127.0.0.1/tcp/{_port()}",
-                    "--rounds", str(rounds), "--report", str(home / "report.jsonl"),
-                ]  # fmt: skip
-                if i == 0:
-                    cmd.append("--checkpointer")
-                with (home / "node.log").open("ab") as log:
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log))
-            deadline = time.monotonic() + timeout_s
-            while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-                time.sleep(1.0)
+            homes = [home for home, _ in nodes]
+            procs = start_nodes(homes, RUN, work / "run.toml", coordinator.url, rounds)
+            wait_all(procs, timeout_s)
             broken = any(p.poll() is None for p in procs)
             end_requests, end_cpu = _metrics(coordinator.url)
         finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait(timeout=10)
+            stop_all(procs)
             coordinator.stop()
         return _figures(n, rounds, nodes, procs, began, broken, (start_requests, start_cpu),
                         (end_requests, end_cpu))  # fmt: skip
