@@ -7,7 +7,7 @@ See specs/training.md#a-round.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,7 +178,30 @@ def store_update(
         aggregation=None,
         extra={"base": str(base), "codec": codec, "layout": UPDATE_LAYOUT},
     )
-    return save_checkpoint(store, {segment_layer(i): t for i, t in enumerate(encoded)}, meta)
+    return save_checkpoint(store, _SegmentLayers(encoded), meta)
+
+
+class _SegmentLayers(Mapping[str, torch.Tensor]):
+    """``segment.NNN`` -> ``encoded[NNN]``, looked up when save_checkpoint reads the layer (once
+    to check it, once to write it): a sequence that encodes on lookup is stored holding one
+    segment at a time, not the whole encoded update (bench/scale.py's synthetic peers at 1B)."""
+
+    def __init__(self, encoded: Sequence[torch.Tensor]) -> None:
+        self.encoded = encoded
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        index = name.removeprefix("segment.")
+        if not index.isdigit() or name != segment_layer(int(index)):
+            raise KeyError(name)
+        if int(index) >= len(self.encoded):
+            raise KeyError(name)
+        return self.encoded[int(index)]
+
+    def __iter__(self) -> Iterator[str]:
+        return (segment_layer(i) for i in range(len(self.encoded)))
+
+    def __len__(self) -> int:
+        return len(self.encoded)
 
 
 def update_manifest(store: BlockStore, cid: CID, peer: str, codec: str) -> Manifest:

@@ -70,3 +70,30 @@ def test_which_rounds_stream() -> None:
     numel = WHOLE_UPDATES_MAX_BYTES // 4 // 8 + 1  # 8 decoded updates just past the limit
     big = {"w": torch.empty(numel, dtype=torch.float32)}
     assert streams_updates(8, big) and not streams_updates(7, big)
+
+
+class _Counted(list[torch.Tensor]):
+    """Encoded segments that count their lookups (iterating a list would not count)."""
+
+    def __init__(self, items: list[torch.Tensor]) -> None:
+        super().__init__(items)
+        self.lookups = 0
+
+    def __getitem__(self, i):  # type: ignore[no-untyped-def]
+        self.lookups += 1
+        return super().__getitem__(i)
+
+
+def test_store_update_reads_segments_on_lookup_and_stores_the_same_update(tmp_path: Path) -> None:
+    # A sequence that makes each segment when it is looked up (bench/scale.py's synthetic peers at
+    # 1B) is stored one segment at a time: store_update does not build a dict of every segment.
+    delta = {
+        k: torch.randn(s, generator=torch.Generator().manual_seed(5)) for k, s in SHAPES.items()
+    }
+    encoded, _ = encode_update(delta, "int8-blockwise")
+    store = BlockStore(tmp_path / "s")
+    plain = store_update(store, list(encoded), run="r", round_=1, base=BASE, codec="int8-blockwise")
+    counted = _Counted(list(encoded))
+    lazy = store_update(store, counted, run="r", round_=1, base=BASE, codec="int8-blockwise")
+    assert lazy == plain
+    assert counted.lookups == 2 * len(encoded)  # checked, then written: looked up each time
