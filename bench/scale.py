@@ -274,8 +274,17 @@ def _hf(
     _run("--child", "sha256_file", *common, *weights)  # warm the page cache for both
     sha = _run("--child", "sha256_file", *common, *weights)
     fresh = ("--size", size, "--store", str(base / "imported"))
+    disk = _dd(base / "dd", model)
     got = _run("--child", "hf_import", *fresh, *cid, "--hf", str(folder))
-    _row(size, "hf import", got, model, sha, "sha256 of the file")
+    _row(
+        size,
+        "hf import",
+        got,
+        model,
+        sha,
+        "sha256 of the file",
+        f"; dd conv=fsync {disk['seconds']:.2f} s -> {disk['seconds'] / got['seconds']:.2f}x",
+    )
     shutil.rmtree(folder)
     shutil.rmtree(base / "imported")
 
@@ -290,8 +299,11 @@ def _aggregation(size: str, base: Path, model: int) -> None:
     # here, with the figures, rather than let the OOM killer choose on a shared machine.
     need, free = 5.5 * model + 2**30, psutil.virtual_memory().available
     if need > free:
-        print(f"{size:>5} round: not run: it needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB "
-              f"is available", flush=True)  # fmt: skip
+        print(
+            f"{size:>5} round: not run: it needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB "
+            f"is available",
+            flush=True,
+        )
         return
     start = time.perf_counter()
     made = _run("--child", "round_setup", *common)
@@ -374,6 +386,16 @@ def _late_joiner(size: str, base: Path, store: Path, cid: str, model: int) -> No
         f"{'within' if peak <= model + 512 * 2**20 else 'OVER'}); raw stream {raw_mbps:.0f} "
         f"MB/s -> {mbps / raw_mbps:.2f}x",
         flush=True,
+    )
+    ROWS.append(
+        (
+            size,
+            "fetch",
+            f"{seconds:.2f}",
+            f"{peak / 2**20:.0f}",
+            f"raw stream {model / raw_mbps / 1e6:.2f} s",
+            f"{mbps / raw_mbps:.2f}x",
+        )
     )
     shutil.rmtree(base / "joined", ignore_errors=True)
 

@@ -26,7 +26,7 @@ MAX_MODEL_PARAMETERS_CEILING = 8_000_000_000
 TRAINING_BUFFERS = 7
 ROUND_BUFFERS = 7
 # Decoded float32 bytes of a full round's n updates past which the round reads them one layer
-# at a time (the same bits; each CenteredClip pass then decodes every update again).
+# at a time (the same bits; each CenteredClip pass then reads the decoded scratch files again).
 WHOLE_UPDATES_MAX_BYTES = 1 << 30
 # Bytes a node needs beyond its whole-model buffers (interpreter, torch, libp2p, one layer's
 # chunks in flight); measured ~450 MB for a node process at rest.
