@@ -225,6 +225,8 @@ def bench(size: str, tmp: Path, *, aggregate: bool = False, only_aggregate: bool
     save = _run("--child", "save", *common)
     disk = _dd(tmp / size / "dd", model)
     cid = ("--cid", save["cid"])
+    _run("--child", "sha256", *common)  # warm the page cache for both
+    sha = _run("--child", "sha256", *common)
     _row(
         size,
         "save",
@@ -232,10 +234,9 @@ def bench(size: str, tmp: Path, *, aggregate: bool = False, only_aggregate: bool
         model,
         base_save,
         "torch.save",
+        f"; sha256 {sha['seconds']:.2f} s -> {sha['seconds'] / save['seconds']:.2f}x"
         f"; dd conv=fsync {disk['seconds']:.2f} s -> {disk['seconds'] / save['seconds']:.2f}x",
     )
-    _run("--child", "sha256", *common)  # warm the page cache for both
-    sha = _run("--child", "sha256", *common)
     _row(size, "verify", _run("--child", "verify", *common, *cid), model, sha, "sha256")
     raw = _run("--child", "read_files", *common)
     _row(size, "load", _run("--child", "load", *common, *cid), model, raw, "read files")
