@@ -296,9 +296,9 @@ def _aggregation(size: str, base: Path, model: int) -> None:
     import psutil
 
     common = ("--size", size, "--store", str(base / "round"))
-    # The round holds the parent and ~4 whole-model buffers (specs/training.md#memory): refuse
+    # The round holds the parent and ~3.2 whole-model buffers (specs/training.md#memory): refuse
     # here, with the figures, rather than let the OOM killer choose on a shared machine.
-    need, free = 5.5 * model + 2**30, psutil.virtual_memory().available
+    need, free = 4.5 * model + 2**30, psutil.virtual_memory().available
     if need > free:
         print(
             f"{size:>5} round: not run: it needs ~{need / 1e9:.1f} GB, {free / 1e9:.1f} GB "
