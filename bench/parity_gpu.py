@@ -48,8 +48,10 @@ from gpu_check import _import_training  # the lean import, shared
 
 NODES = 4
 BASE_LOCAL_STEPS = 16  # a baseline "round" is NODES x this many steps: the default run's tokens
+LAST = 5  # the last rounds whose mean is also compared (a round's loss is noisy)
 DEFAULT_RUNS = "baseline,sgd,nesterov,nesterov/attackers=1"
-CONFIG_KEYS = {"outer_lr": float, "outer_momentum": float, "local_steps": int, "lr": float}
+CONFIG_KEYS = {"outer_lr": float, "outer_momentum": float, "local_steps": int, "lr": float,
+               "inner": str}  # fmt: skip
 BENCH_KEYS = {"attackers": int, "n_shards": int, "assignment": str, "names": str}
 
 
@@ -117,6 +119,8 @@ def run_spec(spec: str, rounds: int, device_name: str, threads: int) -> list[flo
 
     head, keys, bench = parse_spec(spec)
     raw: dict[str, Any] = {"scores": False, **keys}
+    if "inner" in raw:
+        raw["inner_optimizer_state"] = raw.pop("inner")
     raw["data"] = {k: bench[k] for k in ("n_shards", "assignment") if k in bench}
     config = TrainingConfig.for_run(raw)
     data = TextData.build(config.data, config.model)
@@ -187,10 +191,21 @@ def _print(curves: dict[str, list[float | None]], args: argparse.Namespace, took
             if spec != "baseline":
                 ratios[spec] = final / base
                 print(f"final {final:.4f} / baseline {base:.4f} = {ratios[spec]:.4f} "
-                      f"({ratios[spec] - 1:+.2%})  {spec}")  # fmt: skip
+                      f"({ratios[spec] - 1:+.2%}); last {LAST} {_last_ratio(curves, spec):.4f}"
+                      f"  {spec}")  # fmt: skip
     if args.out is not None:
         figures = {"curves": curves, "ratios": ratios, "device": args.device, "seconds": took}
         args.out.write_text(json.dumps(figures))
+
+
+def _last_ratio(curves: dict[str, list[float | None]], spec: str) -> float:
+    """Mean of ``spec``'s losses over the last LAST baseline rounds it reaches, over the
+    baseline's mean at the same rounds (one round's loss moves by about ±1 % on its own)."""
+    tail = len(curves["baseline"]) - LAST
+    rounds = [i for i, x in enumerate(curves[spec]) if x is not None and i >= tail]
+    ours = sum(curves[spec][i] or 0.0 for i in rounds)
+    base = sum(curves["baseline"][i] or 0.0 for i in rounds)
+    return ours / base if base else float("nan")
 
 
 def _baseline(config: Any, data: Any, device: Any, rounds: int) -> list[float]:
@@ -255,6 +270,7 @@ def _swarm(config: Any, data: Any, device: Any, rounds: int, bench: dict[str, An
         unflatten_segments,
     )
     from cnode.node.train.model import (
+        InnerMoments,
         Placement,
         build_model,
         load_state,
@@ -274,12 +290,14 @@ def _swarm(config: Any, data: Any, device: Any, rounds: int, bench: dict[str, An
     rng = torch.Generator().manual_seed(config.seed + 1)
     honest = node_names(NODES, data, bench["names"], config.seed)
     peers = honest + [f"attacker-{i}" for i in range(bench["attackers"])]
+    keep = config.inner_optimizer_state == "keep"  # each node's own AdamW moments, as a node
+    moments = {peer: InnerMoments() if keep else None for peer in peers}
     out = []
     for round_ in range(1, rounds + 1):
         updates = {}
         for peer in peers:
             delta = train_local(model, state, data, config, peer_id=peer, round_=round_,
-                                placement=place).delta  # fmt: skip
+                                placement=place, moments=moments[peer]).delta  # fmt: skip
             if peer not in honest:  # what `cnode train --attack gaussian` sends
                 delta = attack([], delta, rng, 1, 1)
                 delta = {k: t.to(torch.float32).contiguous() for k, t in delta.items()}
