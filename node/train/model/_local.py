@@ -50,7 +50,6 @@ class InnerMoments:
         return sum(t.numel() * t.element_size() for s in self.tensors.values() for t in s.values())
 
 
-
 @dataclass(frozen=True)
 class LocalResult:
     """What one peer's local steps produced."""
