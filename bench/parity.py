@@ -4,7 +4,8 @@
   shards, for as many steps as the swarm's nodes take together (the same number of tokens);
   held-out loss after each "round" (every ``nodes x local_steps`` steps).
 * **sgd**: 4 real ``cnode train`` nodes (processes, a coordinator process, libp2p on loopback)
-  at the run's default settings (outer sgd, outer_lr 1).
+  at the run's default settings (outer sgd, outer_lr 1, each node keeping its AdamW moments
+  across rounds: ``inner_optimizer_state = "keep"``).
 * **nesterov**: the same with ``outer_optimizer = "nesterov"`` (DiLoCo's 0.7 / 0.9).
 * **attack**: nesterov, 4 honest nodes and one ``--attack gaussian`` node.
 
