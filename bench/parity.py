@@ -85,7 +85,8 @@ def _swarm(run: str, rounds: int, timeout_s: float, sets: dict[str, Any]) -> lis
     training |= {"model": {}, "data": {}, "local_steps": 16, "batch_size": 8} | sets
     names = [f"honest-{i + 1}" for i in range(NODES)] + (["attacker"] if run == "attack" else [])
     with tempfile.TemporaryDirectory(prefix="parity-") as tmp:
-        swarm = Swarm(Path(tmp), names, min_participants=len(names), round_timeout_s=120.0,
+        # The honest nodes are enough for a round: once the attacker is banned, the rest go on.
+        swarm = Swarm(Path(tmp), names, min_participants=NODES, round_timeout_s=120.0,
                       collect_timeout_s=60.0, training=training)  # fmt: skip
         try:
             for name in names:
