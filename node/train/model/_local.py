@@ -46,9 +46,6 @@ class InnerMoments:
     def clear(self) -> None:
         self.tensors = {}
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for s in self.tensors.values() for t in s.values())
-
 
 @dataclass(frozen=True)
 class LocalResult:
