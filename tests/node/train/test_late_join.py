@@ -50,3 +50,29 @@ def test_a_joiner_waits_for_the_next_checkpoint_and_agrees(swarm: Swarm) -> None
     finals = final_states([a, b, late])
     assert {r for r, _ in finals.values()} == {rounds}, finals
     assert len({cid for _, cid in finals.values()}) == 1, finals
+
+
+def test_the_runs_only_checkpointer_joins_late_from_the_members_checkpoints(
+    tmp_path: Path,
+) -> None:
+    # Before, only --checkpointer nodes submitted checkpoints: a run whose only checkpointer
+    # missed round 1 recorded none, and that checkpointer waited for one forever.
+    swarm = Swarm(tmp_path, ["a", "b", "cp"], min_participants=2)
+    try:
+        rounds = 3
+        a = swarm.start("a", rounds=rounds)
+        b = swarm.start("b", rounds=rounds)
+        swarm.wait("round 1 on a and b", lambda: min(a.last_round(), b.last_round()) >= 1, 180)
+        cp = swarm.start("cp", rounds=rounds, checkpointer=True)
+        for node in (a, b, cp):
+            assert swarm.wait_exit(node, timeout=240) == 0, swarm.describe()
+
+        # Nobody confirmed round 1's checkpoint, so the members submitted their own.
+        assert "checkpoint_submitted_unconfirmed" in a.log.read_text() + b.log.read_text()
+        (caught,) = cp.events("caught_up")
+        assert caught["source"] == "peers" and caught["round"] in (1, 2), cp.events()
+        finals = final_states([a, b, cp])
+        assert {r for r, _ in finals.values()} == {rounds}, finals
+        assert len({cid for _, cid in finals.values()}) == 1, finals
+    finally:
+        swarm.close()
