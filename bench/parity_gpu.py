@@ -12,16 +12,19 @@ an honest run; the attacker is left to the aggregator alone, i.e. ``scores = fal
 **Runs** (``--runs``, comma-separated; each is a *spec*: an outer optimizer, then ``/key=value``
 settings): ``sgd`` (the run default), ``nesterov`` (DiLoCo's 0.7 / 0.9), ``sgd/outer_lr=2``,
 ``nesterov/outer_lr=1/outer_momentum=0.5/attackers=1``. Keys: the run config's ``outer_lr``,
-``outer_momentum``, ``local_steps``, ``lr``, ``n_shards`` (``training.data.n_shards``),
+``outer_momentum``, ``local_steps``, ``lr``, ``seed``, ``n_shards`` (``training.data.n_shards``),
 ``assignment`` (``training.data.assignment``: ``rotate``, the run default, or ``fixed``), and
-``attackers`` (gaussian attackers beside the 4 honest nodes), ``names`` (``hashed``: nodes named
+``inner`` (``training.inner_optimizer_state``: ``keep``, the run default, or ``fresh``; each
+simulated node keeps its own moments, as a node does), ``attackers`` (gaussian attackers beside
+the 4 honest nodes), ``names`` (``hashed``: nodes named
 ``node-0..3`` take whatever shard their name hashes to, as random peer ids do; ``distinct``, the
 default: names whose shards differ in round 1, so under ``fixed`` the swarm covers as many
 shards as it has nodes; under ``rotate`` each node walks through every shard anyway).
 ``baseline`` (or ``baseline/lr=...``) is one process, AdamW at the run's lr and batch size,
 batches drawn from all shards. **Equal tokens**: a run takes ``--rounds x 16 / local_steps``
 rounds, so every run ends at the same tokens as the baseline; its held-out loss is shown at
-each baseline round it reaches (every 4 x 16 x batch sequences).
+each baseline round it reaches (every 4 x 16 x batch sequences). Each run's final loss and the
+mean of its last LAST (5) rounds are divided by the baseline's at the same rounds.
 
 ``--jobs N`` runs the specs in N processes at once (each with ``--threads`` torch threads).
 
@@ -48,8 +51,10 @@ from gpu_check import _import_training  # the lean import, shared
 
 NODES = 4
 BASE_LOCAL_STEPS = 16  # a baseline "round" is NODES x this many steps: the default run's tokens
+LAST = 5  # the last rounds whose mean is also compared (a round's loss is noisy)
 DEFAULT_RUNS = "baseline,sgd,nesterov,nesterov/attackers=1"
-CONFIG_KEYS = {"outer_lr": float, "outer_momentum": float, "local_steps": int, "lr": float}
+CONFIG_KEYS = {"outer_lr": float, "outer_momentum": float, "local_steps": int, "lr": float,
+               "seed": int, "inner": str}  # fmt: skip
 BENCH_KEYS = {"attackers": int, "n_shards": int, "assignment": str, "names": str}
 
 
@@ -117,6 +122,8 @@ def run_spec(spec: str, rounds: int, device_name: str, threads: int) -> list[flo
 
     head, keys, bench = parse_spec(spec)
     raw: dict[str, Any] = {"scores": False, **keys}
+    if "inner" in raw:
+        raw["inner_optimizer_state"] = raw.pop("inner")
     raw["data"] = {k: bench[k] for k in ("n_shards", "assignment") if k in bench}
     config = TrainingConfig.for_run(raw)
     data = TextData.build(config.data, config.model)
@@ -181,16 +188,29 @@ def _print(curves: dict[str, list[float | None]], args: argparse.Namespace, took
         print(f"{r + 1:5d} " + " ".join(f"{x:8.4f}" if x is not None else " " * 8 for x in cells))
     ratios = {}
     finals = {s: c[-1] for s, c in curves.items() if c and c[-1] is not None}
-    if "baseline" in finals:
-        base = finals["baseline"]
+    # The first baseline (``baseline``, or one with settings: ``baseline/seed=1``) is the one.
+    baseline = next((spec for spec in finals if spec.split("/")[0] == "baseline"), None)
+    if baseline is not None:
+        base = finals[baseline]
         for spec, final in finals.items():
-            if spec != "baseline":
+            if spec.split("/")[0] != "baseline":
                 ratios[spec] = final / base
+                last = _last_ratio(curves, spec, baseline)
                 print(f"final {final:.4f} / baseline {base:.4f} = {ratios[spec]:.4f} "
-                      f"({ratios[spec] - 1:+.2%})  {spec}")  # fmt: skip
+                      f"({ratios[spec] - 1:+.2%}); last {LAST} {last:.4f}  {spec}")  # fmt: skip
     if args.out is not None:
         figures = {"curves": curves, "ratios": ratios, "device": args.device, "seconds": took}
         args.out.write_text(json.dumps(figures))
+
+
+def _last_ratio(curves: dict[str, list[float | None]], spec: str, baseline: str) -> float:
+    """Mean of ``spec``'s losses over the last LAST baseline rounds it reaches, over the
+    baseline's mean at the same rounds (one round's loss moves by about ±1 % on its own)."""
+    tail = len(curves[baseline]) - LAST
+    rounds = [i for i, x in enumerate(curves[spec]) if x is not None and i >= tail]
+    ours = sum(curves[spec][i] or 0.0 for i in rounds)
+    base = sum(curves[baseline][i] or 0.0 for i in rounds)
+    return ours / base if base else float("nan")
 
 
 def _baseline(config: Any, data: Any, device: Any, rounds: int) -> list[float]:
@@ -255,6 +275,7 @@ def _swarm(config: Any, data: Any, device: Any, rounds: int, bench: dict[str, An
         unflatten_segments,
     )
     from cnode.node.train.model import (
+        InnerMoments,
         Placement,
         build_model,
         load_state,
@@ -274,12 +295,14 @@ def _swarm(config: Any, data: Any, device: Any, rounds: int, bench: dict[str, An
     rng = torch.Generator().manual_seed(config.seed + 1)
     honest = node_names(NODES, data, bench["names"], config.seed)
     peers = honest + [f"attacker-{i}" for i in range(bench["attackers"])]
+    keep = config.inner_optimizer_state == "keep"  # each node's own AdamW moments, as a node
+    moments = {peer: InnerMoments() if keep else None for peer in peers}
     out = []
     for round_ in range(1, rounds + 1):
         updates = {}
         for peer in peers:
             delta = train_local(model, state, data, config, peer_id=peer, round_=round_,
-                                placement=place).delta  # fmt: skip
+                                placement=place, moments=moments[peer]).delta  # fmt: skip
             if peer not in honest:  # what `cnode train --attack gaussian` sends
                 delta = attack([], delta, rng, 1, 1)
                 delta = {k: t.to(torch.float32).contiguous() for k, t in delta.items()}

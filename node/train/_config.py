@@ -148,6 +148,7 @@ OUTER_OPTIMIZERS = ("sgd", "nesterov")
 NESTEROV_DEFAULTS = {"outer_lr": 0.7, "outer_momentum": 0.9}
 PRECISIONS = ("fp32", "bf16-mixed")
 ASSIGNMENTS = ("rotate", "fixed")  # training.data.assignment
+INNER_OPTIMIZER_STATES = ("keep", "fresh")  # training.inner_optimizer_state
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,10 @@ class TrainingConfig:
     local_steps: int = 16  # optimizer steps per round before the update is taken
     batch_size: int = 8  # sequences per step
     lr: float = 3e-3  # AdamW learning rate of the local steps
+    # The local AdamW's moments between rounds (specs/training.md#inner-optimizer): "keep" carries
+    # each node's own from its previous round (DiLoCo's workers do); "fresh" starts every round
+    # anew (what runs before the key trained with, and what a record without it means).
+    inner_optimizer_state: str = "keep"
     # The outer step (specs/training.md#outer-optimizer): "sgd" is state += outer_lr * aggregate;
     # "nesterov" is DiLoCo's outer Nesterov momentum, whose buffer is run state (checkpointed,
     # replayed). A [training] table that names "nesterov" without outer_lr / outer_momentum gets
@@ -233,6 +238,8 @@ class TrainingConfig:
             del out["error_decay"]
         if self.data.assignment == "fixed":
             del out["data"]["assignment"]  # a record without it means "fixed" (from_dict)
+        if self.inner_optimizer_state == "fresh":
+            del out["inner_optimizer_state"]  # a record without it means "fresh" (from_dict)
         return out
 
     @classmethod
@@ -246,13 +253,14 @@ class TrainingConfig:
         """Build from a table as recorded (a checkpoint's ``extra.training``, what ``to_dict``
         wrote): as :meth:`for_run`, but an absent ``scores`` is off: ``to_dict`` always writes
         it, so only a record from before scores were recorded lacks it, and those runs did not
-        score. Likewise an absent ``data.assignment`` is ``"fixed"``, what those runs used."""
+        score. Likewise an absent ``data.assignment`` is ``"fixed"`` and an absent
+        ``inner_optimizer_state`` is ``"fresh"``, what those runs used."""
         if not isinstance(raw, dict):
             raise TrainingConfigError("[training] must be a table")
         data = raw.get("data", {})
         if isinstance(data, dict):  # (a non-table is refused by _parse, naming it)
             raw = {**raw, "data": {"assignment": "fixed", **data}}
-        return cls._parse({"scores": False, **raw})
+        return cls._parse({"scores": False, "inner_optimizer_state": "fresh", **raw})
 
     @classmethod
     def _parse(cls, raw: dict[str, Any]) -> TrainingConfig:
@@ -340,6 +348,11 @@ class TrainingConfig:
         if self.precision not in PRECISIONS:
             raise TrainingConfigError(
                 f"training.precision {self.precision!r} is not one of {', '.join(PRECISIONS)}"
+            )
+        if self.inner_optimizer_state not in INNER_OPTIMIZER_STATES:
+            raise TrainingConfigError(
+                f"training.inner_optimizer_state {self.inner_optimizer_state!r} is not one of "
+                f"{', '.join(INNER_OPTIMIZER_STATES)}"
             )
         if self.data.assignment not in ASSIGNMENTS:
             raise TrainingConfigError(

@@ -44,6 +44,7 @@ from ._trainer_partitioned import PartitionedRounds
 from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
 from .model import (
     DATA_ATTACKS,
+    InnerMoments,
     Placement,
     Residual,
     State,
@@ -114,6 +115,10 @@ class NodeTrainer(PartitionedRounds):
         self.since_checkpoint: list[RoundLog] = []
         # Error feedback: what the codec left out of this node's last update (local state).
         self.residual: Residual | None = None
+        # This node's local AdamW moments, carried from round to round ("keep"): local state,
+        # never sent nor checked by others; in memory only, so a restart starts them afresh.
+        keep = config.inner_optimizer_state == "keep"
+        self.moments: InnerMoments | None = InnerMoments() if keep else None
 
     @property
     def pin_name(self) -> str:
@@ -146,6 +151,8 @@ class NodeTrainer(PartitionedRounds):
         # Re-synced from a checkpoint: the residual belongs to rounds this state did not see.
         self.residual = None
         drop_residual(self.store, self.run)
+        if self.moments is not None:  # likewise the moments: the next round starts them fresh
+            self.moments.clear()
         log.info("checkpoint_adopted", checkpoint=str(cid), round=info.round, state=str(got))
 
     def resume_checkpoint(self, cid: CID) -> None:
@@ -173,7 +180,8 @@ class NodeTrainer(PartitionedRounds):
         if round_ != self.round + 1:
             raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
         local = train_local(self.model, self.state, self.train_data, self.config, peer_id=self.peer,
-                            round_=round_, placement=self.placement)  # fmt: skip
+                            round_=round_, placement=self.placement,
+                            moments=self.moments)  # fmt: skip
         began = time.perf_counter()
         delta = local.delta
         if self.attack is not None:

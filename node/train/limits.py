@@ -25,6 +25,9 @@ MAX_MODEL_PARAMETERS_CEILING = 8_000_000_000
 # ROUND_BUFFERS covers partitioned = "never" too.
 TRAINING_BUFFERS = 7
 ROUND_BUFFERS = 7
+# AdamW's two moments, which a run with inner_optimizer_state = "keep" holds through the round's
+# other phases too (in TRAINING_BUFFERS already): added to ROUND_BUFFERS for such runs.
+INNER_MOMENT_BUFFERS = 2
 # Decoded float32 bytes of a full round's n updates past which the round reads them one layer
 # at a time (the same bits; each CenteredClip pass then reads the decoded scratch files again).
 WHOLE_UPDATES_MAX_BYTES = 1 << 30

@@ -4,6 +4,12 @@ Checkpoint manifests are deterministic, so every honest node stores the same byt
 manifest for the same round means a different state, and that is fatal (StateMismatchError),
 never repaired silently. A checkpointer submits its manifest (the coordinator refuses a second,
 different one for the round); any other node compares with the one the coordinator recorded.
+
+When no checkpoint is recorded within ``AGREE_WAIT_S`` (the run's checkpointers are not among
+the round's members), the other nodes submit theirs. Otherwise the checkpointers, who catch up
+like any joiner, would wait for a checkpoint that nobody in the swarm submits, and never join.
+A run that names its checkpointers (``access.checkpointers``) refuses these (403
+``not_checkpointer``): then nothing changes.
 """
 
 from __future__ import annotations
@@ -11,7 +17,7 @@ from __future__ import annotations
 import structlog
 import trio
 
-from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected
+from cnode.node.coordinator import CheckpointRecord, CoordinatorClient, CoordinatorRejected
 from cnode.node.hub import HubRevision
 from cnode.storage import CID
 
@@ -55,10 +61,41 @@ async def agree_on_checkpoint(
         # A long poll answered when the checkpoint is recorded, then one read of the signed
         # state: not a read of the state every POLL_INTERVAL_S by every node (issue 27).
         record = await client.wait_checkpoint(round_)
-        if record is not None and record.round == round_ and record.manifest != str(manifest):
-            raise StateMismatchError(
-                f"round {round_}: this node's checkpoint {manifest} (state "
-                f"{state_cid}) differs from the swarm's {record.manifest}"
-            )
+        _compare(record, round_=round_, manifest=manifest, state_cid=state_cid)
         return
     log.warning("checkpoint_not_confirmed", round=round_, manifest=str(manifest))
+    await _submit_unconfirmed(
+        client, round_=round_, epoch=epoch, manifest=manifest, state_cid=state_cid
+    )
+
+
+async def _submit_unconfirmed(
+    client: CoordinatorClient, *, round_: int, epoch: int, manifest: CID, state_cid: CID
+) -> None:
+    """Nobody submitted round ``round_``'s checkpoint in time: submit this node's."""
+    try:
+        await client.submit_checkpoint(epoch=epoch, round=round_, manifest=str(manifest))
+    except CoordinatorRejected as exc:
+        if exc.code == "stale_round":  # recorded meanwhile: the same round, or a later one
+            _compare(
+                await client.current_checkpoint(),
+                round_=round_,
+                manifest=manifest,
+                state_cid=state_cid,
+            )
+        # not_checkpointer (the run names its checkpointers) and the rest: not this node's
+        # duty, and no reason to stop.
+        log.info("checkpoint_not_submitted", round=round_, reason=exc.code)
+        return
+    log.info("checkpoint_submitted_unconfirmed", round=round_, manifest=str(manifest))
+
+
+def _compare(
+    record: CheckpointRecord | None, *, round_: int, manifest: CID, state_cid: CID
+) -> None:
+    """Raise StateMismatchError if the recorded checkpoint of ``round_`` is not ``manifest``."""
+    if record is not None and record.round == round_ and record.manifest != str(manifest):
+        raise StateMismatchError(
+            f"round {round_}: this node's checkpoint {manifest} (state "
+            f"{state_cid}) differs from the swarm's {record.manifest}"
+        )

@@ -14,6 +14,7 @@ from ._device import DEVICE_CHOICES as DEVICE_CHOICES
 from ._device import Placement as Placement
 from ._device import autocast as autocast
 from ._device import resolve_device as resolve_device
+from ._local import InnerMoments as InnerMoments
 from ._local import LocalResult as LocalResult
 from ._local import evaluate as evaluate
 from ._local import train_local as train_local

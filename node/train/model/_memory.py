@@ -30,6 +30,9 @@ class MemoryNeed:
     training_bytes: int
     round_bytes: int
     buffers_extra: int = 0  # run state beyond the state itself: the outer momentum, if any
+    # AdamW's two moments held between rounds (inner_optimizer_state = "keep"): counted in
+    # training's buffers already, they add to the round's other phases only.
+    round_extra: int = 0
 
     @property
     def peak_bytes(self) -> int:
@@ -41,7 +44,8 @@ class MemoryNeed:
             f"{_gb(self.training_bytes)} to train "
             f"({limits.TRAINING_BUFFERS + self.buffers_extra} whole-model "
             f"buffers) and {_gb(self.round_bytes)} for the round's other phases "
-            f"({limits.ROUND_BUFFERS + self.buffers_extra} buffers), each plus "
+            f"({limits.ROUND_BUFFERS + self.buffers_extra + self.round_extra} buffers), "
+            "each plus "
             f"{_gb(limits.NODE_BASE_BYTES)} "
             "for the node"
         )
@@ -51,16 +55,21 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB"
 
 
-def memory_need(parameters: int, *, momentum: bool = False) -> MemoryNeed:
+def memory_need(
+    parameters: int, *, momentum: bool = False, inner_moments: bool = False
+) -> MemoryNeed:
     """The peaks :func:`check_model_fits` compares with the machine's available memory; an
-    outer momentum (``nesterov``) is one more whole-model buffer in every phase."""
+    outer momentum (``nesterov``) is one more whole-model buffer in every phase, and AdamW's
+    moments kept between rounds (``inner_moments``) two more in the round's other phases."""
     model = parameters * _FLOAT32_BYTES
     extra = 1 if momentum else 0
+    kept = limits.INNER_MOMENT_BUFFERS if inner_moments else 0
     return MemoryNeed(
         parameters=parameters,
         training_bytes=(limits.TRAINING_BUFFERS + extra) * model + limits.NODE_BASE_BYTES,
-        round_bytes=(limits.ROUND_BUFFERS + extra) * model + limits.NODE_BASE_BYTES,
+        round_bytes=(limits.ROUND_BUFFERS + extra + kept) * model + limits.NODE_BASE_BYTES,
         buffers_extra=extra,
+        round_extra=kept,
     )
 
 
@@ -72,7 +81,11 @@ def check_model_fits(config: TrainingConfig, available: int | None = None) -> Me
     cover it (the ceiling does not either; specs/training.md#memory says so).
     """
     parameters = 0 if config.model.pretrained else config.model.approx_parameters()
-    need = memory_need(parameters, momentum=config.outer_optimizer == "nesterov")
+    need = memory_need(
+        parameters,
+        momentum=config.outer_optimizer == "nesterov",
+        inner_moments=config.inner_optimizer_state == "keep",
+    )
     have = psutil.virtual_memory().available if available is None else available
     if need.peak_bytes > have:
         raise TrainingConfigError(

@@ -44,9 +44,9 @@ def test_a_recorded_config_always_says_whether_it_scores() -> None:
 def test_empty_table_gives_the_tiny_default_model() -> None:
     config = TrainingConfig.for_run({})
     assert config == TrainingConfig()
-    # a record from before scores and the per-round shard assignment: neither
+    # a record from before scores, the per-round shard assignment and kept inner moments: none
     assert TrainingConfig.from_dict({}) == TrainingConfig(
-        scores=False, data=DataConfig(assignment="fixed")
+        scores=False, data=DataConfig(assignment="fixed"), inner_optimizer_state="fresh"
     )
     state = model_state(build_model(config))
     assert 100_000 < sum(t.numel() for t in state.values()) < 300_000

@@ -112,6 +112,10 @@ def test_a_node_leaves_and_a_killed_node_restarts_and_rejoins(
     swarm = Swarm(tmp_path, ["a", "b", "c"], min_participants=2, round_timeout_s=8.0)
     swarms.append(swarm)
     a = swarm.start("a", "--metrics", "127.0.0.1:0", rounds=rounds, checkpointer=True)
+    # a is the run's only checkpointer: were it to miss round 1 (b and c close it alone when a
+    # starts slowly on a busy machine), no member could submit round 1's checkpoint and a
+    # could not join at all. b and c start once a listens, so a is always a member.
+    swarm.wait("a listening", lambda: bool(a.events("listening")), 120)
     b = swarm.start("b", rounds=rounds)
     c = swarm.start("c", rounds=rounds)
 
