@@ -13,6 +13,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from cnode.auth import Identity, save_identity
+from cnode.node.coordinator.server import CoordinatorProcess
+
 CNODE = [sys.executable, "-m", "cnode"]
 
 
@@ -60,6 +65,19 @@ def run_config(run: str, coordinator: str, peers: list[str], training: dict[str,
         "network": {"allow_private_addrs": True},
         "training": training,
     }
+
+
+def start_coordinator(work: Path, run: str, peers: list[str], training: dict[str, Any],
+                      collect_timeout_s: float) -> CoordinatorProcess:  # fmt: skip
+    """A new coordinator key in ``work``, the run config (``run_config``) as ``work``/run.toml,
+    and its coordinator started on them."""
+    key = Identity.generate()
+    save_identity(key, work / "coordinator.key")
+    config = run_config(run, key.peer_id_str, peers, training, collect_timeout_s)
+    (work / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
+    return CoordinatorProcess(
+        work / "run.toml", work / "coordinator.db", work / "coordinator.key"
+    ).start()
 
 
 def free_port() -> int:

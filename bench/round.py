@@ -44,13 +44,16 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-import tomli_w
 from _allreduce import gloo_allreduce  # bench/ is the script's folder
 from _hivemind_allreduce import measure as hivemind_allreduce
-from _homes import init_homes, report_events, run_config, start_nodes, stop_all, wait_all
-
-from cnode.auth import Identity, save_identity
-from cnode.node.coordinator.server import CoordinatorProcess
+from _homes import (  # bench/ is the script's folder
+    init_homes,
+    report_events,
+    start_coordinator,
+    start_nodes,
+    stop_all,
+    wait_all,
+)
 
 RUN = "bench-round"
 # n_layer=6, n_embd=368 (4 heads), vocab 1024, 64 positions: 10,180,352 parameters.
@@ -77,13 +80,7 @@ def _swarm(n: int, rounds: int, training: dict[str, Any], timeout_s: float) -> d
         work = Path(tmp)
         homes = [work / f"node-{i:02d}" for i in range(n)]
         peers = init_homes(homes)
-        key = Identity.generate()
-        save_identity(key, work / "coordinator.key")
-        config = run_config(RUN, key.peer_id_str, peers, training, collect_timeout_s=300.0)
-        (work / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
-        coordinator = CoordinatorProcess(
-            work / "run.toml", work / "coordinator.db", work / "coordinator.key"
-        ).start()
+        coordinator = start_coordinator(work, RUN, peers, training, collect_timeout_s=300.0)
         procs: list[subprocess.Popen[bytes]] = []
         try:
             procs = start_nodes(homes, RUN, work / "run.toml", coordinator.url, rounds)

@@ -196,6 +196,11 @@ def _row(
     )
 
 
+def _dd_note(disk: dict, got: dict) -> str:  # type: ignore[type-arg]
+    """A row's note: the ``dd`` baseline of the same minute and the phase's ratio to it."""
+    return f"; dd conv=fsync {disk['seconds']:.2f} s -> {disk['seconds'] / got['seconds']:.2f}x"
+
+
 def _dd(path: Path, nbytes: int) -> dict:  # type: ignore[type-arg]
     """``dd conv=fsync`` of ``nbytes`` zeros to ``path``: what this disk writes, this minute."""
     start = time.perf_counter()
@@ -235,7 +240,7 @@ def bench(size: str, tmp: Path, *, aggregate: bool = False, only_aggregate: bool
         base_save,
         "torch.save",
         f"; sha256 {sha['seconds']:.2f} s -> {sha['seconds'] / save['seconds']:.2f}x"
-        f"; dd conv=fsync {disk['seconds']:.2f} s -> {disk['seconds'] / save['seconds']:.2f}x",
+        + _dd_note(disk, save),
     )
     _row(size, "verify", _run("--child", "verify", *common, *cid), model, sha, "sha256")
     raw = _run("--child", "read_files", *common)
@@ -269,7 +274,7 @@ def _hf(
         model,
         base_save,
         "torch.save",
-        f"; dd conv=fsync {disk['seconds']:.2f} s -> {disk['seconds'] / got['seconds']:.2f}x",
+        _dd_note(disk, got),
     )
     weights = ("--hf", str(folder / "model.safetensors"))
     _run("--child", "sha256_file", *common, *weights)  # warm the page cache for both
@@ -284,7 +289,7 @@ def _hf(
         model,
         sha,
         "sha256 of the file",
-        f"; dd conv=fsync {disk['seconds']:.2f} s -> {disk['seconds'] / got['seconds']:.2f}x",
+        _dd_note(disk, got),
     )
     shutil.rmtree(folder)
     shutil.rmtree(base / "imported")

@@ -30,18 +30,14 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-import tomli_w
 from _homes import (  # bench/ is the script's folder
     init_homes,
     report_events,
-    run_config,
+    start_coordinator,
     start_nodes,
     stop_all,
     wait_all,
 )
-
-from cnode.auth import Identity, save_identity
-from cnode.node.coordinator.server import CoordinatorProcess
 
 RUN = "scale"
 MODEL = {"n_layer": 4, "n_embd": 160, "n_head": 4}  # ~1.4M parameters with the 1024-token vocab
@@ -76,15 +72,9 @@ def run_size(n: int, rounds: int, timeout_s: float, keep: Path | None = None) ->
         work = Path(tmp) if keep is None else keep / f"swarm{n}"
         work.mkdir(parents=True, exist_ok=True)
         nodes = _init_homes(work, n)
-        key = Identity.generate()
-        save_identity(key, work / "coordinator.key")
         training = {"model": MODEL, "local_steps": 1}
         peers = [peer for _, peer in nodes]
-        config = run_config(RUN, key.peer_id_str, peers, training, collect_timeout_s=120.0)
-        (work / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
-        coordinator = CoordinatorProcess(
-            work / "run.toml", work / "coordinator.db", work / "coordinator.key"
-        ).start()
+        coordinator = start_coordinator(work, RUN, peers, training, collect_timeout_s=120.0)
         procs: list[subprocess.Popen[bytes]] = []
         began = time.monotonic()
         try:
