@@ -235,7 +235,8 @@ def main() -> int:
               f"{per:.4f} s per target")  # fmt: skip
     train_round = gpu_s * config.local_steps
     for how, took in scores["round_of_4"].items():
-        what = how if "2 targets" in how else f"a round of 4 updates as RoundScoring.score, {how}"
+        what = (how if "2 targets" in how or how.startswith("part:")
+                else f"a round of 4 updates as RoundScoring.score, {how}")  # fmt: skip
         print(f"  scoring {what}: {took:.3f} s = {took / train_round:.1%} of the gpu node's "
               f"local training ({train_round:.3f} s a round)")  # fmt: skip
     print(f"gpu_check: {'PASS: one state CID' if agreed else 'FAIL: the states differ'}")
@@ -413,9 +414,57 @@ def _round_of_4(
         for peer in list(updates)[:2]:
             models.fast(state, None, [own[peer], held])
             models.fast(state, updates[peer], [own[peer], held])
-        out[f"{device.type} float32 (fast), 2 targets as a partitioned round's scorer"] = (
+        out[f"{device.type} float32 (fast), 2 targets one by one (the path before)"] = (
             time.perf_counter() - began
         )
+    # The same 2 targets as the node scores them now (RoundScoring.measure_targets' passes:
+    # every "before" loss in one batched pass, then one pass per update), each update taken in
+    # one staged copy (LossModels.stage_transfers, CUDA's default) and, for scale, per layer. The
+    # passes, not the method: RoundScoring's module imports the record signing (libp2p).
+    two = list(updates)[:2]
+    for staged in (False, True):
+        scorer = settle.LossModels(config, Placement(device), stage_transfers=staged)
+        took = []
+        for _ in range(8):  # the first builds the model and warms the device up
+            state = {k: t.clone() for k, t in state.items()}  # a new round's: copied over anew
+            began = time.perf_counter()
+            scorer.fast(state, None, [held, *(own[p] for p in two)])
+            for peer in two:
+                scorer.fast(state, updates[peer], [own[peer], held])
+            took.append(time.perf_counter() - began)
+        how = "the state and each update in one staged copy" if staged else "copies per layer"
+        what = f"2 targets as a partitioned round's scorer (measure_targets' passes), {how}"
+        out[f"{device.type} float32 (fast), {what}, median of 7"] = statistics.median(took[1:])
+    # Where a target's time goes: one update onto the device, one forward pass.
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    update = updates[two[0]]
+    for staged in (False, True):
+        scorer = settle.LossModels(config, Placement(device), stage_transfers=staged)
+        scorer.fast(state, update, [held])
+        sync()
+        began = time.perf_counter()
+        for _ in range(5):
+            scorer._load_fast(state, update)
+        sync()
+        how = "one staged copy" if staged else "a copy per layer"
+        out[f"part: one update onto the device and added to the state, {how}"] = (
+            time.perf_counter() - began
+        ) / 5
+        began = time.perf_counter()
+        for _ in range(5):
+            scorer._parent_of = []  # as if a new round's state
+            scorer._parent_on_device(state, [n for n, _ in scorer._params])
+        sync()
+        out[f"part: a round's state onto the device, {how}"] = (time.perf_counter() - began) / 5
+    for rows in (32, 96):
+        batch = [torch.cat([held] * (rows // held.shape[0]))]
+        scorer.fast(state, None, batch)
+        began = time.perf_counter()
+        for _ in range(5):
+            scorer.fast(state, None, batch)
+        out[f"part: one scoring forward pass of {rows} sequences (and its loss read back)"] = (
+            time.perf_counter() - began
+        ) / 5
     return out
 
 

@@ -75,9 +75,22 @@ class LossModels:
     kept while its tensors are unchanged (the same objects, no in-place write since: torch's
     version counters), so a round's targets share one copy and only each update travels."""
 
-    def __init__(self, config: TrainingConfig, placement: Placement | None = None) -> None:
+    def __init__(
+        self,
+        config: TrainingConfig,
+        placement: Placement | None = None,
+        stage_transfers: bool | None = None,
+    ) -> None:
         self.config = config
         self.device = placement.device if placement is not None else torch.device("cpu")
+        # A CUDA device takes each state and update in one copy from page-locked memory, instead
+        # of a synchronous copy per layer from pageable memory: 2-4x faster on an H200
+        # (bench/gpu_check.py measures both).
+        self.stage_transfers = (
+            self.device.type == "cuda" if stage_transfers is None else stage_transfers
+        )
+        self._staging: torch.Tensor | None = None  # page-locked, one state's float32 values
+        self._landing: torch.Tensor | None = None  # the same on the device
         self._fast: torch.nn.Module | None = None
         self._params: list[tuple[str, torch.Tensor]] = []  # the fast model's, in state order
         self._parent: list[torch.Tensor] = []  # the agreed state on the device, float32
@@ -116,12 +129,36 @@ class LossModels:
                 return
             # The CPU arithmetic of before (SCORE_STEP is a power of two: the scaling is exact,
             # the add rounds once), on the device: only the update crosses.
-            for p, name in zip(params, names, strict=True):
-                if tuple(p.shape) != tuple(update[name].shape):
-                    raise TrainingConfigError(f"update layer {name} has shape {update[name].shape}")
-                p.copy_(update[name])
+            layers = [update[name] for name in names]
+            for p, name, layer in zip(params, names, layers, strict=True):
+                if tuple(p.shape) != tuple(layer.shape):
+                    raise TrainingConfigError(f"update layer {name} has shape {layer.shape}")
+            if self.stage_transfers:
+                torch._foreach_copy_(params, self._staged(layers))
+            else:
+                for p, layer in zip(params, layers, strict=True):
+                    p.copy_(layer)
             torch._foreach_mul_(params, agg_limits.SCORE_STEP)
             torch._foreach_add_(params, parent)
+
+    def _staged(self, layers: list[torch.Tensor]) -> list[torch.Tensor]:
+        """``layers`` (a state's or an update's) on the device, as views of one buffer: gathered
+        on the host into one page-locked buffer (kept for the next), then sent in one transfer."""
+        total = sum(t.numel() for t in layers)
+        cuda = self.device.type == "cuda"
+        if self._staging is None or self._staging.numel() != total:
+            self._staging = torch.empty(total, dtype=torch.float32, pin_memory=cuda)
+            self._landing = torch.empty(total, dtype=torch.float32, device=self.device)
+        assert self._landing is not None
+        if cuda:  # the host buffer is rewritten only once the last transfer from it is done
+            torch.cuda.current_stream(self.device).synchronize()
+        torch.cat([t.reshape(-1).to(torch.float32) for t in layers], out=self._staging)
+        self._landing.copy_(self._staging, non_blocking=True)
+        views, at = [], 0
+        for t in layers:
+            views.append(self._landing[at : at + t.numel()].view(t.shape))
+            at += t.numel()
+        return views
 
     def _fast_model(self) -> torch.nn.Module:
         assert self._fast is not None
@@ -141,6 +178,8 @@ class LossModels:
                     raise TrainingConfigError(f"state layer {name} has shape {tuple(t.shape)}")
             if self.device.type == "cpu" and all(t.dtype == torch.float32 for t in tensors):
                 self._parent = tensors  # already where and what the model needs
+            elif self.stage_transfers:  # its own copy: the staging buffer takes the updates
+                self._parent = [t.clone() for t in self._staged(tensors)]
             else:
                 self._parent = [t.to(self.device, torch.float32, copy=True) for t in tensors]
             self._parent_of = [(weakref.ref(t), t._version) for t in tensors]

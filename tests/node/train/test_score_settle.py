@@ -144,6 +144,27 @@ def test_the_fast_model_keeps_the_state_only_while_it_is_unchanged() -> None:
         models.fast(bad, None, batch)
 
 
+def test_an_update_staged_in_one_buffer_gives_the_losses_of_one_copied_per_layer() -> None:
+    # A CUDA node gathers each update into one buffer before it crosses (stage_transfers); the
+    # losses must be those of the per-layer copy, bit for bit, for every update in turn.
+    from cnode.node.train.scores import LossModels
+
+    state = model_state(build_model(CONFIG))
+    updates = _updates(state, 2, 0.01)
+    batch = [TextData.build(CONFIG.data, CONFIG.model).eval[:4]]
+    staged, per_layer = LossModels(CONFIG, stage_transfers=True), LossModels(CONFIG)
+    assert not per_layer.stage_transfers  # the CPU's default
+    for update in [*updates.values(), *updates.values()]:
+        assert staged.fast(state, update, batch) == per_layer.fast(state, update, batch)
+    # A state that must be converted is staged too (on a CUDA device every state is).
+    state64 = {k: t.double() for k, t in state.items()}
+    for update in [None, *updates.values()]:
+        assert staged.fast(state64, update, batch) == per_layer.fast(state64, update, batch)
+    bad = {**updates["peer-0"], "transformer.wte.weight": torch.zeros(3, 3)}
+    with pytest.raises(TrainingConfigError, match=r"update layer transformer\.wte\.weight"):
+        staged.fast(state, bad, batch)
+
+
 def test_scorers_take_the_own_batch_from_the_shard_the_sender_trained_on_that_round() -> None:
     data = TextData.build(CONFIG.data, CONFIG.model)
     assert data.assignment == "rotate"
