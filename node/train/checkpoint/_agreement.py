@@ -3,7 +3,8 @@
 Checkpoint manifests are deterministic, so every honest node stores the same bytes: a different
 manifest for the same round means a different state, and that is fatal (StateMismatchError),
 never repaired silently. A checkpointer submits its manifest (the coordinator refuses a second,
-different one for the round); any other node compares with the one the coordinator recorded.
+different one for the round, and any for a round older than the one recorded: a checkpointer
+that is behind carries on); any other node compares with the one the coordinator recorded.
 
 When no checkpoint is recorded within ``AGREE_WAIT_S`` (the run's checkpointers are not among
 the round's members), the other nodes submit theirs. Otherwise the checkpointers, who catch up
@@ -50,12 +51,18 @@ async def agree_on_checkpoint(
                 hf_revision=None if hub is None else hub.revision,
             )
         except CoordinatorRejected as exc:
-            if exc.code == "stale_round":
+            if exc.code != "stale_round":
+                raise
+            # Refused as not newer: another manifest for this round (a different state, fatal),
+            # or a later round already recorded (this node is behind: nothing to compare, and
+            # no reason to stop; its state meets the next checkpoint).
+            record = await client.current_checkpoint()
+            if record is None or record.round == round_:
                 raise StateMismatchError(
                     f"round {round_}: this node's checkpoint {manifest} (state "
                     f"{state_cid}) differs from the swarm's: {exc}"
                 ) from exc
-            raise
+            log.info("checkpoint_superseded", round=round_, recorded=record.round)
         return
     with trio.move_on_after(limits.AGREE_WAIT_S):
         # A long poll answered when the checkpoint is recorded, then one read of the signed

@@ -93,6 +93,7 @@ class Swarm:
         gateways: list[str] | None = None,
         training: dict[str, Any] | None = None,  # settings over TINY_TRAINING
         backup_step_s: float | None = None,
+        late_max_s: float | None = None,  # rounds.late_max_s (None: the run default)
         allow_private_addrs: bool = True,  # False: a public run, as a user who left it out
         # Identities from the names (the same peer ids, so the same data shards, every run): for
         # tests whose outcome depends on which shard each peer trains and is scored on.
@@ -135,6 +136,8 @@ class Swarm:
         }
         if backup_step_s is not None:
             config["rounds"]["backup_step_s"] = backup_step_s  # type: ignore[index]
+        if late_max_s is not None:
+            config["rounds"]["late_max_s"] = late_max_s  # type: ignore[index]
         if self.gateways:
             config["gateways"] = self.gateways
         self.run_config = tmp / "run.toml"

@@ -1,4 +1,5 @@
-"""A node whose checkpoint differs from the swarm's stops loudly (StateMismatchError).
+"""A node whose checkpoint differs from the swarm's stops loudly (StateMismatchError); a
+checkpointer that is merely behind does not.
 
 Real coordinator process, real signed HTTP requests; the node side is the loop's own check.
 """
@@ -42,6 +43,7 @@ def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Pat
     mine = compute_cid(b"this node's different checkpoint", 0x71)
 
     async def scenario(url: str) -> None:
+        nonlocal agreed
         async with (
             CoordinatorClient.for_run(config, a, url=url) as ca,
             CoordinatorClient.for_run(config, b, url=url) as cb,
@@ -75,6 +77,19 @@ def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Pat
                     assert str(agreed) in str(raised.value)
                 # the same manifest as the swarm's is agreement, not an error
                 await agree(agreed)
+
+            # A checkpointer a round behind: round 2's checkpoint is recorded before it submits
+            # round 1's. Nothing to compare, no reason to stop (it did stop, before).
+            round_2 = await ca.join_round()
+            await ca.ready(round_2)
+            with trio.fail_after(30):
+                info_2 = await ca.wait_members(round_2)
+            later = compute_cid(b"the swarm's checkpoint of round 2", 0x71)
+            await ca.submit_checkpoint(epoch=info_2.epoch, round=round_2, manifest=str(later))
+            await agree_on_checkpoint(
+                ca, round_=round_, epoch=info.epoch, manifest=mine, state_cid=state, submit=True
+            )
+            agreed = later  # what the coordinator holds now
 
     with CoordinatorProcess(
         tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"
