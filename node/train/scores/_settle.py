@@ -129,22 +129,26 @@ class LossModels:
                 return
             # The CPU arithmetic of before (SCORE_STEP is a power of two: the scaling is exact,
             # the add rounds once), on the device: only the update crosses.
-            layers = [update[name] for name in names]
-            for p, name, layer in zip(params, names, layers, strict=True):
-                if tuple(p.shape) != tuple(layer.shape):
-                    raise TrainingConfigError(f"update layer {name} has shape {layer.shape}")
+            # Layer by layer: a large round's update decodes each layer when it is looked up.
             if self.stage_transfers:
-                torch._foreach_copy_(params, self._staged(layers))
+                torch._foreach_copy_(params, self._staged(update, names))
             else:
-                for p, layer in zip(params, layers, strict=True):
+                for p, name in zip(params, names, strict=True):
+                    layer = update[name]
+                    if tuple(p.shape) != tuple(layer.shape):
+                        raise TrainingConfigError(f"update layer {name} has shape {layer.shape}")
                     p.copy_(layer)
             torch._foreach_mul_(params, agg_limits.SCORE_STEP)
             torch._foreach_add_(params, parent)
 
-    def _staged(self, layers: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``layers`` (a state's or an update's) on the device, as views of one buffer: gathered
-        on the host into one page-locked buffer (kept for the next), then sent in one transfer."""
-        total = sum(t.numel() for t in layers)
+    def _staged(
+        self, source: Mapping[str, torch.Tensor], names: list[str], what: str = "update"
+    ) -> list[torch.Tensor]:
+        """``source``'s layers ``names`` (a state's or an update's) on the device, as views of one
+        buffer: gathered layer by layer into one page-locked host buffer (kept for the next),
+        then sent in one transfer."""
+        shapes = [p.shape for _, p in self._params]  # the fast model's, in state order
+        total = sum(shape.numel() for shape in shapes)
         cuda = self.device.type == "cuda"
         if self._staging is None or self._staging.numel() != total:
             self._staging = torch.empty(total, dtype=torch.float32, pin_memory=cuda)
@@ -152,12 +156,15 @@ class LossModels:
         assert self._landing is not None
         if cuda:  # the host buffer is rewritten only once the last transfer from it is done
             torch.cuda.current_stream(self.device).synchronize()
-        torch.cat([t.reshape(-1).to(torch.float32) for t in layers], out=self._staging)
-        self._landing.copy_(self._staging, non_blocking=True)
         views, at = [], 0
-        for t in layers:
-            views.append(self._landing[at : at + t.numel()].view(t.shape))
-            at += t.numel()
+        for name, shape in zip(names, shapes, strict=True):
+            layer = source[name]
+            if tuple(layer.shape) != tuple(shape):
+                raise TrainingConfigError(f"{what} layer {name} has shape {tuple(layer.shape)}")
+            self._staging[at : at + shape.numel()].copy_(layer.reshape(-1))
+            views.append(self._landing[at : at + shape.numel()].view(shape))
+            at += shape.numel()
+        self._landing.copy_(self._staging, non_blocking=True)
         return views
 
     def _fast_model(self) -> torch.nn.Module:
@@ -179,7 +186,7 @@ class LossModels:
             if self.device.type == "cpu" and all(t.dtype == torch.float32 for t in tensors):
                 self._parent = tensors  # already where and what the model needs
             elif self.stage_transfers:  # its own copy: the staging buffer takes the updates
-                self._parent = [t.clone() for t in self._staged(tensors)]
+                self._parent = [t.clone() for t in self._staged(state, names, "state")]
             else:
                 self._parent = [t.to(self.device, torch.float32, copy=True) for t in tensors]
             self._parent_of = [(weakref.ref(t), t._version) for t in tensors]
