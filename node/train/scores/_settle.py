@@ -131,7 +131,7 @@ class LossModels:
             # the add rounds once), on the device: only the update crosses.
             # Layer by layer: a large round's update decodes each layer when it is looked up.
             if self.stage_transfers:
-                torch._foreach_copy_(params, self._staged(update, names))
+                torch._foreach_copy_(params, self._staged(update))
             else:
                 for p, name in zip(params, names, strict=True):
                     layer = update[name]
@@ -142,13 +142,12 @@ class LossModels:
             torch._foreach_add_(params, parent)
 
     def _staged(
-        self, source: Mapping[str, torch.Tensor], names: list[str], what: str = "update"
+        self, source: Mapping[str, torch.Tensor], what: str = "update"
     ) -> list[torch.Tensor]:
-        """``source``'s layers ``names`` (a state's or an update's) on the device, as views of one
-        buffer: gathered layer by layer into one page-locked host buffer (kept for the next),
-        then sent in one transfer."""
-        shapes = [p.shape for _, p in self._params]  # the fast model's, in state order
-        total = sum(shape.numel() for shape in shapes)
+        """``source``'s layers (a state's or an update's), in the fast model's order, on the
+        device as views of one buffer: gathered layer by layer into one page-locked host buffer
+        (kept for the next), then sent in one transfer."""
+        total = sum(p.numel() for _, p in self._params)
         cuda = self.device.type == "cuda"
         if self._staging is None or self._staging.numel() != total:
             self._staging = torch.empty(total, dtype=torch.float32, pin_memory=cuda)
@@ -157,8 +156,8 @@ class LossModels:
         if cuda:  # the host buffer is rewritten only once the last transfer from it is done
             torch.cuda.current_stream(self.device).synchronize()
         views, at = [], 0
-        for name, shape in zip(names, shapes, strict=True):
-            layer = source[name]
+        for name, param in self._params:
+            layer, shape = source[name], param.shape
             if tuple(layer.shape) != tuple(shape):
                 raise TrainingConfigError(f"{what} layer {name} has shape {tuple(layer.shape)}")
             self._staging[at : at + shape.numel()].copy_(layer.reshape(-1))
@@ -186,7 +185,7 @@ class LossModels:
             if self.device.type == "cpu" and all(t.dtype == torch.float32 for t in tensors):
                 self._parent = tensors  # already where and what the model needs
             elif self.stage_transfers:  # its own copy: the staging buffer takes the updates
-                self._parent = [t.clone() for t in self._staged(state, names, "state")]
+                self._parent = [t.clone() for t in self._staged(state, "state")]
             else:
                 self._parent = [t.to(self.device, torch.float32, copy=True) for t in tensors]
             self._parent_of = [(weakref.ref(t), t._version) for t in tensors]
