@@ -22,6 +22,12 @@ from ._codec import encode_update_tensor as encode_update_tensor
 from ._codec import encoded_nbytes as encoded_nbytes
 from ._codec import result_codec as result_codec
 from ._codec import wire_codec as wire_codec
+from ._decision import Admission as Admission
+from ._decision import RoundDecision as RoundDecision
+from ._decision import RoundEvidence as RoundEvidence
+from ._decision import admission as admission
+from ._decision import decide_round as decide_round
+from ._decision import partition_quorum as partition_quorum
 from ._exceptions import AggregationError as AggregationError
 from ._exceptions import AggregationInputError as AggregationInputError
 from ._exceptions import AggregatorConfigError as AggregatorConfigError
@@ -69,6 +75,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "AGGREGATORS",
     "ATTACKS",
     "ATTACKS_DATA_LEVEL",
+    "Admission",
     "AggregationError",
     "AggregationInputError",
     "AggregationResult",
@@ -83,10 +90,13 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "PARTITION_TENSOR",
     "PeerRecord",
     "ReputationPolicy",
+    "RoundDecision",
+    "RoundEvidence",
     "Standing",
     "TensorSpec",
     "UpdateEncodingError",
     "UpdateScore",
+    "admission",
     "admit",
     "aggregate",
     "aggregate_partition",
@@ -95,6 +105,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "backup_aggregators",
     "ban_bound",
     "combine_records",
+    "decide_round",
     "decode_update_tensor",
     "draw_indices",
     "encode_update_tensor",
@@ -108,6 +119,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/aggregation/test_e
     "new_attack",
     "own_floor",
     "partition_count",
+    "partition_quorum",
     "partition_segments",
     "record_loss",
     "result_codec",

@@ -4,7 +4,8 @@ Rules (specs/aggregation.md "Ban evidence"):
 
 * a rejected update (NaN/Inf, wrong names, shape or dtype) -> recommended at once;
 * an outlier (score > OUTLIER_SCORE) in at least k of the last m rounds the peer took part in ->
-  recommended, with the figures of those rounds.
+  recommended, with the figures of those rounds. Only with ``distance`` on: a run that scores
+  updates judges harm by the scores, never by distance alone (issue 36, RoundEvidence).
 
 A peer is recommended once; the caller (the node, then the coordinator) decides the ban.
 """
@@ -37,6 +38,9 @@ class EvidenceKind(StrEnum):
     # Its round standing was at least BLATANT_SPREADS honest spreads below the median in
     # consecutive scored rounds (left to the majority: the coordinator does not replay it).
     BLATANT = "blatant"
+    # Its scored update was left out of the aggregate in LEFT_OUT_BAN_ROUNDS scored rounds in a
+    # row (issue 36: it only costs the swarm; left to the majority, like blatant).
+    LEFT_OUT = "left_out"
 
 
 @dataclass(frozen=True)
@@ -75,12 +79,14 @@ class _Seen:
 class BanPolicy:
     """Stateful across rounds: call observe() once per round, rounds strictly increasing."""
 
-    def __init__(self, k: int = limits.BAN_K, m: int = limits.BAN_M) -> None:
+    def __init__(self, k: int = limits.BAN_K, m: int = limits.BAN_M, *, distance: bool = True
+                 ) -> None:  # fmt: skip
         if not 1 <= k <= m:
             raise AggregationInputError("BanPolicy needs 1 <= k <= m")
         self.k, self.m = k, m
+        self.distance = distance  # outliers by distance are evidence (runs without scores)
         self._history: dict[str, deque[_Seen]] = {}
-        self._recommended: set[str] = set()
+        self.recommended: set[str] = set()  # peers already recommended, by this or another rule
         self._last_round: int | None = None
 
     def observe(
@@ -98,10 +104,10 @@ class BanPolicy:
         for peer in sorted(records):
             rec = records[peer]
             cid = cids.get(peer)
-            if peer in self._recommended:
+            if peer in self.recommended:
                 continue
             if rec.rejected is not None:
-                self._recommended.add(peer)
+                self.recommended.add(peer)
                 out.append(
                     BanRecommendation(
                         peer,
@@ -113,11 +119,13 @@ class BanPolicy:
                     )
                 )
                 continue
+            if not self.distance:
+                continue
             seen = self._history.setdefault(peer, deque(maxlen=self.m))
             seen.append(_Seen(round, rec.outlier, rec.distance, rec.score, rec.clip_weight, cid))
             bad = [s for s in seen if s.outlier]
             if len(bad) >= self.k:
-                self._recommended.add(peer)
+                self.recommended.add(peer)
                 out.append(
                     BanRecommendation(
                         peer,

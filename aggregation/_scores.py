@@ -329,7 +329,7 @@ class ReputationPolicy:
         self.rounds = rounds
         self._low: dict[str, list[_Low]] = {}
         self._blatant: dict[str, list[tuple[int, Standing, UpdateScore, str | None, str]]] = {}
-        self._recommended: set[str] = set()
+        self.recommended: set[str] = set()  # peers already recommended, by this or another rule
         self._last: int | None = None
 
     def observe(
@@ -349,7 +349,7 @@ class ReputationPolicy:
         out: list[BanRecommendation] = []
         standing = round_standing(scores)
         for peer in sorted(scores):
-            if peer in self._recommended:
+            if peer in self.recommended:
                 continue
             blatant = self._observe_blatant(round_, seed, peer, standing[peer], scores, cids)
             if blatant is not None:
@@ -363,7 +363,7 @@ class ReputationPolicy:
             low.append(_Low(round_, rep, bound, scores[peer], cids.get(peer), seed.hex()))
             if len(low) < self.rounds:
                 continue
-            self._recommended.add(peer)
+            self.recommended.add(peer)
             del self._low[peer]
             out.append(
                 BanRecommendation(
@@ -400,7 +400,7 @@ class ReputationPolicy:
         low.append((round_, standing, scores[peer], cids.get(peer), seed.hex()))
         if len(low) < self.rounds:
             return None
-        self._recommended.add(peer)
+        self.recommended.add(peer)
         self._low.pop(peer, None)
         del self._blatant[peer]
         return BanRecommendation(

@@ -138,6 +138,11 @@ REPUTATION_BAN_ROUNDS = 3  # ... in this many scored rounds in a row -> ban reco
 # REPUTATION_BAN_ROUNDS scored rounds in a row (honest standings measured on the bench: 1st
 # percentile -6 to -9.5 spreads).
 BLATANT_SPREADS = 10
+# Issue 36: a peer whose scored update the admission leaves out in this many scored rounds in a
+# row is recommended for a ban (kind left_out): its updates only cost the swarm (scoring, the
+# exchange) and a stall attacker lives on exactly that. Measured on bench/robustness.py: see the
+# false-ban rate in specs/aggregation.md "The round decision".
+LEFT_OUT_BAN_ROUNDS = 10
 # CenteredClip on the admitted updates (scored_config()): distance rejection off, tau = 3 x the
 # median distance, so honest heterogeneous updates are almost never clipped while a far update
 # that passed the scores still pulls by at most tau.

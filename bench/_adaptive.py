@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from cnode.aggregation import ATTACKS, UpdateScore, left_out_reason, round_standing
+from cnode.aggregation import ATTACKS, UpdateScore, admission
 
 Params = dict[str, torch.Tensor]
 Forward = Callable[[Params, torch.Tensor], torch.Tensor]
@@ -28,8 +28,11 @@ Score = Callable[
 # minus k x the honest mean, k the largest in K_GRID that its own simulation of the round (on
 # batches it draws itself, with cnode.aggregation.left_out_reason: every bar, the own floor too)
 # admits; "alie": within the honest spread (cnode.aggregation's alie);
-# "inflate": its own delta plus INFLATE x its distance from the honest mean, to drag the centre.
-ADAPTIVE = ("blind", "bar", "alie_adaptive", "inflate")
+# "inflate": its own delta plus INFLATE x its distance from the honest mean, to drag the centre;
+# "stall" (issue 36): its own delta minus k x the honest mean, k the smallest in K_GRID that its
+# simulation leaves out of the aggregate while its own-data score stays above the own floor (so
+# no reputation ban): left out every round, it only costs the swarm.
+ADAPTIVE = ("blind", "bar", "alie_adaptive", "inflate", "stall")
 K_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 INFLATE = 10.0
 
@@ -82,9 +85,10 @@ def adaptive_update(
         g = _grad(forward, glob, *own)
         w = -mean + (mean @ g) / (g @ g).clamp_min(1e-30) * g  # -mean without the seen part
         return _unflat(d + w * (d.norm() / w.norm().clamp_min(1e-30)), mine)
-    # "bar": simulate the round on its own batches (it does not know the seed).
+    # "bar" and "stall": simulate the round on its own batches (they do not know the seed),
+    # through the node's admission (cnode.aggregation.admission: every bar, the own floor too).
     guess = bytes(torch.randint(0, 256, (32,), generator=rng, dtype=torch.uint8).tolist())
-    best = d
+    best = d if kind == "bar" else d - K_GRID[-1] * mean
     for k in K_GRID:
         cand = d - k * mean
         ups = {f"h{i}": u for i, u in enumerate(honest)}
@@ -92,7 +96,11 @@ def adaptive_update(
         data = {f"h{i}": v for i, v in enumerate(others.values())}
         data |= {f"z{i}": own for i in range(f)}
         _, scores = score(glob, ups, data, held, guess)
-        standing = round_standing(scores)  # the whole admission rule, own floor included
-        if all(left_out_reason(standing[f"z{i}"], 0) is None for i in range(f)):
+        decided = admission(scores, {})
+        ours = [f"z{i}" for i in range(f)]
+        if kind == "bar" and all(z in decided.admitted for z in ours):
             best = cand
+        if kind == "stall" and not any(z in decided.admitted or decided.standing[z].harm
+                                       for z in ours):  # fmt: skip
+            return _unflat(cand, mine)
     return _unflat(best, mine)

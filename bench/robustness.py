@@ -1,36 +1,34 @@
-"""Robustness of every aggregator under every attack (issues 4, 10, 12).
+"""Robustness of the node's round decision under attack (issues 4, 10, 12, 24, 36).
 
 n = 10 simulated peers train a small MLP (64-32-10) on scikit-learn's offline digits dataset
 (1797 8x8 images, shipped with sklearn: no download): 1400 train the shards, HELD = 150 are the
 shared held-out split (scoring only), the other 247 the test set. Each round every peer starts
 from the global model, takes LOCAL_STEPS minibatch SGD steps on its shard and sends its parameter
-delta (or its worker momentum, --momentum); the f attackers (the last f ids) replace theirs with
-an attack from cnode.aggregation.ATTACKS; the global model adds the aggregate. Shards: iid,
-dirichlet (Dirichlet(0.5) class mix per peer) or two_classes (peer p holds classes p and p + 5 of
-a per-seed class permutation). Prints final test accuracy (mean over seeds) for every attack x
-aggregator, the gap of the default to its no-attack run (goal <= 5 points) and to the plain mean
-without attack (goal <= 1; "absent", the f peers sending nothing, is the honest-only ceiling).
+delta; the f attackers (the last f ids) replace theirs with an attack; the global model adds the
+aggregate.
 
-Rows: "scored_clip" is the default as node/train runs it with training.scores: every update is
-scored on its sender's assigned data and the shared held-out split (seed: sha256 of the round's
-update digests, standing in for header CIDs), reputations are kept, admitted updates go to
-CenteredClip (cnode.aggregation.scored_config). "centered_clip" is the previous default
-(within-round only), "centered_clip_weighted" it with weights = shard sizes. --mode partitioned
-aggregates each of N_PEERS contiguous partitions apart (aggregate_partition) with SEGMENT = 64
-values per segment: the MLP's 2410 values make 38 segments, 3 or 4 per partition, so partitions
-differ by at most one segment, as with real models whose partitions hold many segments of
-SEGMENT_VALUES. --pre nnm | bucket2 are bench-only experiments (bench/_mixing.py). --codec
-sends every update through an update codec with error feedback (bench/_codec_pass.py).
+**Every decision is the node's** (issue 36): each round goes through
+``cnode.aggregation.decide_round``, the function the node's full and partitioned rounds are made
+of: admission by the agreed scores, the partition quorum, CenteredClip per partition, the
+combined records and the ban evidence of every kind (``RoundEvidence``), each ban enforced from
+the next round. What this file adds is only what a bench must: the data, the model, the losses
+the scorers measure (``score_update`` turns them into the node's integers) and the attacks.
+tests/test_bench_decision.py checks that it imports no other decision.
 
-Adaptive attackers (issue 24; ``ADAPTIVE`` below) know the rule, the shard assignment, the
-held-out split and the round's honest updates, not the seed. Splits: iid, dirichlet0.3,
-dirichlet (alpha 0.5), two_classes. The summary counts honest bans per split and prints each
-adaptive attacker's admission rate and ban rounds, and the honest round-standing distribution.
+Rows: "scored_clip" is the swarm's default (scores on, rounds of 10 members partitioned);
+"mean" is the plain mean (the baseline), "centered_clip" CenteredClip without scores. Splits:
+iid, dirichlet0.3, dirichlet (alpha 0.5), two_classes (peer p holds classes p and p + 5 of a
+per-seed permutation, 2 holders a class). Attacks: the classic ones of
+``cnode.aggregation.ATTACKS`` and the adaptive ones of bench/_adaptive.py (aimed at the rule as it
+is: "bar" stands just above each admission bound, "blind" passes the own floor while harming
+held-out data, "stall" is always left out and never harmful enough for a reputation ban).
 
-    flock /tmp/cnode-heavy.lock nice -n 5 .venv/bin/python bench/robustness.py \
-        --aggregators mean,scored_clip --shards iid,dirichlet0.3   # 200 rounds, 3 seeds
-    .venv/bin/python bench/robustness.py --quick    # one seed, 40 rounds, every split, ~1-3 min
-    .venv/bin/python bench/robustness.py --codec sparse-topk --aggregators mean,scored_clip
+Prints, per split: final test accuracy (mean over seeds) per attack, the worst gap to the plain
+mean without attack (goal <= 5 points), the rounds that applied nothing per cell (goal <= 1 %),
+the bans of every kind (goal: 0 honest), and when the stall attacker was banned (goal <= 20).
+
+    flock /tmp/cnode-heavy.lock nice -n 5 .venv/bin/python bench/robustness.py --jobs 2
+    .venv/bin/python bench/robustness.py --quick    # one seed, 40 rounds
 """
 
 from __future__ import annotations
@@ -39,11 +37,11 @@ import argparse
 import hashlib
 import json
 import logging
+import multiprocessing
 import statistics
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import structlog
@@ -54,23 +52,17 @@ from cnode.aggregation import (
     ATTACKS,
     ATTACKS_DATA_LEVEL,
     AggregatorConfig,
-    NotEnoughUpdatesError,
-    ReputationPolicy,
+    RoundEvidence,
     TensorSpec,
     UpdateScore,
-    admit,
-    aggregate,
+    decide_round,
     draw_indices,
     flip_labels,
-    limits,
     new_attack,
-    round_standing,
     score_seed,
     score_update,
     scored_config,
-    update_reputation,
     validate_update,
-    worker_momentum,
 )
 from cnode.aggregation.limits import SCORE_STEP
 
@@ -86,54 +78,37 @@ from _digits import (
     local_deltas,
     make_shards,
 )
-from _mixing import aggregate_partitioned, bucket, nnm
 
 SCORE_BATCH = 64  # samples per scoring batch (own and held-out)
-# Partitioned mode: segment of 64 values, so the 2410-value MLP has 38 segments and each of the
-# N_PEERS partitions 3 or 4 (sizes within one segment of each other, as with real models whose
-# partitions hold many SEGMENT_VALUES segments).
-SEGMENT = 64
-AGGREGATORS = [
-    "mean",
-    "weighted_mean",
-    "median",
-    "trimmed_mean",
-    "krum",
-    "centered_clip",
-    "centered_clip_weighted",
-    "scored_clip",
-]
-# The default aggregator as node/train calls it: scores and reputation admit updates, then
-# CenteredClip without distance rejection (specs/aggregation.md "Scores and reputation").
-DEFAULT = "scored_clip"
-# Rows that score updates and admit by reputation first.
-SCORED = {"scored_clip"}
-# Rows given weights = shard sizes (samples processed; the other rules ignore weights). A weight
-# is the sender's own claim: "centered_clip_weighted" shows what trusting it costs.
-WEIGHTED = {"weighted_mean", "centered_clip_weighted"}
-
-
-def rule_name(row: str) -> str:
-    return "centered_clip" if row in ("centered_clip_weighted", "scored_clip") else row
+DEFAULT = "scored_clip"  # the swarm's default: scores on
+ROWS = ("mean", "median", "trimmed_mean", "krum", "centered_clip", DEFAULT)
+CLASSIC = ("alie", "ipm", "sign_flip", "label_flip", "gaussian")
+MATRIX_ATTACKS = (*CLASSIC, "bar", "blind", "stall")
+SPLITS = ("iid", "dirichlet0.3", "dirichlet", "two_classes")
 
 
 @dataclass(frozen=True)
 class Setting:
-    aggregator: str
+    row: str
     attack: str  # "none" for f = 0
     f: int
-    shards: str  # "iid" | "dirichlet" | "two_classes"
+    shards: str  # "iid" | "dirichletA" | "two_classes"
     seed: int
-    pre: str = "none"  # bench-only transform before aggregate(): "none" | "nnm" | "bucketS"
-    mode: str = "full"  # "full" replication | "partitioned" (aggregate_partition per partition)
+    partitioned: bool = True  # rounds of 10 members are partitioned in a default swarm
+    codec: str = "f32"
 
 
-# Reputation ban recommendations seen by the scored rows: (setting, peer, round from 1).
-BANS: dict[str, list[tuple[Setting, str, int]]] = {"honest": [], "attacker": []}
-# Honest peers' round standings (hundredths of a spread), for the false-ban rate.
-STANDINGS: list[int] = []
-# (split, attack) -> per scored attacker-round: admitted?
-ADMITTED: dict[tuple[str, str], list[bool]] = defaultdict(list)
+@dataclass
+class Outcome:
+    setting: Setting
+    accuracy: float
+    rounds: int
+    empty: int  # rounds that applied nothing
+    bans: list[tuple[str, int, str, bool]]  # (peer, round from 1, kind, attacker?)
+    attacker_admitted: int  # scored attacker-rounds admitted
+    attacker_scored: int
+    honest_left_out: int  # scored honest peer-rounds left out
+    honest_scored: int
 
 
 def _digest(update: dict[str, torch.Tensor]) -> str:
@@ -152,18 +127,6 @@ def _losses(params: list[dict[str, torch.Tensor]], x: torch.Tensor, y: torch.Ten
     return ce.reshape(len(params), -1).mean(1).tolist()
 
 
-def score_round(
-    glob: dict[str, torch.Tensor],
-    updates: dict[str, dict[str, torch.Tensor]],
-    own: dict[str, tuple[torch.Tensor, torch.Tensor]],
-    held: tuple[torch.Tensor, torch.Tensor],
-) -> tuple[bytes, dict[str, UpdateScore]]:
-    """The round's seed and every update's score (own assigned batch, shared held-out batch)."""
-    peers = sorted(updates)
-    seed = score_seed([f"{p}:{_digest(updates[p])}" for p in peers])
-    return _score(glob, updates, own, held, seed)
-
-
 def _score(
     glob: dict[str, torch.Tensor],
     updates: dict[str, dict[str, torch.Tensor]],
@@ -171,7 +134,11 @@ def _score(
     held: tuple[torch.Tensor, torch.Tensor],
     seed: bytes,
 ) -> tuple[bytes, dict[str, UpdateScore]]:
+    """The scorers' measurement on the MLP: four losses per update on the batches the node draws
+    (``draw_indices``), turned into the node's integers by ``score_update``."""
     peers = sorted(updates)
+    if not peers:
+        return seed, {}
     ox, oy, hx, hy = [], [], [], []
     for p in peers:
         i = torch.tensor(draw_indices(seed, f"own:{p}", len(own[p][1]), SCORE_BATCH))
@@ -192,109 +159,90 @@ def _score(
     return seed, scores
 
 
-# --codec, as its wire string (one setting per invocation; a list so main() can set it).
-CODEC = ["f32"]
-
-
-def run(s: Setting, rounds: int, config: AggregatorConfig, beta: float) -> float:
+def run(s: Setting, rounds: int) -> Outcome:
+    """One setting: ``rounds`` rounds of the swarm, every decision the node's."""
+    torch.set_num_threads(1)
     xtr, ytr, xhe, yhe, xte, yte = load_data(s.seed)
     shards = make_shards(ytr, s.shards, s.seed)
-    attackers = list(range(N_PEERS - s.f, N_PEERS))  # the last f peer ids
-    xs = [xtr[i] for i in shards]
-    ys = [ytr[i] for i in shards]
+    attackers = set(range(N_PEERS - s.f, N_PEERS))  # the last f peer ids
     ids = [f"peer{i:02d}" for i in range(N_PEERS)]
+    xs, ys = [xtr[i] for i in shards], [ytr[i] for i in shards]
     own = {ids[i]: (xs[i], ys[i]) for i in range(N_PEERS)}  # the public assignment, true labels
-    ys = list(ys)
     if s.attack in ATTACKS_DATA_LEVEL:
-        for a in attackers:
-            ys[a] = flip_labels(ys[a], CLASSES)
+        ys = [flip_labels(y, CLASSES) if i in attackers else y for i, y in enumerate(ys)]
     glob = init_params(s.seed)
     spec = {k: TensorSpec.of(v) for k, v in glob.items()}
-    weights = {ids[i]: float(len(shards[i])) for i in range(N_PEERS)}
-    absent = s.attack == "absent"  # the f peers simply do not take part: the honest-only ceiling
+    scored = s.row == DEFAULT
+    config = scored_config() if scored else AggregatorConfig(s.row, _params(s.row))
     adaptive = s.attack in ADAPTIVE
-    attacks = (
-        {a: new_attack(s.attack) for a in attackers} if s.f and not absent and not adaptive else {}
-    )
+    attacks = {a: new_attack(s.attack) for a in attackers} if s.f and not adaptive else {}
     g = torch.Generator().manual_seed(5000 + s.seed)
     rng = torch.Generator().manual_seed(6000 + s.seed)
-    momenta: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
     residuals: list[dict[str, torch.Tensor] | None] = [None] * N_PEERS
-    prev = None
+    evidence = RoundEvidence(scored=scored)
     reputation: dict[str, int] = {}
-    policy = ReputationPolicy()
-    banned: set[str] = set()  # recommended peers leave the swarm (the coordinator bans them)
-    for rnd in range(rounds):
-        deltas = local_deltas(glob, xs, ys, g)
-        if beta > 0:
-            momenta = [worker_momentum(m, d, beta) for m, d in zip(momenta, deltas, strict=True)]
-            sent = list(momenta)
-        else:
-            sent = list(deltas)
-        for i in range(N_PEERS) if CODEC[0] != "f32" else []:
+    banned: set[str] = set()
+    out = Outcome(s, 0.0, rounds, 0, [], 0, 0, 0, 0)
+    for rnd in range(1, rounds + 1):
+        sent = local_deltas(glob, xs, ys, g)
+        for i in range(N_PEERS) if s.codec != "f32" else []:
             if i not in attackers:
-                sent[i], residuals[i] = through_codec(sent[i], residuals[i], CODEC[0])
+                sent[i], residuals[i] = through_codec(sent[i], residuals[i], s.codec)
         honest = [sent[i] for i in range(N_PEERS) if i not in attackers]
         if adaptive and attackers:
-            a0 = attackers[0]
+            a0 = min(attackers)
             others = {ids[i]: own[ids[i]] for i in range(N_PEERS) if i not in attackers}
             bad = adaptive_update(
                 s.attack, glob, sent[a0], honest, own[ids[a0]], others, (xhe, yhe), rng,
                 N_PEERS, s.f, forward=forward, score=_score,
             )  # fmt: skip
-            if CODEC[0] != "f32":
-                bad = through_codec(bad, None, CODEC[0])[0]
             for a in attackers:
                 sent[a] = bad
-        for a in attackers if not absent and not adaptive else []:
+        for a in sorted(attacks):
             sent[a] = attacks[a](honest, sent[a], rng, N_PEERS, s.f)
-            if CODEC[0] != "f32":
-                sent[a] = through_codec(sent[a], None, CODEC[0])[0]
-        present = [i for i in range(N_PEERS) if not (absent and i in attackers)]
-        received = {ids[i]: sent[i] for i in present}
-        if s.aggregator in SCORED:
-            valid = {
-                p: u
-                for p, u in received.items()
-                if validate_update(u, spec) is None and p not in banned
-            }
-            seed, scores = score_round(glob, valid, own, (xhe, yhe))
-            standing = round_standing(scores)
-            reputation = update_reputation(reputation, {p: v.round for p, v in standing.items()})
-            for p in scores:
-                if ids.index(p) not in attackers:
-                    STANDINGS.append(standing[p].round)
-            for rec in policy.observe(rnd, seed, scores, reputation):
-                bad = ids.index(rec.peer) in attackers
-                BANS["attacker" if bad else "honest"].append((s, rec.peer, rnd + 1))
-            ok = admit(scores, reputation)
-            for i in attackers:
-                if ids[i] in scores:
-                    ADMITTED[(s.shards, s.attack)].append(ids[i] in ok)
-            received = {p: received[p] for p in ok}
-            banned |= {b[1] for b in BANS["attacker"] + BANS["honest"] if b[0] == s}
-            if not received:
-                continue
-        use = {p: weights[p] for p in received} if s.aggregator in WEIGHTED else None
-        if s.pre == "nnm":
-            received = nnm(received)
-        elif s.pre.startswith("bucket"):
-            received, use = bucket(received, int(s.pre.removeprefix("bucket")), rnd), None
-        try:
-            if s.mode == "partitioned":
-                agg = aggregate_partitioned(received, glob, config, N_PEERS, SEGMENT)
+        for a in attackers if s.codec != "f32" else ():
+            sent[a] = through_codec(sent[a], None, s.codec)[0]
+        members = [ids[i] for i in range(N_PEERS) if ids[i] not in banned]
+        received = {p: sent[ids.index(p)] for p in members}
+        scores, seed = None, b""
+        if scored:  # the scorers score every update that passes validation (the node's order)
+            valid = {p: u for p, u in received.items() if validate_update(u, spec) is None}
+            seed = score_seed([f"{p}:{_digest(u)}" for p, u in sorted(received.items())])
+            seed, scores = _score(glob, valid, own, (xhe, yhe), seed)
+        decision = decide_round(
+            rnd, members, received, expected=spec, config=config, evidence=evidence,
+            scores=scores, seed=seed, reputation=reputation, partitioned=s.partitioned,
+            update_cids={p: _digest(u) for p, u in received.items()},
+        )  # fmt: skip
+        reputation = decision.reputation
+        for p in scores or {}:
+            bad = ids.index(p) in attackers
+            if bad:
+                out.attacker_scored += 1
+                out.attacker_admitted += p in decision.inputs
             else:
-                res = aggregate(received, expected=spec, config=config, weights=use, previous=prev)
-                agg = res.tensors
-        except NotEnoughUpdatesError:  # the model diverged: honest updates are NaN too
-            break
-        prev = agg
-        glob = {k: glob[k] + agg[k] for k in glob}
-    return accuracy(glob, xte, yte)
+                out.honest_scored += 1
+                out.honest_left_out += p in decision.left_out
+        for b in decision.evidence:
+            out.bans.append((b.peer, rnd, str(b.kind), ids.index(b.peer) in attackers))
+            banned.add(b.peer)  # the coordinator bans it: enforced from the next round
+        if decision.aggregate is None:
+            out.empty += 1
+            continue
+        if not all(torch.isfinite(t).all() for t in decision.aggregate.values()):
+            break  # the model diverged (rows without scores under gaussian, say)
+        glob = {k: glob[k] + decision.aggregate[k] for k in glob}
+    out.accuracy = accuracy(glob, xte, yte)
+    return out
 
 
-def _or_default(value: object) -> object:
-    return "default" if value is None else value
+def _params(row: str) -> dict[str, float | str | int]:
+    return {"f": 4} if row in ("trimmed_mean", "krum") else {}
+
+
+def _run(args: tuple[Setting, int]) -> Outcome:
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    return run(*args)
 
 
 def main() -> int:
@@ -302,174 +250,115 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one seed, 40 rounds")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--momentum", type=float, default=0.0, help="worker momentum beta (0 = off)")
-    ap.add_argument("--tau-scale", type=float, default=None, help="CenteredClip tau_scale")
-    ap.add_argument("--reject-score", type=float, default=None, help="CenteredClip reject_score")
-    ap.add_argument("--start", default=None, help="CenteredClip start: median | previous")
-    ap.add_argument(
-        "--scored-reject", type=float, default=None, help="reject_score of scored_clip (default 0)"
-    )
-    ap.add_argument(
-        "--pre", default="none", help="bench-only transform before aggregation: nnm | bucketS"
-    )
-    ap.add_argument("--aggregators", default="mean,centered_clip,scored_clip", help="or 'all'")
-    ap.add_argument("--attacks", default=",".join(["absent", *sorted(ATTACKS), *ADAPTIVE]))
-    ap.add_argument("--shards", default="iid,dirichlet0.3,dirichlet,two_classes")
-    ap.add_argument("--f", default="4", help="attacker counts (comma-separated)")
-    ap.add_argument("--mode", default="full", help="full | partitioned | full,partitioned")
-    ap.add_argument("--json", action="store_true", help="end with one JSON line (default row)")
-    ap.add_argument(
-        "--codec", default="f32", help="update codec: f32 | int8-blockwise | sparse-topk"
-    )
+    ap.add_argument("--rows", default=f"mean,{DEFAULT}", help=f"of {','.join(ROWS)}")
+    ap.add_argument("--attacks", default=",".join(MATRIX_ATTACKS),
+                    help=f"of {','.join(sorted(ATTACKS))},{','.join(ADAPTIVE)}")  # fmt: skip
+    ap.add_argument("--shards", default=",".join(SPLITS))
+    ap.add_argument("--f", type=int, default=4)
+    ap.add_argument("--full", action="store_true", help="full rounds (default: partitioned)")
+    ap.add_argument("--codec", default="f32", help="f32 | int8-blockwise | sparse-topk")
+    ap.add_argument("--jobs", type=int, default=1, help="settings run in parallel processes")
+    ap.add_argument("--out", type=Path, help="append every setting's outcome as a JSON line")
     args = ap.parse_args()
-    CODEC[0] = wire(args.codec)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
-    torch.set_num_threads(1)
-
     seeds = list(range(1 if args.quick else args.seeds))
     rounds = 40 if args.quick else args.rounds
-    fs = [int(x) for x in args.f.split(",")]
-    aggs = AGGREGATORS if args.aggregators == "all" else args.aggregators.split(",")
-    attacks = args.attacks.split(",")
-    shard_kinds = args.shards.split(",")
-    modes = args.mode.split(",")
-    real = [a for a in attacks if a != "absent"]  # "absent" is a ceiling, not an attack
-
-    def cfg(row: str) -> AggregatorConfig:
-        name = rule_name(row)
-        params: dict[str, float | str] = {}
-        if name == "centered_clip" and args.tau_scale is not None:
-            params["tau_scale"] = args.tau_scale
-        if name == "centered_clip" and args.reject_score is not None:
-            params["reject_score"] = args.reject_score
-        if name == "centered_clip" and args.start is not None:
-            params["start"] = args.start
-        if row in SCORED:
-            params = {**scored_config().params, **params}
-            if args.scored_reject is not None:
-                params["reject_score"] = args.scored_reject
-        return AggregatorConfig(name, params)
-
+    rows, attacks, splits = args.rows.split(","), args.attacks.split(","), args.shards.split(",")
+    codec = wire(args.codec)
+    settings = [
+        Setting(row, attack, f, shards, seed, not args.full, codec)
+        for shards in splits
+        for row in rows
+        for attack, f in [("none", 0)] + ([(a, args.f) for a in attacks] if row != "mean" else [])
+        for seed in seeds
+    ]
     t0 = time.perf_counter()
-    table: dict[tuple[str, str, str, int, str], float] = {}
-    for mode in modes:
-        for shards in shard_kinds:
-            for agg in aggs:
-                for attack, f in [("none", 0)] + [(a, f) for f in fs for a in attacks]:
-                    accs = [
-                        run(
-                            Setting(agg, attack, f, shards, sd, args.pre, mode),
-                            rounds,
-                            cfg(agg),
-                            args.momentum,
-                        )
-                        for sd in seeds
-                    ]
-                    table[(mode, shards, agg, f, attack)] = statistics.fmean(accs)
-            print(f"# {mode} {shards} done after {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-
-    print(
-        f"# final test accuracy %, n={N_PEERS}, rounds={rounds}, seeds={len(seeds)}, "
-        f"momentum={args.momentum}, tau_scale={_or_default(args.tau_scale)}, "
-        f"reject_score={_or_default(args.reject_score)}, start={_or_default(args.start)}, "
-        f"pre={args.pre}, scored_reject={args.scored_reject}, codec={CODEC[0]}"
-    )
-    for mode in modes:
-        for shards in shard_kinds:
-            for f in fs:
-                print(f"\n## {mode}, {shards}, f={f} (no-attack column: f=0)\n")
-                print("| aggregator | no attack | " + " | ".join(attacks) + " | worst gap |")
-                print("|---" * (len(attacks) + 3) + "|")
-                for agg in aggs:
-                    base = table[(mode, shards, agg, 0, "none")]
-                    vals = [table[(mode, shards, agg, f, a)] for a in attacks]
-                    gap = base - min(table[(mode, shards, agg, f, a)] for a in real)
-                    cells = " | ".join(f"{v:.1f}" for v in vals)
-                    mark = "**" if agg == DEFAULT else ""
-                    print(f"| {mark}{agg}{mark} | {base:.1f} | {cells} | {gap:.1f} |")
-    print()
-    ok = True
-    f = max(fs)
-    for mode in modes if DEFAULT in aggs else []:
-        for shards in shard_kinds:
-            base = table[(mode, shards, DEFAULT, 0, "none")]
-            worst = min(real, key=lambda a: table[(mode, shards, DEFAULT, f, a)])
-            low = table[(mode, shards, DEFAULT, f, worst)]
-            # Issue 24: against the plain mean without attack (iid, Dirichlet), against the
-            # accuracy with the attackers absent (two classes: 8 of 10 classes co-held by them).
-            ref_name, ref = "no-attack", base
-            if "mean" in aggs:
-                ref_name, ref = "plain mean no-attack", table[(mode, shards, "mean", 0, "none")]
-            if shards == "two_classes" and "absent" in attacks:
-                ref_name, ref = "attackers absent", table[(mode, shards, DEFAULT, f, "absent")]
-            ok &= ref - low <= 5.0
-            line = (
-                f"{DEFAULT} {mode} {shards} f={f}: no-attack {base:.1f}, worst {worst} "
-                f"{low:.1f}, gap to {ref_name} {ref - low:.1f} (goal <= 5)"
-            )
-            if "mean" in aggs:
-                mean_base = table[(mode, shards, "mean", 0, "none")]
-                ok &= base >= mean_base - 1.0
-                line += f"; plain mean no-attack {mean_base:.1f} (goal: within 1)"
-            print(line)
-    if "full" in modes and "partitioned" in modes and DEFAULT in aggs:
-        for shards in shard_kinds:
-            loss = max(
-                table[("full", shards, DEFAULT, f, a)]
-                - table[("partitioned", shards, DEFAULT, f, a)]
-                for a in real
-            )
-            ok &= loss <= 1.0
-            print(f"partitioned vs full, {shards}: at most {loss:.1f} points worse (goal <= 1)")
-    honest_bans = BANS["honest"]
-    ok &= not honest_bans
-    late = [b for b in BANS["attacker"] if b[2] > 3]
-    print(
-        f"reputation bans: honest peers {len(honest_bans)} (goal 0)"
-        + "".join(f"\n  {b[0]} {b[1]} round {b[2]}" for b in honest_bans[:5])
-        + f"; attackers {len(BANS['attacker'])}, of them after round 3: {len(late)} "
-        f"({', '.join(sorted({b[0].attack for b in BANS['attacker']}))})"
-    )
-    for shards in shard_kinds:
-        n_h = sum(1 for b in honest_bans if b[0].shards == shards)
-        print(f"honest peers banned, {shards}: {n_h} (goal 0)")
-    for attack in [a for a in attacks if a in ADAPTIVE]:
-        for shards in shard_kinds:
-            adm = ADMITTED.get((shards, attack), [])
-            rounds_ = sorted(b[2] for b in BANS["attacker"] if b[0].attack == attack
-                             and b[0].shards == shards)  # fmt: skip
-            rate = f"{100 * sum(adm) / len(adm):.0f} %" if adm else "-"
-            print(
-                f"adaptive {attack}, {shards}: admitted {rate} of its scored rounds; "
-                f"banned {len(rounds_)} of {f * len(seeds)} attacker-runs"
-                + (f", rounds {rounds_[0]}..{rounds_[-1]}" if rounds_ else "")
-            )
-    if STANDINGS:
-        q = sorted(STANDINGS)
-        below = sum(1 for x in q if x < limits.BAN_REPUTATION) / len(q)
-        print(
-            f"honest round standings: {len(q)}, 1st percentile {q[len(q) // 100]}, "
-            f"below BAN_REPUTATION {100 * below:.2f} %"
-        )
+    outcomes: list[Outcome] = []
+    with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
+        for o in pool.imap_unordered(_run, [(s, rounds) for s in settings]):
+            outcomes.append(o)
+            if args.out:
+                with args.out.open("a") as fh:
+                    fh.write(json.dumps(asdict(o)) + "\n")
+            print(f"# {len(outcomes)}/{len(settings)} {o.setting.shards} {o.setting.row} "
+                  f"{o.setting.attack} seed {o.setting.seed}: {o.accuracy:.1f} % "
+                  f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)  # fmt: skip
+    ok = report(outcomes, rows, attacks, splits, rounds, len(seeds))
     print(f"goal met: {ok}; wall {time.perf_counter() - t0:.0f} s")
-    if args.json and DEFAULT in aggs:
-        mode = modes[0]
-        out = {
-            "f": f,
-            "mode": mode,
-            "splits": {
-                sh: {"none": round(table[(mode, sh, DEFAULT, 0, "none")], 2)}
-                | {a: round(table[(mode, sh, DEFAULT, f, a)], 2) for a in real}
-                for sh in shard_kinds
-            },
-            "mean_no_attack": {
-                sh: round(table[(mode, sh, "mean", 0, "none")], 2)
-                for sh in shard_kinds
-                if "mean" in aggs
-            },
-        }
-        print(json.dumps(out, sort_keys=True))
     return 0
+
+
+def report(outcomes: list[Outcome], rows: list[str], attacks: list[str], splits: list[str],
+           rounds: int, seeds: int) -> bool:  # fmt: skip
+    """Print the matrix and the goals; True when every goal is met."""
+    cells: dict[tuple[str, str, str], list[Outcome]] = {}
+    for o in outcomes:
+        cells.setdefault((o.setting.shards, o.setting.row, o.setting.attack), []).append(o)
+
+    def acc(key: tuple[str, str, str]) -> float:
+        return statistics.fmean(o.accuracy for o in cells[key])
+
+    def empty(key: tuple[str, str, str]) -> str:
+        return "/".join(str(o.empty) for o in sorted(cells[key], key=lambda o: o.setting.seed))
+
+    print(f"# final test accuracy %, n={N_PEERS}, rounds={rounds}, seeds={seeds}; "
+          "in brackets: rounds that applied nothing, per seed")  # fmt: skip
+    ok = True
+    for shards in splits:
+        print(f"\n## {shards}\n")
+        print("| row | no attack | " + " | ".join(attacks) + " | worst gap to plain mean |")
+        print("|---" * (len(attacks) + 3) + "|")
+        ref = acc((shards, "mean", "none")) if (shards, "mean", "none") in cells else None
+        for row in rows:
+            if row == "mean":
+                print(f"| mean | {acc((shards, row, 'none')):.1f} |" + " |" * (len(attacks) + 1))
+                continue
+            keys = [(shards, row, a) for a in attacks]
+            vals = " | ".join(f"{acc(k):.1f} ({empty(k)})" for k in keys)
+            gap = (ref - min(acc(k) for k in keys)) if ref is not None else float("nan")
+            mark = "**" if row == DEFAULT else ""
+            none = (shards, row, "none")
+            print(f"| {mark}{row}{mark} | {acc(none):.1f} ({empty(none)}) | {vals} | {gap:.1f} |")
+            if row == DEFAULT:
+                ok &= gap <= 5.0
+    scored = [o for o in outcomes if o.setting.row == DEFAULT]
+    print()
+    if scored:
+        total = sum(o.rounds for o in scored)
+        nothing = sum(o.empty for o in scored)
+        worst = max(scored, key=lambda o: o.empty / o.rounds)
+        print(f"{DEFAULT}: rounds that applied nothing {nothing} of {total} "
+              f"({100 * nothing / total:.2f} %); worst cell {worst.setting.shards} "
+              f"{worst.setting.attack} seed {worst.setting.seed}: {worst.empty} of "
+              f"{worst.rounds} (goal <= 1 % of rounds)")  # fmt: skip
+        ok &= worst.empty <= 0.01 * worst.rounds
+        honest = [(o.setting, b) for o in scored for b in o.bans if not b[3]]
+        kinds: dict[str, int] = {}
+        for o in scored:
+            for b in o.bans:
+                if b[3]:
+                    kinds[b[2]] = kinds.get(b[2], 0) + 1
+        runs = sum(N_PEERS - o.setting.f for o in scored)
+        print(f"honest bans: {len(honest)} in {runs} honest peer-runs (goal 0)"
+              + "".join(f"\n  {s.shards} {s.attack} seed {s.seed}: {b[0]} round {b[1]} ({b[2]})"
+                        for s, b in honest[:10]))  # fmt: skip
+        ok &= not honest
+        print(f"attacker bans by kind: {json.dumps(kinds, sort_keys=True)}")
+        for attack in attacks:
+            of = [o for o in scored if o.setting.attack == attack]
+            adm = sum(o.attacker_admitted for o in of)
+            tot = sum(o.attacker_scored for o in of)
+            first = [min((b[1] for b in o.bans if b[3]), default=None) for o in of]
+            banned = [r for r in first if r is not None]
+            left = sum(o.honest_left_out for o in of)
+            hs = sum(o.honest_scored for o in of)
+            print(f"{attack}: attackers admitted {100 * adm / max(tot, 1):.0f} % of scored "
+                  f"rounds; runs with a ban {len(banned)} of {len(of)}"
+                  + (f" (first ban rounds {min(banned)}..{max(banned)})" if banned else "")
+                  + f"; honest left out {100 * left / max(hs, 1):.1f} %")  # fmt: skip
+            if attack == "stall":
+                ok &= len(banned) == len(of) and max(banned, default=99) <= 20
+    return ok
 
 
 if __name__ == "__main__":

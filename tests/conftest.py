@@ -27,6 +27,7 @@ ONE_SWARM_AT_A_TIME = frozenset(
         "test_netbed",
         "test_outer_swarm",
         "test_partitioned_swarm",
+        "test_rejected_swarm",
         "test_score_edges_swarm",
         "test_scored_swarm",
         "test_swarm",

@@ -1,8 +1,9 @@
 """One node's training state across rounds, without the network.
 
 :class:`NodeTrainer` owns the model, the agreed state and its CID, the rounds since the last
-checkpoint and the ban policy. The network loop (_loop.py) calls it from a worker thread
-(``trio.to_thread.run_sync``) so the host keeps serving blocks while torch computes.
+checkpoint and the round's ban evidence (``RoundEvidence``). The network loop (_loop.py) calls
+it from a worker thread (``trio.to_thread.run_sync``) so the host keeps serving blocks while
+torch computes.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import torch
 
 from cnode.aggregation import (
     ATTACKS,
-    BanPolicy,
     PeerRecord,
+    RoundEvidence,
 )
 from cnode.auth import Identity
 from cnode.storage import CID, DAG_CBOR, BlockStore, load_checkpoint
@@ -105,7 +106,8 @@ class NodeTrainer(PartitionedRounds):
             RoundScoring(config, self.data, placement=self.placement) if config.scores else None
         )
         self._rng = torch.Generator().manual_seed(config.seed + 1)
-        self.bans = BanPolicy()
+        # The round decision's ban evidence, kept across rounds (cnode.aggregation, issue 36).
+        self.evidence = RoundEvidence(scored=config.scores)
         self.state: State = genesis_state(config)
         self.state_cid: CID = state_cid(self.state)
         # The outer momentum after self.round (nesterov; None for sgd): run state, like self.state.
@@ -270,9 +272,9 @@ class NodeTrainer(PartitionedRounds):
         result = aggregate_round(self.state, updates, rule, self.momentum, by_layer=by_layer)
         update_cids = {p: str(headers[p][1].update) for p in [*used, *malformed]}
         records = {**result.aggregation.records, **malformed}
-        bans = self.bans.observe(round_, records, update_cids)
-        if self.scoring is not None and scored is not None:
-            bans += self.scoring.bans(scored, update_cids)
+        bans = self.evidence.observe(round_, records, update_cids=update_cids,
+                                     scores=scored and scored.scores, seed=scored.seed if scored
+                                     else b"", decided=scored and scored.decision)  # fmt: skip
         self.state, self.state_cid, self.round = result.state, result.state_cid, round_
         self.momentum = result.momentum
         self.since_checkpoint.append(

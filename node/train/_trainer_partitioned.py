@@ -16,9 +16,9 @@ import structlog
 
 from cnode.aggregation import (
     AggregationResult,
-    BanPolicy,
     BanRecommendation,
     PeerRecord,
+    RoundEvidence,
     combine_records,
 )
 from cnode.auth import Identity
@@ -79,7 +79,7 @@ class PartitionedRounds:
     store: BlockStore
     attack_name: str | None
     scoring: RoundScoring | None
-    bans: BanPolicy
+    evidence: RoundEvidence
     state: State
     state_cid: CID
     momentum: State | None
@@ -153,7 +153,6 @@ class PartitionedRounds:
         )
         new_cid = state_cid(new)
         combined, inputs, update_cids = _combined_records(results, dropped)
-        bans = self.bans.observe(round_, combined, update_cids)
         members = tuple(sorted(m for m, r in combined.items() if r.rejected is None))
         dropped.update({m: r.rejected or "" for m, r in combined.items() if r.rejected})
         cids = tuple(sorted((cid for cid, _ in results.values()), key=str))
@@ -164,9 +163,10 @@ class PartitionedRounds:
         }
         empty = not results  # the same verdict on every node: results are the recorded ones
         if empty:
+            bans = self.evidence.observe(round_, combined, update_cids=update_cids)
             return self._nothing_applied(round_, parts, combined, dropped, bans, scores, began)
+        bans = self._round_bans(round_, combined, update_cids, scores)
         if scores is not None and self.scoring is not None:
-            bans += self._spread_bans(round_, scores)
             dropped.update({m: why for m, why in scores.left_out.items() if m not in combined})
             params["scores"] = scores.to_params()
             # The manifest lists only what the agreed round decides, never what this node
@@ -224,14 +224,25 @@ class PartitionedRounds:
             empty=True,
         )
 
-    def _spread_bans(self, round_: int, scores: SpreadScores) -> list[BanRecommendation]:
-        """Take the round's agreed reputations; reputation and wrong-score ban evidence."""
-        assert self.scoring is not None
+    def _round_bans(
+        self,
+        round_: int,
+        combined: dict[str, PeerRecord],
+        update_cids: dict[str, str],
+        scores: SpreadScores | None,
+    ) -> list[BanRecommendation]:
+        """The round's ban evidence (the round decision's ``RoundEvidence``): the combined
+        records, and with scores the agreed scores, their admission and wrong score records;
+        the agreed reputations become this node's."""
+        if scores is None or self.scoring is None:
+            return self.evidence.observe(round_, combined, update_cids=update_cids)
         self.scoring.reputation = dict(scores.reputation)
-        out = list(scores.wrong)
-        if scores.scores:
-            cids = {t: str(x.header) for t, x in scores.losses.items()}
-            out += self.scoring.policy.observe(
-                round_, scores.seed, scores.scores, scores.reputation, cids
-            )
-        return out
+        cids = {**update_cids, **{t: str(x.header) for t, x in scores.losses.items()}}
+        return list(scores.wrong) + self.evidence.observe(
+            round_,
+            combined,
+            update_cids=cids,
+            scores=scores.scores,
+            seed=scores.seed,
+            decided=scores.decision,
+        )

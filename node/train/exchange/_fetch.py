@@ -22,7 +22,7 @@ from .._exceptions import PeerUpdateError
 from .._round import UpdateHeader, header_cid, open_update_header, segment_layer
 from ..swarm import HeaderCollector, PeerFinder
 
-__all__ = ["GaveUp", "MemberFetcher", "enough_inputs", "fetch_update_segments", "with_retries"]
+__all__ = ["GaveUp", "MemberFetcher", "fetch_update_segments", "with_retries"]
 
 log = structlog.get_logger(__name__)
 
@@ -118,13 +118,6 @@ class MemberFetcher:
                 invalid[member] = exc.reason
             return None
         return cid, header
-
-
-def enough_inputs(inputs: int, members: int) -> bool:
-    """A partition result must read a strict majority of the round's members' updates: then no
-    node cut off from the rest can make its own update stand for a partition (the rule of the
-    agreed input set, specs/coordinator.md#agreement, applied per partition)."""
-    return 2 * inputs > members
 
 
 async def fetch_update_segments(

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import structlog
 import trio
 
-from cnode.aggregation import backup_aggregators
+from cnode.aggregation import backup_aggregators, partition_quorum
 from cnode.node.coordinator import (
     CoordinatorClient,
     CoordinatorRejected,
@@ -55,8 +55,9 @@ from ..partition import (
     partition_result_cid,
     state_numel,
 )
+from ..scores import SpreadScores
 from ._clock import Clock
-from ._fetch import GaveUp, MemberFetcher, enough_inputs, fetch_update_segments, with_retries
+from ._fetch import GaveUp, MemberFetcher, fetch_update_segments, with_retries
 from ._outputs import fetch_outputs
 from ._scores import PartitionScores
 from ._verify import PartitionVerifier
@@ -128,8 +129,8 @@ class PartitionedExchange:
         clock.lap("scores_wait")  # this node's own scoring, when it ends after its partition
         recorded = await self._wait_results(state)
         clock.lap("results_wait")
-        results = await self._open_results(state, recorded)
         spread = await self.scores.agreed(info) if self.scores.enabled else None
+        results = await self._open_results(state, recorded, _decided(info, spread))
         if spread is not None:  # a result that aggregates an update the scores left out
             for partition in [
                 p for p, (_, r) in results.items() if set(r.inputs) - set(spread.inputs)
@@ -192,24 +193,21 @@ class PartitionedExchange:
         for member in info.members:
             if member not in inputs and member not in missing:
                 missing[member] = state.invalid.get(member, "no update header recorded")
-        if self.scores.enabled:  # only what the agreed scores admit (specs: scores, partitioned)
-            spread = await self.scores.agreed(info)
+        spread = await self.scores.agreed(info) if self.scores.enabled else None
+        if spread is not None:  # only what the agreed scores admit (specs: scores, partitioned)
             for member in sorted(set(inputs) - set(spread.inputs)):
                 missing[member] = spread.left_out.get(member, "left out by scores")
                 del inputs[member]
         if self.withhold:
             log.warning("partition_withheld", round=info.round, partition=partition)
             return
-        if not enough_inputs(len(inputs), len(info.members)):
-            # Cut off from most members: a result of this node's own few updates would stand for
-            # the whole partition. Publish nothing; a backup takes the partition over.
-            log.warning(
-                "partition_not_published",
-                round=info.round,
-                partition=partition,
-                inputs=len(inputs),
-                members=len(info.members),
-            )
+        decided = _decided(info, spread) - set(inputs)
+        if not partition_quorum(len(inputs), len(decided), len(info.members)):
+            # Cut off from most members: its own few updates would stand for the partition.
+            # Publish nothing; a backup takes it over. (Rejected is not missing: see
+            # cnode.aggregation.partition_quorum.)
+            counts = {"inputs": len(inputs), "decided": len(decided), "members": len(info.members)}
+            log.warning("partition_not_published", round=info.round, partition=partition, **counts)
             return
         envelope, result = await trio.to_thread.run_sync(
             lambda: self.trainer.aggregate_partition(
@@ -379,11 +377,13 @@ class PartitionedExchange:
     # -- 3: verification ----------------------------------------------------------------------
 
     async def _open_results(
-        self, state: _Round, recorded: RoundInfo
+        self, state: _Round, recorded: RoundInfo, decided: set[str]
     ) -> dict[int, tuple[CID, PartitionResult]]:
         """Fetch and open every recorded result. One whose bytes are not a valid result of the
-        partition applies nothing (the same bytes, the same verdict, on every node); one this
-        node cannot fetch raises OutputsUnavailableError (it must not apply another set)."""
+        partition, or that misses the partition quorum (``decided``: the members left out on
+        agreed evidence), applies nothing (the same bytes, the same verdict, on every node);
+        one this node cannot fetch raises OutputsUnavailableError (it must not apply another
+        set)."""
         out: dict[int, tuple[CID, PartitionResult]] = {}
         for key, entry in sorted(recorded.results.items(), key=lambda kv: int(kv[0])):
             partition, cid = int(key), CID.parse(entry.header)
@@ -412,7 +412,8 @@ class PartitionedExchange:
             if result.partition != partition or result.parts != state.info.parts:
                 log.warning("partition_result_mislabelled", partition=partition)
                 continue
-            if not enough_inputs(len(result.inputs), len(state.info.members)):
+            others = len(decided - set(result.inputs))
+            if not partition_quorum(len(result.inputs), others, len(state.info.members)):
                 log.warning("partition_result_too_few_inputs", partition=partition)
                 continue
             out[partition] = (cid, result)
@@ -438,3 +439,10 @@ class PartitionedExchange:
         self, agreed: RoundInfo, results: dict[int, tuple[CID, PartitionResult]]
     ) -> tuple[dict[int, CID | None], int]:
         return await fetch_outputs(self.node, self.fetcher, self.trainer.peer, agreed, results)
+
+
+def _decided(info: RoundInfo, spread: SpreadScores | None) -> set[str]:
+    """The members out of round ``info`` on agreed evidence, the same on every node (what
+    ``partition_quorum`` counts as decided): left out by the agreed scores (their ``left_out``
+    names the members without a recorded header too), or, without scores, no header recorded."""
+    return set(spread.left_out) if spread else {m for m in info.members if m not in info.headers}

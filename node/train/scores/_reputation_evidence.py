@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cnode.aggregation import ban_bound, round_standing, score_seed
+from cnode.aggregation import ban_bound, score_seed
 from cnode.aggregation import limits as agg_limits
 from cnode.node.coordinator import ReputationVerdict
 from cnode.storage import CID, StorageError
@@ -121,8 +121,9 @@ def _replay(
         bound = ban_bound({p: reputation[p] for p in resolved.scores})
         score = resolved.scores[accused].to_dict()
         # A round counts only with the reputation below the bound and the own score below the
-        # own floor, as ReputationPolicy.observe counts it on every node.
-        low = rep < bound and round_standing(resolved.scores)[accused].harm
+        # own floor, as ReputationPolicy.observe counts it on every node: the round decision's
+        # own standing (cnode.aggregation.admission), not a second computation of it.
+        low = rep < bound and resolved.decision.standing[accused].harm
         out[n] = _Low(rep, bound, str(headers[accused]), seed.hex(), score) if low else None
     return out
 

@@ -11,11 +11,13 @@ With ``training.scores = true`` every node, and every replay, does for each roun
    held-out split (``TextData.eval``, purpose ``"held"``), each before (the agreed state) and
    after (state + SCORE_STEP x update). Computed in float32 on the node's device, or in float64
    on the CPU where a score is within BOUNDARY_UNITS of a rounding boundary (_settle.py);
-3. the integer scores, the reputation, the admitted set (``cnode.aggregation.admit``);
+3. the integer scores, then the round decision's admission (``cnode.aggregation.admission``:
+   standings, the reputation after the round, the admitted set and why the others are out);
 4. CenteredClip on the admitted updates with ``scored_config()``; the updates of peers left out
    are not aggregated; rejected (malformed) updates are still passed on, so they are recorded as
    ban evidence as before;
-5. ``ReputationPolicy`` recommendations join the round's ban evidence.
+5. the trainer's ``RoundEvidence`` takes the scores and the admission: reputation, blatant and
+   left-out ban evidence join the round's.
 
 Everything is recorded in the round's ``params["scores"]`` (see :meth:`ScoredRound.to_params`), so
 ``verify --replay`` recomputes and compares it. _settle.py's rule makes the integer scores (and
@@ -34,16 +36,13 @@ from typing import Any
 import torch
 
 from cnode.aggregation import (
-    BanRecommendation,
-    ReputationPolicy,
+    Admission,
     UpdateScore,
-    admit,
+    admission,
     draw_indices,
-    round_standing,
     score_seed,
     score_update,
     scored_config,
-    update_reputation,
     validate_update,
 )
 from cnode.storage import CID
@@ -79,8 +78,17 @@ class ScoredRound:
     round: int
     seed: bytes
     scores: dict[str, UpdateScore]  # every validated update, by peer
-    admitted: tuple[str, ...]  # peers whose update is aggregated
-    reputation: dict[str, int]  # after this round, every peer ever scored
+    decision: Admission  # the round decision's admission: who is in, why the others are not
+
+    @property
+    def admitted(self) -> tuple[str, ...]:
+        """Peers whose update is aggregated."""
+        return self.decision.admitted
+
+    @property
+    def reputation(self) -> dict[str, int]:
+        """After this round, every peer ever scored."""
+        return self.decision.reputation
 
     def to_params(self) -> dict[str, Any]:
         """The round's ``params["scores"]``: seed (hex), per peer [own_before, own_after,
@@ -117,7 +125,6 @@ class RoundScoring:
         self.config = config
         self.data = data
         self.reputation: dict[str, int] = dict(reputation or {})
-        self.policy = ReputationPolicy()
         self.models = LossModels(config, placement)
 
     def rule_config(self) -> TrainingConfig:
@@ -182,19 +189,16 @@ class RoundScoring:
         """Score the round's updates (``headers``: peer -> its signed header CID, for the seed),
         move the reputation, and say who is admitted."""
         if not headers:
-            return ScoredRound(round_, b"", {}, (), dict(self.reputation))
+            return ScoredRound(round_, b"", {}, admission({}, self.reputation))
         seed = score_seed(str(c) for c in headers.values())
         specs = expected_specs(parent)
         valid = {p: u for p, u in updates.items() if validate_update(u, specs) is None}
         # (an invalid update: aggregate() rejects it with the reason, ban evidence as before)
         measured = self.measure_targets(round_, seed, parent, valid)
         scores = {p: score_update(p, *measured[p]) for p in sorted(measured)}
-        standing = round_standing(scores)
-        self.reputation = update_reputation(
-            self.reputation, {p: d.round for p, d in standing.items()}
-        )
-        admitted = tuple(admit(scores, self.reputation))
-        return ScoredRound(round_, seed, scores, admitted, dict(self.reputation))
+        decided = admission(scores, self.reputation)
+        self.reputation = dict(decided.reputation)
+        return ScoredRound(round_, seed, scores, decided)
 
     def admitted_updates(
         self, scored: ScoredRound, updates: Mapping[str, Update]
@@ -203,14 +207,6 @@ class RoundScoring:
         with their reason); a valid update that was not admitted is left out."""
         keep = set(scored.admitted)
         return {p: u for p, u in updates.items() if p in keep or p not in scored.scores}
-
-    def bans(self, scored: ScoredRound, update_cids: Mapping[str, str]) -> list[BanRecommendation]:
-        """Reputation ban evidence of this round (update CIDs, seeds, losses of the low rounds)."""
-        if not scored.scores:
-            return []
-        return self.policy.observe(
-            scored.round, scored.seed, scored.scores, scored.reputation, update_cids
-        )
 
 
 def recorded_reputation(rounds: Any) -> dict[str, int]:

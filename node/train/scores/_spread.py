@@ -20,9 +20,10 @@ same reputations.
   (a loss out of range, say: ``BadScoreRecordError``) says nothing about any target, like a
   missing one, and its scorer is named: self-proving ban evidence (the record's CID; anyone who
   holds the bytes opens them and sees the same refusal).
-* **Admission** as in a full round: reputations move by the agreed scores, ``admit`` picks the
-  inputs; an update the scorers found invalid (non-finite, wrong shape) is still passed to the
-  aggregators, which reject it with the reason (ban evidence as before).
+* **Admission** as in a full round: the round decision's ``admission`` moves reputations by the
+  agreed scores and picks the inputs; an update the scorers found invalid (non-finite, wrong
+  shape) is still passed to the aggregators, which reject it with the reason (ban evidence as
+  before).
 """
 
 from __future__ import annotations
@@ -32,15 +33,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from cnode.aggregation import (
+    Admission,
     BanRecommendation,
     EvidenceKind,
     UpdateScore,
-    admit,
+    admission,
     assign_partitions,
-    left_out_reason,
-    round_standing,
     score_assignment,
-    update_reputation,
 )
 from cnode.storage import CID
 
@@ -117,6 +116,7 @@ class SpreadScores:
     records: dict[str, CID]  # scorer -> its record's CID (those the round closed with)
     headers: dict[str, CID]  # member -> its update header CID: what the seed is taken over
     wrong: tuple[BanRecommendation, ...]  # scorers of a disputed target that signed other scores
+    decision: Admission  # the round decision's admission (standings, reputation, left out)
 
     def to_params(self) -> dict[str, Any]:
         """The round's ``params["scores"]``: as a full round's, plus the records' and the
@@ -224,23 +224,20 @@ def resolve_scores(
                                               base, claim, chosen))  # fmt: skip
         losses[target] = chosen
         scores[target] = chosen.score(target)
-    standing = round_standing(scores)
-    after = update_reputation(reputation, {p: d.round for p, d in standing.items()})
-    admitted = admit(scores, after)
-    for target in sorted(set(scores) - set(admitted)):
-        why = left_out_reason(standing[target], after.get(target, 0))
-        left_out[target] = f"left out by scores: {why}"
+    decided = admission(scores, reputation)
+    left_out.update(decided.left_out)
     return SpreadScores(
         seed,
         scores,
         losses,
-        after,
-        tuple(admitted),
-        tuple(sorted([*admitted, *invalid])),
+        decided.reputation,
+        decided.admitted,
+        tuple(sorted([*decided.admitted, *invalid])),
         left_out,
         {p: c for p, (c, _) in sorted(records.items())},
         dict(headers),
         tuple(wrong),
+        decided,
     )
 
 
