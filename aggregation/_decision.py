@@ -291,9 +291,12 @@ def _partitioned(
     numel = sum(spec.numel for spec in expected.values())
     count = min(segments, numel)
     parts = partition_count(len(members), count)
+    # Each partition judges its own slice, as the node's aggregators do (a NaN in one partition
+    # rejects the update there, and combine_records rejects it for the round); only an update
+    # whose layout does not fit cannot be cut into slices at all.
     flats = {p: flat_segments(u, segments) for p, u in chosen.items() if _fits(u, expected)}
-    rejected = {p: PeerRecord(p, None, None, why) for p, u in chosen.items() if p not in flats
-                for why in [validate_update(u, expected) or "malformed"]}  # fmt: skip
+    rejected = {p: PeerRecord(p, None, None, validate_update(u, expected) or "malformed")
+                for p, u in chosen.items() if p not in flats}  # fmt: skip
     published: list[int] = []
     per_partition: list[Mapping[str, PeerRecord]] = []
     # A partition that publishes nothing applies nothing: its segments stay zero.
@@ -326,4 +329,7 @@ def _partitioned(
 
 
 def _fits(update: Update, expected: Mapping[str, TensorSpec]) -> bool:
-    return validate_update(update, expected) is None
+    """The update has the expected names and shapes (its values are the partitions' to judge)."""
+    return set(update) == set(expected) and all(
+        tuple(update[n].shape) == expected[n].shape for n in expected
+    )

@@ -293,10 +293,11 @@ class NodeTrainer(PartitionedRounds):
             members=len(updates),
             dropped=len(dropped),
         )
+        taken = tuple(sorted(p for p in updates if p not in records or not records[p].rejected))
         return RoundOutcome(
             round_,
             result,
-            tuple(sorted(updates)),
+            taken,  # the updates aggregated: admitted, and not rejected (as a partitioned round)
             dropped,
             bans,
             time.perf_counter() - began,
