@@ -206,17 +206,22 @@ def update_reputation(previous: Mapping[str, int], standing: Mapping[str, int]) 
 def median_spread(values: Sequence[int]) -> tuple[int, int]:
     """(lower median, spread) of one round's scores of one component, in integers.
 
-    spread = max(SPREAD_FLOOR, the (n - fmax)-th smallest |v - median|), fmax = (n - 1) // 2:
-    with at most fmax values from attackers, the median lies between the least and the greatest
-    honest value and the spread between the (n - 2 fmax)-th smallest and the largest honest
-    deviation, whatever the attackers send (specs/aggregation.md "Scores and reputation")."""
+    median = the lower median of all n values. spread = max(SPREAD_FLOOR, the (m - fmax)-th
+    smallest |v - median| over the m *distinct* values), fmax = (m - 1) // 2 (revision 6, issue
+    36): attackers who send one update between them get one score on the shared held-out batch,
+    and counted once they cannot crowd the median to shrink the spread under honest peers (ALIE
+    and IPM did: 14-23 % of honest updates left out). With at most fmax distinct values from
+    attackers the median lies between the least and the greatest honest value and the spread
+    between the (m - 2 fmax)-th smallest and the largest honest deviation, whatever the attackers
+    send (specs/aggregation.md "Scores and reputation")."""
     if not values:
         return 0, limits.SPREAD_FLOOR
     ranked = sorted(int(v) for v in values)
-    n = len(ranked)
-    median = ranked[(n - 1) // 2]
-    deviations = sorted(abs(v - median) for v in ranked)
-    return median, max(limits.SPREAD_FLOOR, deviations[n - (n - 1) // 2 - 1])
+    median = ranked[(len(ranked) - 1) // 2]
+    distinct = sorted(set(ranked))
+    m = len(distinct)
+    deviations = sorted(abs(v - median) for v in distinct)
+    return median, max(limits.SPREAD_FLOOR, deviations[m - (m - 1) // 2 - 1])
 
 
 def own_floor(median: int) -> int:

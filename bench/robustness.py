@@ -37,12 +37,14 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import multiprocessing
 import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 import torch
@@ -236,6 +238,14 @@ def run(s: Setting, rounds: int) -> Outcome:
     return out
 
 
+def _outcome(raw: dict[str, Any]) -> Outcome:
+    """An Outcome read back from a --out line."""
+    raw = dict(raw)
+    raw["setting"] = Setting(**raw["setting"])
+    raw["bans"] = [tuple(b) for b in raw["bans"]]
+    return Outcome(**raw)
+
+
 def _params(row: str) -> dict[str, float | str | int]:
     return {"f": 4} if row in ("trimmed_mean", "krum") else {}
 
@@ -259,7 +269,23 @@ def main() -> int:
     ap.add_argument("--codec", default="f32", help="f32 | int8-blockwise | sparse-topk")
     ap.add_argument("--jobs", type=int, default=1, help="settings run in parallel processes")
     ap.add_argument("--out", type=Path, help="append every setting's outcome as a JSON line")
+    ap.add_argument("--report", type=Path, help="print the matrix of a --out file; run nothing")
     args = ap.parse_args()
+    if args.report:
+        lines = args.report.read_text().splitlines()
+        done = [_outcome(json.loads(line)) for line in lines if line.strip()]
+        first = done[0].setting
+        keep = [o for o in done if o.setting.f in (0, args.f)]
+        seen = lambda key: sorted({getattr(o.setting, key) for o in keep})  # noqa: E731
+        attacks = [a for a in seen("attack") if a != "none"]
+        order = [a for a in MATRIX_ATTACKS if a in attacks] + [
+            a for a in attacks if a not in MATRIX_ATTACKS
+        ]
+        rows = [r for r in ROWS if r in seen("row")]
+        splits = [x for x in SPLITS if x in seen("shards")]
+        ok = report(keep, rows, order, splits, done[0].rounds, len(seen("seed")))
+        print(f"goal met: {ok}; {len(done)} settings of {args.report} (codec {first.codec})")
+        return 0
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
     seeds = list(range(1 if args.quick else args.seeds))
     rounds = 40 if args.quick else args.rounds
@@ -295,11 +321,12 @@ def report(outcomes: list[Outcome], rows: list[str], attacks: list[str], splits:
     for o in outcomes:
         cells.setdefault((o.setting.shards, o.setting.row, o.setting.attack), []).append(o)
 
-    def acc(key: tuple[str, str, str]) -> float:
-        return statistics.fmean(o.accuracy for o in cells[key])
+    def acc(key: tuple[str, str, str]) -> float:  # NaN for a cell not (yet) run
+        return statistics.fmean(o.accuracy for o in cells[key]) if key in cells else math.nan
 
     def empty(key: tuple[str, str, str]) -> str:
-        return "/".join(str(o.empty) for o in sorted(cells[key], key=lambda o: o.setting.seed))
+        runs = sorted(cells.get(key, []), key=lambda o: o.setting.seed)
+        return "/".join(str(o.empty) for o in runs) or "-"
 
     print(f"# final test accuracy %, n={N_PEERS}, rounds={rounds}, seeds={seeds}; "
           "in brackets: rounds that applied nothing, per seed")  # fmt: skip
@@ -344,7 +371,7 @@ def report(outcomes: list[Outcome], rows: list[str], attacks: list[str], splits:
                         for s, b in honest[:10]))  # fmt: skip
         ok &= not honest
         print(f"attacker bans by kind: {json.dumps(kinds, sort_keys=True)}")
-        for attack in attacks:
+        for attack in ["none", *attacks]:
             of = [o for o in scored if o.setting.attack == attack]
             adm = sum(o.attacker_admitted for o in of)
             tot = sum(o.attacker_scored for o in of)

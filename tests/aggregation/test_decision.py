@@ -86,7 +86,7 @@ def test_a_peer_left_out_round_after_round_is_named_once_and_a_break_resets_it()
     reputation: dict[str, int] = {}
     found = []
     for rnd in range(1, 3 * limits.LEFT_OUT_BAN_ROUNDS):
-        scores = {p: _score(p, 0.05 + 0.001 * i) for i, p in enumerate(MEMBERS)}
+        scores = {p: _score(p, 0.05 + 0.001 * i, 0.01 + 0.001 * i) for i, p in enumerate(MEMBERS)}
         # peer08: left out every round, yet no harm (held-out damage only: no reputation ban).
         scores["peer08"] = _score("peer08", 0.05, held=-0.5)
         # peer07: left out too, but admitted once in the middle of its streak.
