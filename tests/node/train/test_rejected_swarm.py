@@ -23,7 +23,7 @@ from .swarm import Swarm, final_states
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 5
+ROUNDS = 7
 
 
 def test_rejected_attackers_do_not_stall_the_swarm_and_are_banned(
