@@ -119,8 +119,8 @@ class RoundEvidence:
       with scores, distance is no evidence: honest peers whose data differ from the rest sit far
       from the centre (issue 36 measured 10 of 18 honest peer-runs banned so under ALIE);
     * with scores: reputation and blatant harm (:class:`ReputationPolicy`), and a peer whose
-      scored update was left out, and below the median on its own data, in LEFT_OUT_BAN_ROUNDS
-      consecutive scored rounds (it only costs the swarm: kind ``left_out``).
+      scored update was left out on its own data (under the own bar or floor) in
+      LEFT_OUT_BAN_ROUNDS consecutive scored rounds (it only costs the swarm: kind ``left_out``).
 
     Rounds strictly increase. Each peer is recommended once.
     """
@@ -165,10 +165,12 @@ class RoundEvidence:
     ) -> list[BanRecommendation]:
         out: list[BanRecommendation] = []
         for peer in sorted(scores):
-            # Only a round in which its update also did less for its own data than the median
-            # member's counts: an honest peer whose data differ (its update helps its own data,
-            # hurts the held-out split) may sit many rounds out, and is never named for it.
-            below = decided.standing[peer].own < 0
+            # Only a round in which it was left out *on its own data* counts (own standing under
+            # the admission bar, or the own floor): an honest peer whose data differ from the
+            # rest (its update helps its own data, hurts the held-out split) may sit many rounds
+            # out on the held-out bar, and is never named for it (issue 36: a two-class peer).
+            own = decided.standing[peer]
+            below = own.harm or own.own < -100 * limits.ADMIT_SPREADS
             if peer in self.recommended or peer not in decided.left_out or not below:
                 self._left_out.pop(peer, None)
                 continue

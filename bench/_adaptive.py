@@ -29,10 +29,11 @@ Score = Callable[
 # batches it draws itself, with cnode.aggregation.left_out_reason: every bar, the own floor too)
 # admits; "alie": within the honest spread (cnode.aggregation's alie);
 # "inflate": its own delta plus INFLATE x its distance from the honest mean, to drag the centre;
-# "stall" (issue 36): its own delta minus k x the honest mean, k the smallest in K_GRID that its
-# simulation leaves out of the aggregate while its own-data score stays above the own floor (so
-# no reputation ban): left out every round, it only costs the swarm.
+# "stall" (issue 36, stall_update): each attacker sends STALL_SCALE x its own honest delta, an
+# update that helps its own data a little (no harm, so no reputation ban) and is left out every
+# round: before issue 36 rejected updates froze partitioned rounds, and it only costs the swarm.
 ADAPTIVE = ("blind", "bar", "alie_adaptive", "inflate", "stall")
+STALL_SCALE = 0.01
 K_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 INFLATE = 10.0
 
@@ -85,10 +86,12 @@ def adaptive_update(
         g = _grad(forward, glob, *own)
         w = -mean + (mean @ g) / (g @ g).clamp_min(1e-30) * g  # -mean without the seen part
         return _unflat(d + w * (d.norm() / w.norm().clamp_min(1e-30)), mine)
-    # "bar" and "stall": simulate the round on its own batches (they do not know the seed),
+    if kind == "stall":
+        return stall_update(mine)
+    # "bar": simulate the round on its own batches (they do not know the seed),
     # through the node's admission (cnode.aggregation.admission: every bar, the own floor too).
     guess = bytes(torch.randint(0, 256, (32,), generator=rng, dtype=torch.uint8).tolist())
-    best = d if kind == "bar" else d - K_GRID[-1] * mean
+    best = d
     for k in K_GRID:
         cand = d - k * mean
         ups = {f"h{i}": u for i, u in enumerate(honest)}
@@ -98,9 +101,11 @@ def adaptive_update(
         _, scores = score(glob, ups, data, held, guess)
         decided = admission(scores, {})
         ours = [f"z{i}" for i in range(f)]
-        if kind == "bar" and all(z in decided.admitted for z in ours):
+        if all(z in decided.admitted for z in ours):
             best = cand
-        if kind == "stall" and not any(z in decided.admitted or decided.standing[z].harm
-                                       for z in ours):  # fmt: skip
-            return _unflat(cand, mine)
     return _unflat(best, mine)
+
+
+def stall_update(mine: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The stall attacker's update: STALL_SCALE x its own honest delta (see ADAPTIVE)."""
+    return {k: STALL_SCALE * v for k, v in mine.items()}

@@ -69,7 +69,7 @@ from cnode.aggregation import (
 from cnode.aggregation.limits import SCORE_STEP
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _adaptive import ADAPTIVE, adaptive_update
+from _adaptive import ADAPTIVE, adaptive_update, stall_update
 from _digits import (
     CLASSES,
     N_PEERS,
@@ -191,7 +191,10 @@ def run(s: Setting, rounds: int) -> Outcome:
             if i not in attackers:
                 sent[i], residuals[i] = through_codec(sent[i], residuals[i], s.codec)
         honest = [sent[i] for i in range(N_PEERS) if i not in attackers]
-        if adaptive and attackers:
+        if s.attack == "stall":  # each its own useless update (bench/_adaptive.py)
+            for a in attackers:
+                sent[a] = stall_update(sent[a])
+        elif adaptive and attackers:
             a0 = min(attackers)
             others = {ids[i]: own[ids[i]] for i in range(N_PEERS) if i not in attackers}
             bad = adaptive_update(
@@ -375,13 +378,15 @@ def report(outcomes: list[Outcome], rows: list[str], attacks: list[str], splits:
             of = [o for o in scored if o.setting.attack == attack]
             adm = sum(o.attacker_admitted for o in of)
             tot = sum(o.attacker_scored for o in of)
-            first = [min((b[1] for b in o.bans if b[3]), default=None) for o in of]
-            banned = [r for r in first if r is not None]
+            # The round by which all of a run's attackers were banned (None: not all were).
+            every = [max((b[1] for b in o.bans if b[3]), default=None)
+                     if sum(b[3] for b in o.bans) == o.setting.f else None for o in of]  # fmt: skip
+            banned = [r for r in every if r is not None]
             left = sum(o.honest_left_out for o in of)
             hs = sum(o.honest_scored for o in of)
             print(f"{attack}: attackers admitted {100 * adm / max(tot, 1):.0f} % of scored "
-                  f"rounds; runs with a ban {len(banned)} of {len(of)}"
-                  + (f" (first ban rounds {min(banned)}..{max(banned)})" if banned else "")
+                  f"rounds; runs with every attacker banned {len(banned)} of {len(of)}"
+                  + (f" (all banned by round {min(banned)}..{max(banned)})" if banned else "")
                   + f"; honest left out {100 * left / max(hs, 1):.1f} %")  # fmt: skip
             if attack == "stall":
                 ok &= len(banned) == len(of) and max(banned, default=99) <= 20

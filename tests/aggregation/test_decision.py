@@ -87,14 +87,19 @@ def test_a_peer_left_out_round_after_round_is_named_once_and_a_break_resets_it()
     found = []
     for rnd in range(1, 3 * limits.LEFT_OUT_BAN_ROUNDS):
         scores = {p: _score(p, 0.05 + 0.001 * i, 0.01 + 0.001 * i) for i, p in enumerate(MEMBERS)}
-        # peer08: left out every round, yet no harm (held-out damage only: no reputation ban).
-        scores["peer08"] = _score("peer08", 0.05, held=-0.5)
-        # peer07: left out too, but admitted once in the middle of its streak.
+        # peer08 sends a useless update: it helps its own data a little (no harm, so no
+        # reputation ban) and is left out on its own data every round. The stall attacker.
+        scores["peer08"] = _score("peer08", 0.001)
+        # peer07: the same, but admitted once in the middle of its streak.
         gap = rnd == limits.LEFT_OUT_BAN_ROUNDS // 2
-        scores["peer07"] = _score("peer07", 0.05, held=0.01 if gap else -0.5)
+        scores["peer07"] = _score("peer07", 0.05 if gap else 0.001)
+        # peer06: its data differ: it helps its own data as much as anyone and hurts the
+        # held-out split. Left out every round on the held-out bar, never named for it.
+        scores["peer06"] = _score("peer06", 0.0555, held=-0.5)
         decided = admission(scores, reputation)
         reputation = decided.reputation
         assert ("peer07" in decided.admitted) == gap and "peer08" not in decided.admitted
+        assert "peer06" in decided.left_out and not decided.standing["peer06"].harm
         found += evidence.observe(
             rnd, {}, scores=scores, seed=b"s" * 32, decided=decided,
             update_cids={p: f"bafk-{p}-{rnd}" for p in scores},
@@ -108,7 +113,7 @@ def test_a_peer_left_out_round_after_round_is_named_once_and_a_break_resets_it()
     (first,) = [b for b in found if b.peer == "peer08"]
     assert first.figures["rounds"] == list(range(1, n + 1))
     assert first.update_cid == f"bafk-peer08-{n}"
-    assert "held-out score" in first.figures["reasons"][-1]
+    assert "own-data score" in first.figures["reasons"][-1]
     assert first.to_payload()["kind"] == "left_out"
 
 
