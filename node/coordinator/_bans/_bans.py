@@ -6,7 +6,6 @@ caller's transaction like RunMachine."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +16,7 @@ from cnode.aggregation import EvidenceKind
 from .. import limits
 from .._codes import ErrorCode as E
 from .._exceptions import RequestRefused
+from .._store._rows import BanReportRow, BanRow, MemberStatus
 from .._store._store import Store
 from .._wire._ban_records import BanKind, BanReport
 from ._verdicts import ReputationVerdict
@@ -24,8 +24,6 @@ from ._verdicts import ReputationVerdict
 __all__ = ["BanBook"]
 
 log = structlog.get_logger(__name__)
-
-_ACTIVE = ("joined", "ready")
 
 
 class BanBook:
@@ -48,23 +46,20 @@ class BanBook:
     ) -> None:
         """Ban ``peer``; ``by`` is the peer id whose request this acts on (see BanKind)."""
         s = self.store
-        s.db.execute(
-            "INSERT OR REPLACE INTO bans (peer, username, reason, round, evidence, by, at, kind) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (peer, s.peer_username(peer), reason, round_, json.dumps(evidence), by, now, kind),
-        )
-        current = int(s.run_row()["round"])
+        username = s.peer_username(peer)
+        s.put_ban(BanRow(peer, username, kind, reason, round_, evidence or {}, by, now))
+        current = s.run_row().round
         for n in (current, current + 1):
             row = s.member(n, peer)
-            if row is not None and row["status"] in _ACTIVE:
-                s.set_member(n, peer, status="banned")
+            if row is not None and row.active:
+                s.set_member(n, peer, status=MemberStatus.BANNED)
         detail = {"peer": peer, "kind": str(kind), "reason": reason, "round": round_, "by": by}
         s.append_log(now, by, "ban", detail)
         log.info("ban", peer=peer, kind=str(kind), reason=reason, by=by)
         self.advance(now)
 
     def unban(self, peer: str, by: str, now: float) -> None:
-        if self.store.db.execute("DELETE FROM bans WHERE peer = ?", (peer,)).rowcount == 0:
+        if not self.store.delete_ban(peer):
             raise RequestRefused(E.NOT_BANNED, f"peer {peer} is not banned")
         self.store.append_log(now, by, "unban", {"peer": peer})
 
@@ -73,7 +68,7 @@ class BanBook:
         not_member, 409 bad_accused)."""
         n, accused = evidence["round"], evidence["peer"]
         row = self.store.round_row(n)
-        published: list[str] = json.loads(row["members"] or "[]") if row is not None else []
+        published = row.members if row is not None else []
         if reporter not in published:
             raise RequestRefused(E.NOT_MEMBER, f"peer {reporter} was not a member of round {n}")
         if accused not in published or accused == reporter:
@@ -103,30 +98,21 @@ class BanBook:
             return BanReport(accused, n, 0, needed, True)
         checked = _confirmed(verdict, n)
         kind = evidence["kind"]
-        s.db.execute(
-            "INSERT OR REPLACE INTO ban_reports "
-            "(round, accused, reporter, reason, update_cid, figures, at, kind) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (n, accused, reporter, evidence["reason"], evidence["update_cid"],
-             evidence["figures"], now, kind),
+        s.put_ban_report(
+            BanReportRow(
+                n, accused, reporter, str(kind), evidence["reason"], evidence["update_cid"],
+                evidence["figures"], now,
+            )
         )  # fmt: skip
         detail = {"round": n, "peer": accused, "kind": str(kind), "reason": evidence["reason"]}
         s.append_log(now, reporter, "ban_evidence", detail)
         if kind == EvidenceKind.OUTLIER:
             # Members that joined at different rounds reach "k of the last m rounds" at
             # different rounds: outlier reports about the same peer add up over the window.
-            rows = s.db.execute(
-                "SELECT DISTINCT reporter FROM ban_reports WHERE accused = ? AND kind = ? "
-                "AND round > ? AND round <= ? ORDER BY reporter",
-                (accused, kind, n - limits.BAN_REPORT_WINDOW, n),
-            ).fetchall()
+            first = n - limits.BAN_REPORT_WINDOW + 1
+            reporters = s.reporters_in_rounds(accused, str(kind), first, n)
         else:  # the same kind of evidence about the same update of the same round
-            rows = s.db.execute(
-                "SELECT reporter FROM ban_reports WHERE round = ? AND accused = ? AND kind = ? "
-                "AND update_cid IS ? ORDER BY reporter",
-                (n, accused, kind, evidence["update_cid"]),
-            ).fetchall()
-        reporters = [str(r[0]) for r in rows]
+            reporters = s.reporters_of_update(n, accused, str(kind), evidence["update_cid"])
         decided = BanKind.CHECKED if checked else None
         if decided is None and len(reporters) >= needed:
             decided = BanKind.MAJORITY

@@ -44,7 +44,6 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 
-
 class EvidenceChecker(Protocol):
     """Recompute a partition result from a CAR of evidence blocks; raise :class:`BadEvidence`
     when the evidence is malformed (``cnode.node.train.check_partition_evidence``, translated)."""
@@ -145,8 +144,8 @@ async def _check(
     output: str,
 ) -> dict[str, Any]:
     recorded = server.partitions.evidence_target(peer, n, partition, header)
-    if recorded["replaced"] is not None:  # shown wrong already (a resend, or a second reporter)
-        return {"banned": True, "recomputed": recorded["replaced"], "replaced": True}
+    if recorded.replaced is not None:  # shown wrong already (a resend, or a second reporter)
+        return {"banned": True, "recomputed": recorded.replaced, "replaced": True}
     checker = server.evidence_checker
     if checker is None:
         raise RequestRefused(
@@ -176,11 +175,11 @@ async def _check(
             E.BAD_EVIDENCE,
             f"the header is for partition {verdict.partition}, not {partition}",
         )
-    if verdict.signer != recorded["peer"]:
+    if verdict.signer != recorded.peer:
         raise RequestRefused(
             E.BAD_EVIDENCE,
             f"the header is signed by {verdict.signer}; the result was recorded from "
-            f"{recorded['peer']}",
+            f"{recorded.peer}",
         )
     if verdict.correct:
         raise RequestRefused(
@@ -207,5 +206,5 @@ async def _check(
     return {
         "banned": True,
         "recomputed": verdict.recomputed,
-        "replaced": entry["replaced"] == verdict.recomputed,
+        "replaced": entry.replaced == verdict.recomputed,
     }

@@ -13,7 +13,6 @@ says why a report cannot be checked here. See specs/coordinator.md#bans.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
@@ -83,7 +82,7 @@ class ReputationChecker(Protocol):
 def record_input(store: Store, n: int, accused: str) -> list[ScoredRound] | str:
     """Round n's closed record of ``accused`` alone, as a bad-record report is checked."""
     row = store.round_row(n)
-    if row is None or not int(row["parts"] or 0):
+    if row is None or not row.parts:
         return f"round {n} was not partitioned: it has no score records"
     data = store.score_bytes(n).get(accused)
     if data is None:
@@ -103,21 +102,13 @@ def replay_input(store: Store, n: int) -> list[ScoredRound] | str:
     opened = 0
     for r in range(1, n + 1):
         row = store.round_row(r)
-        if row is None or row["status"] != RoundStatus.AGREED:
+        if row is None or row.status is not RoundStatus.AGREED:
             return f"round {r} is not agreed"
-        if not int(row["parts"] or 0):
+        if not row.parts:
             return f"round {r} was not partitioned: its scores never reached the coordinator"
-        members = json.loads(row["members"] or "[]")
+        members = row.members
         # Every listed member's header, whatever its status since (a banned member's stays).
-        headers = {
-            str(m["peer"]): str(m["header"])
-            for m in store.db.execute(
-                "SELECT peer, header FROM members WHERE round = ? AND header IS NOT NULL "
-                "ORDER BY peer",
-                (r,),
-            ).fetchall()
-            if m["peer"] in members
-        }
+        headers = store.listed_headers(r, members)
         records = {p: b for p, b in store.score_bytes(r).items() if p in members}
         opened += len(records)
         if opened > limits.MAX_REPUTATION_REPLAY_RECORDS:

@@ -246,7 +246,7 @@ class CoordinatorServer:
             )
 
     def _signed_state(self) -> bytes:
-        key = (self.store.version(), self.store.run_row()["waiting"])
+        key = (self.store.version(), self.store.run_row().waiting)
         if self._state_cache is None or self._state_cache[0] != key:
             state = self.machine.run_state(time.time())
             if self._gossip is not None:

@@ -8,8 +8,6 @@ called after each change and by the server's deadline tick, so a restart simply 
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from typing import Any
 
 import structlog
@@ -20,6 +18,7 @@ from .._codes import ErrorCode as E
 from .._config import RunConfig
 from .._exceptions import RequestRefused
 from .._pace import phase_closes_at
+from .._store._rows import ACTIVE, CheckpointRow, MemberStatus, RoundRow
 from .._store._store import Store
 from .._wire._admin import (
     AdminAction,
@@ -46,8 +45,6 @@ from ._views import SignedViews, checkpoint_record
 __all__ = ["RunMachine"]
 
 log = structlog.get_logger(__name__)
-
-_ACTIVE = ("joined", "ready")
 
 
 class RunMachine:
@@ -79,8 +76,8 @@ class RunMachine:
     def check_not_banned(self, peer: str, username: str = "") -> None:
         row = self.store.ban_row(peer) or self.store.user_ban(username)
         if row is not None:
-            who = f"peer {peer}" if row["peer"] == peer else f"user {username!r}"
-            raise RequestRefused(E.BANNED, f"{who} is banned: {row['reason']}")
+            who = f"peer {peer}" if row.peer == peer else f"user {username!r}"
+            raise RequestRefused(E.BANNED, f"{who} is banned: {row.reason}")
 
     def check_may_join(self, peer: str, username: str, orgs: list[str]) -> None:
         self.check_not_banned(peer, username)
@@ -104,14 +101,14 @@ class RunMachine:
     def join_round(self, peer: str, username: str, now: float) -> int:
         """Enter the current round if its list is open, else the next one; return the round."""
         s = self.store
-        current = int(s.run_row()["round"])
+        current = s.run_row().round
         for n in (current, current + 1):
             row = s.member(n, peer)
-            if row is not None and row["status"] in _ACTIVE:
+            if row is not None and row.active:
                 return n  # idempotent: already in
-        status = s.current_round_row()["status"]
-        target = current if status == RoundStatus.OPEN else current + 1
-        if s.count_members(target, *_ACTIVE) >= limits.MAX_ROUND_MEMBERS:
+        status = s.current_round_row().status
+        target = current if status is RoundStatus.OPEN else current + 1
+        if s.count_members(target, *ACTIVE) >= limits.MAX_ROUND_MEMBERS:
             raise RequestRefused(E.ROUND_FULL, f"round {target} has MAX_ROUND_MEMBERS members")
         s.put_member(target, peer, username, now)
         s.append_log(now, peer, "join_round", {"round": target})
@@ -119,54 +116,52 @@ class RunMachine:
         return target
 
     def _own_membership(self, peer: str, n: int) -> None:
-        current = int(self.store.run_row()["round"])
+        current = self.store.run_row().round
         if n not in (current, current + 1):
             raise RequestRefused(
                 E.ROUND_OVER,
                 f"round {n} is not open to changes; the current round is {current}",
             )
         row = self.store.member(n, peer)
-        if row is None or row["status"] not in _ACTIVE:
-            why = "" if row is None else f" ({row['status']})"
+        if row is None or not row.active:
+            why = "" if row is None else f" ({row.status})"
             raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}{why}")
 
     def ready(self, peer: str, n: int, now: float, header: str | None = None) -> None:
         self._own_membership(peer, n)
         row = self.store.member(n, peer)
-        if row is not None and row["status"] == "ready":
+        if row is not None and row.status is MemberStatus.READY:
             return
-        self.store.set_member(n, peer, status="ready", ready_at=now, header=header)
+        self.store.set_member(n, peer, status=MemberStatus.READY, ready_at=now, header=header)
         self.store.append_log(now, peer, "ready", {"round": n, "header": header})
         self.advance(now)
 
     def collected(self, peer: str, n: int, missing: list[str], now: float) -> None:
         """A member of published round ``n`` says whose updates it could not fetch."""
         row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        if row is None or not row.listed:
             raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
-        if row["parts"]:
+        if row.parts:
             raise RequestRefused(
                 E.PARTITIONED_ROUND, f"round {n} is partitioned: members report `checked`"
             )
-        members = json.loads(row["members"] or "[]")
+        members = row.members
         if peer not in members:
             raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}")
-        if row["status"] == RoundStatus.AGREED:
+        if row.status is RoundStatus.AGREED:
             return  # decided already (a late or repeated report): the decision stands
         unknown = sorted(set(missing) - set(members))
         if unknown:
             raise RequestRefused(
                 E.BAD_REQUEST, f"missing names peers not in round {n}: {unknown[0]}"
             )
-        self.store.set_member(
-            n, peer, missing=json.dumps(sorted(set(missing) - {peer})), collected_at=now
-        )
+        self.store.set_member(n, peer, missing=sorted(set(missing) - {peer}), collected_at=now)
         self.store.append_log(now, peer, "collected", {"round": n, "missing": sorted(missing)})
         self.advance(now)
 
     def leave(self, peer: str, n: int, now: float) -> None:
         self._own_membership(peer, n)
-        self.store.set_member(n, peer, status="left")
+        self.store.set_member(n, peer, status=MemberStatus.LEFT)
         self.store.append_log(now, peer, "leave", {"round": n})
         self.advance(now)
 
@@ -177,13 +172,13 @@ class RunMachine:
         s = self.store
         run = s.run_row()
         dues = []
-        if run["phase"] in (Phase.WARMUP, Phase.COOLDOWN) and run["phase_until"] is not None:
-            dues.append(float(run["phase_until"]))
+        if run.phase in (Phase.WARMUP, Phase.COOLDOWN) and run.phase_until is not None:
+            dues.append(run.phase_until)
         row = s.current_round_row()
-        if row["status"] == RoundStatus.CLOSED and row["deadline"] is not None:
-            dues.append(float(row["deadline"]))
+        if row.status is RoundStatus.CLOSED and row.deadline is not None:
+            dues.append(row.deadline)
         for published in s.rounds_with_status(RoundStatus.PUBLISHED):
-            if published["parts"]:
+            if published.parts:
                 dues += self.partitions.due(published)
             else:
                 dues.append(self._collect_closes_at(published))
@@ -199,26 +194,26 @@ class RunMachine:
     def _step(self, now: float) -> bool:
         s, r = self.store, self.config.rounds
         for published in s.rounds_with_status(RoundStatus.PUBLISHED):
-            if published["parts"]:
+            if published.parts:
                 if self.partitions.step(published, now):
                     return True
                 continue
-            members = json.loads(published["members"] or "[]")
-            reports = s.collected(int(published["round"]))
+            members = published.members
+            reports = s.collected(published.round)
             if len(reports) >= len(members) or now >= self._collect_closes_at(published):
-                self._agree(int(published["round"]), members, reports, now)
+                self._agree(published.round, members, reports, now)
                 return True
         run = s.run_row()
-        phase, n = Phase(run["phase"]), int(run["round"])
+        phase, n = run.phase, run.round
         row = s.current_round_row()
-        active = s.count_members(n, *_ACTIVE)
-        ready = s.count_members(n, "ready")
+        active = s.count_members(n, *ACTIVE)
+        ready = s.count_members(n, MemberStatus.READY)
         need = r.min_participants
         if phase is Phase.COOLDOWN:
             ckpt = s.latest_checkpoint()
-            done = ckpt is not None and int(ckpt["round"]) >= n - 1
-            if done or now >= float(run["phase_until"]):
-                epoch = int(run["epoch"]) + 1
+            done = ckpt is not None and ckpt.round >= n - 1
+            if done or now >= _until(run.phase_until):
+                epoch = run.epoch + 1
                 s.set_run(epoch=epoch, phase=str(Phase.WAITING_FOR_MEMBERS), phase_until=None)
                 s.set_round(n, epoch=epoch)
                 why = "checkpoint" if done else "timeout"
@@ -236,13 +231,13 @@ class RunMachine:
                 s.set_run(phase=str(Phase.WAITING_FOR_MEMBERS), phase_until=None)
                 self._log(now, "phase", phase=str(Phase.WAITING_FOR_MEMBERS))
                 return True
-            if now >= float(run["phase_until"]):
+            if now >= _until(run.phase_until):
                 s.set_run(phase=str(Phase.TRAINING), phase_until=None)
                 self._log(now, "phase", phase=str(Phase.TRAINING))
                 return True
             return self._waiting("warmup: joiners fetch the current checkpoint")
         # Training
-        if row["status"] == RoundStatus.OPEN:
+        if row.status is RoundStatus.OPEN:
             if active < need:
                 s.set_run(phase=str(Phase.WAITING_FOR_MEMBERS))
                 self._log(now, "phase", phase=str(Phase.WAITING_FOR_MEMBERS), round=n)
@@ -265,50 +260,47 @@ class RunMachine:
         if ready == active:
             self._publish(n, now)
             return True
-        if now >= float(row["deadline"]):
-            dropped = s.members(n, "joined")
+        if now >= _until(row.deadline):
+            dropped = s.members(n, MemberStatus.JOINED)
             for peer in dropped:
-                s.set_member(n, peer, status="dropped")
+                s.set_member(n, peer, status=MemberStatus.DROPPED)
             self._log(now, "members_dropped", round=n, peers=dropped)
             return True
         return self._waiting(f"round {n}: {active - ready} of {active} members not ready yet")
 
-    def _collect_closes_at(self, row: sqlite3.Row) -> float:
+    def _collect_closes_at(self, row: RoundRow) -> float:
         """When a full round's input set is decided without the members that have not reported
         `collected`: by the pace rule (_pace.py) from the collect deadline, so a member that is
         slow to fetch delays the decision instead of changing it."""
-        members = json.loads(row["members"] or "[]")
-        times = self.store.report_times(int(row["round"]), "collected_at", members)
+        members = row.members
+        times = self.store.report_times(row.round, "collected_at", members)
         return phase_closes_at(
-            float(row["published_at"]),
-            float(row["collect_deadline"]),
+            _until(row.published_at),
+            _until(row.collect_deadline),
             times,
             len(members),
             self.config.rounds.late_max_s,
         )
 
     def _waiting(self, text: str | None) -> bool:
-        if self.store.run_row()["waiting"] != text:
+        if self.store.run_row().waiting != text:
             self.store.set_run(waiting=text)  # not logged: derived, shown in the state only
         return False
 
     def _publish(self, n: int, now: float) -> None:
         s, r = self.store, self.config.rounds
-        members = s.members(n, "ready")
+        members = s.members(n, MemberStatus.READY)
         parts = self.partitions.parts_for(len(members))
         s.set_round(
             n,
             status=str(RoundStatus.PUBLISHED),
             published_at=now,
-            members=json.dumps(members),
+            members=members,
             collect_deadline=now + r.collect_timeout_s,
             parts=parts,
         )
-        epoch = int(s.run_row()["epoch"])
-        s.db.execute(
-            "INSERT INTO rounds (round, epoch, status, opened_at) VALUES (?, ?, ?, ?)",
-            (n + 1, epoch, str(RoundStatus.OPEN), now),
-        )
+        epoch = s.run_row().epoch
+        s.open_round(n + 1, epoch, now)
         s.set_run(round=n + 1)
         self._log(now, "round_published", round=n, members=members, parts=parts)
         if r.checkpoint_every and n % r.checkpoint_every == 0:
@@ -346,8 +338,8 @@ class RunMachine:
             n,
             status=str(RoundStatus.AGREED),
             agreed_at=now,
-            agreed=json.dumps(agreed),
-            excluded=json.dumps(excluded, sort_keys=True),
+            agreed=agreed,
+            excluded=excluded,
         )
         late = sorted(set(members) - set(reports))
         self._log(now, "round_agreed", round=n, agreed=agreed, excluded=excluded, silent=late)
@@ -381,7 +373,7 @@ class RunMachine:
                 self.bans.unban(peer, by, now)
                 return {}
             case LogPage(after, limit):
-                return {"log": s.log_page(after, limit)}
+                return {"log": [entry.to_json() for entry in s.log_page(after, limit)]}
         raise AssertionError(f"unhandled admin action {action!r}")
 
     # -- checkpoints --------------------------------------------------------------------------
@@ -392,31 +384,30 @@ class RunMachine:
         s, n = self.store, record.round
         checkpointers = self.config.access.checkpointers
         row = s.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        if row is None or not row.listed:
             raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
-        published = json.loads(row["members"] or "[]")
-        if peer not in (checkpointers or published):
+        if peer not in (checkpointers or row.members):
             raise RequestRefused(E.NOT_CHECKPOINTER, f"peer {peer} may not checkpoint round {n}")
-        if int(row["epoch"]) != record.epoch:
+        if row.epoch != record.epoch:
             raise RequestRefused(
-                E.WRONG_EPOCH, f"round {n} belongs to epoch {row['epoch']}, not {record.epoch}"
+                E.WRONG_EPOCH, f"round {n} belongs to epoch {row.epoch}, not {record.epoch}"
             )
         latest = s.latest_checkpoint()
-        if latest is not None and int(latest["round"]) >= n:
-            if int(latest["round"]) == n and latest["manifest"] == record.manifest:
+        if latest is not None and latest.round >= n:
+            if latest.round == n and latest.manifest == record.manifest:
                 return checkpoint_record(latest)  # the same result from another member: agreed
             raise RequestRefused(
                 E.STALE_ROUND,
                 f"a manifest for round {n} is not newer than the current checkpoint "
-                f"(round {latest['round']}, {latest['manifest']})",
+                f"(round {latest.round}, {latest.manifest})",
             )
-        s.db.execute(
-            "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (n, record.epoch, record.manifest, record.hf_repo, record.hf_revision, peer, now),
+        stored = CheckpointRow(
+            n, record.epoch, record.manifest, record.hf_repo, record.hf_revision, peer, now
         )
+        s.put_checkpoint(stored)
         s.append_log(now, peer, "checkpoint", {"round": n, "manifest": record.manifest})
         self.advance(now)
-        return checkpoint_record(s.latest_checkpoint())
+        return checkpoint_record(stored)
 
     # -- signed views (``_views.SignedViews``) -----------------------------------------------
 
@@ -428,3 +419,10 @@ class RunMachine:
 
     def run_state(self, now: float) -> RunState:
         return self.views.run_state(now)
+
+
+def _until(at: float | None) -> float:
+    """A time the round's status guarantees is set (a closed round's deadline, a timed phase's
+    end, a published round's times)."""
+    assert at is not None, "set by the transition that entered this status"
+    return at

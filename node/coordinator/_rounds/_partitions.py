@@ -14,8 +14,6 @@ Runs inside the caller's ``Store.tx()`` like :class:`RunMachine`, which calls it
 
 from __future__ import annotations
 
-import json
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import Any
@@ -30,13 +28,12 @@ from .._codes import ErrorCode as E
 from .._config import RunConfig
 from .._exceptions import RequestRefused
 from .._pace import median_time, phase_closes_at
+from .._store._rows import ResultRow, RoundRow
 from .._store._store import Store
 from .._wire._ban_records import BanKind
 from .._wire._protocol import PartitionResultEntry, RoundStatus, ms
 
 __all__ = ["PartitionRules"]
-
-_LISTED = (RoundStatus.PUBLISHED, RoundStatus.AGREED)
 
 
 class PartitionRules:
@@ -71,14 +68,14 @@ class PartitionRules:
     def aggregators(self, n: int, members: list[str], parts: int) -> list[str]:
         return assign_partitions(self.config.run, n, members, parts) if parts else []
 
-    def info(self, n: int, row: sqlite3.Row) -> dict[str, Any]:
+    def info(self, n: int, row: RoundRow) -> dict[str, Any]:
         """The RoundInfo keyword arguments of a listed round's partitioned fields."""
-        parts = int(row["parts"] or 0)
+        parts = row.parts
         if parts == 0:
             return {}
-        members = json.loads(row["members"] or "[]")
+        members = row.members
         results = {
-            str(p): PartitionResultEntry(r["peer"], r["header"], r["replaced"], r["by"])
+            str(p): PartitionResultEntry(r.peer, r.header, r.replaced, r.by)
             for p, r in self.store.results(n).items()
         }
         scores = self.store.score_records(n)
@@ -86,11 +83,11 @@ class PartitionRules:
             "parts": parts,
             "aggregators": self.aggregators(n, members, parts),
             "results": results,
-            "verify_deadline_ms": ms(row["verify_deadline"]),
+            "verify_deadline_ms": ms(row.verify_deadline),
             "scores": scores,
             "scores_closed": self._scores_closed(row, time.time()),
-            "results_open_ms": ms(row["results_open"]),
-            "backup_step_ms": ms(row["backup_step"]),
+            "results_open_ms": ms(row.results_open),
+            "backup_step_ms": ms(row.backup_step),
         }
 
     def scores_closed(self, n: int, now: float) -> bool:
@@ -98,66 +95,66 @@ class PartitionRules:
         row = self.store.round_row(n)
         return row is not None and self._scores_closed(row, now)
 
-    def _scores_closed(self, row: sqlite3.Row, now: float) -> bool:
+    def _scores_closed(self, row: RoundRow, now: float) -> bool:
         """No score record is taken any more: the round is agreed, or its score phase closed
         (specs/coordinator.md#scores-in-partitioned-rounds). The verdict only moves from open
         to closed: ``now`` grows, and records are only added while open."""
-        if row["status"] == RoundStatus.AGREED:
+        if row.status is RoundStatus.AGREED:
             return True
         at = self._scores_close_at(row)
         return at is not None and now >= at
 
-    def _scores_close_at(self, row: sqlite3.Row) -> float | None:
+    def _scores_close_at(self, row: RoundRow) -> float | None:
         """When a published partitioned round's score records close: once every member sent
         one, else by the pace rule (_pace.py) from the nominal score deadline,
         SCORE_CLOSE_MARGIN_S before the collect deadline (or a quarter of the collect window
         before it, when that is shorter): the moment aggregators stop fetching. A loaded
         machine or slow link delays the scores (and the ban they may carry), it does not
         change them."""
-        end, start = row["collect_deadline"], row["published_at"]
+        end, start = row.collect_deadline, row.published_at
         if end is None or start is None:
             return None
-        window = float(end) - float(start)
-        nominal = float(end) - min(limits.SCORE_CLOSE_MARGIN_S, window / 4)
-        members = json.loads(row["members"] or "[]")
-        times = self.store.report_times(int(row["round"]), "scored_at", members)
+        window = end - start
+        nominal = end - min(limits.SCORE_CLOSE_MARGIN_S, window / 4)
+        members = row.members
+        times = self.store.report_times(row.round, "scored_at", members)
         late = min(self.config.rounds.late_max_s, limits.SCORE_CLOSE_MAX_S)
-        return phase_closes_at(float(start), nominal, times, len(members), late)
+        return phase_closes_at(start, nominal, times, len(members), late)
 
-    def _results_open_at(self, row: sqlite3.Row) -> float:
+    def _results_open_at(self, row: RoundRow) -> float:
         """When round ``row``'s result window opens: at the collect deadline, or when the score
         records close if that is later (every aggregator waits for them)."""
-        opens = float(row["collect_deadline"])
+        opens = _set(row.collect_deadline)
         closes = self._scores_close_at(row) if self.config.scored else None
         if closes is not None:
             opens = max(opens, closes)
         return opens
 
-    def _backup_step(self, row: sqlite3.Row) -> float:
+    def _backup_step(self, row: RoundRow) -> float:
         """The round's backup step: rounds.backup_step_s, or the median member's time to score
         when longer (publish -> score record: fetching and scoring two updates; a partition is
         about one update to fetch and aggregate), at most BACKUP_STEP_MAX_S."""
         step = self.config.rounds.backup_step_s
         if self.config.scored:
-            members = json.loads(row["members"] or "[]")
-            times = self.store.report_times(int(row["round"]), "scored_at", members)
-            median = median_time(float(row["published_at"]), times, len(members))
+            members = row.members
+            times = self.store.report_times(row.round, "scored_at", members)
+            median = median_time(_set(row.published_at), times, len(members))
             if median is not None:
                 step = max(step, min(median, limits.BACKUP_STEP_MAX_S))
         return step
 
     # -- ops ------------------------------------------------------------------------------------
 
-    def _listed(self, peer: str, n: int) -> tuple[sqlite3.Row, list[str], int]:
+    def _listed(self, peer: str, n: int) -> tuple[RoundRow, list[str], int]:
         row = self.store.round_row(n)
-        if row is None or row["status"] not in _LISTED:
+        if row is None or not row.listed:
             raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
-        parts = int(row["parts"] or 0)
+        parts = row.parts
         if parts == 0:
             raise RequestRefused(
                 E.NOT_PARTITIONED, f"round {n} is not partitioned (full replication)"
             )
-        members = json.loads(row["members"] or "[]")
+        members = row.members
         if peer not in members:
             raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}")
         return row, members, parts
@@ -171,14 +168,14 @@ class PartitionRules:
             )
         recorded = self.store.results(n).get(partition)
         if recorded is not None:
-            if recorded["peer"] == peer and recorded["header"] == header:
+            if recorded.peer == peer and recorded.header == header:
                 return  # the same result again (a resend): already recorded
             raise RequestRefused(
                 E.RESULT_RECORDED,
-                f"partition {partition} of round {n} already has a result: {recorded['header']}"
-                f" from {recorded['peer']}",
+                f"partition {partition} of round {n} already has a result: {recorded.header}"
+                f" from {recorded.peer}",
             )
-        if row["status"] == RoundStatus.AGREED:
+        if row.status is RoundStatus.AGREED:
             raise RequestRefused(E.ROUND_OVER, f"round {n} is agreed; results are closed")
         aggregator = self.aggregators(n, members, parts)[partition]
         if peer != aggregator:
@@ -186,11 +183,11 @@ class PartitionRules:
         self.store.put_result(n, partition, peer, header, now)
         detail: dict[str, Any] = {"round": n, "partition": partition, "header": header}
         if peer != aggregator:
-            excluded = json.loads(row["excluded"] or "{}")
+            excluded = dict(row.excluded)
             excluded[aggregator] = (
                 f"partition {partition}: no result by the deadline; aggregated by backup {peer}"
             )
-            self.store.set_round(n, excluded=json.dumps(excluded, sort_keys=True))
+            self.store.set_round(n, excluded=excluded)
             detail["backup_for"] = aggregator
         self.store.append_log(now, peer, "result", detail)
         self.advance(now)
@@ -202,19 +199,19 @@ class PartitionRules:
         members: list[str],
         partition: int,
         aggregator: str,
-        row: sqlite3.Row,
+        row: RoundRow,
         now: float,
     ) -> None:
         backups = backup_aggregators(self.config.run, n, members, partition)
         backups = backups[: limits.MAX_PARTITION_BACKUPS]
-        if row["results_open"] is None:
+        if row.results_open is None or row.backup_step is None:
             raise RequestRefused(
                 E.NOT_YOUR_PARTITION,
                 f"partition {partition} of round {n} is aggregated by {aggregator}; its backups "
                 f"({', '.join(backups) or 'none'}) may submit it one step after the result "
                 "window opens (the collect deadline, or the score records' close), not before",
             )
-        start, step = float(row["results_open"]), float(row["backup_step"])
+        start, step = row.results_open, row.backup_step
         if peer in backups and now >= start + (backups.index(peer) + 1) * step:
             return
         who = ", ".join(
@@ -252,7 +249,7 @@ class PartitionRules:
     def checked(self, peer: str, n: int, wrong: list[int], now: float) -> None:
         """A member recomputed its chosen partitions; ``wrong`` are those it found wrong."""
         row, _members, parts = self._listed(peer, n)
-        if row["status"] == RoundStatus.AGREED:
+        if row.status is RoundStatus.AGREED:
             return  # decided already (a late or repeated report): the decision stands
         bad = [p for p in wrong if p >= parts]
         if bad:
@@ -265,63 +262,62 @@ class PartitionRules:
                 E.RESULTS_PENDING,
                 f"round {n}: partition(s) {missing[:8]} have no result yet; check after all do",
             )
-        self.store.set_member(n, peer, checked=json.dumps(wrong), checked_at=now)
+        self.store.set_member(n, peer, checked=list(wrong), checked_at=now)
         self.store.append_log(now, peer, "checked", {"round": n, "wrong": wrong})
         self.advance(now)
 
     # -- transitions ------------------------------------------------------------------------------
 
-    def due(self, row: sqlite3.Row) -> list[float]:
+    def due(self, row: RoundRow) -> list[float]:
         """When a published partitioned round next has something to do without a request."""
-        if row["verify_deadline"] is not None:
+        if row.verify_deadline is not None:
             return [self._verify_closes_at(row)]
-        if row["results_open"] is None:
+        if row.results_open is None:
             return [self._results_open_at(row)]
-        steps = int(row["backup_steps"] or 0)
-        steps = min(steps, limits.MAX_PARTITION_BACKUPS) + 1
-        return [float(row["results_open"]) + steps * float(row["backup_step"])]
+        steps = min(row.backup_steps, limits.MAX_PARTITION_BACKUPS) + 1
+        return [row.results_open + steps * _set(row.backup_step)]
 
-    def _verify_closes_at(self, row: sqlite3.Row) -> float:
+    def _verify_closes_at(self, row: RoundRow) -> float:
         """When the round is agreed without the members that have not reported `checked`: by
         the pace rule from the verify deadline (the phase started when every result was in)."""
-        n, deadline = int(row["round"]), float(row["verify_deadline"])
-        members = json.loads(row["members"] or "[]")
+        n, deadline = row.round, _set(row.verify_deadline)
+        members = row.members
         voters = [p for p in members if self.store.ban_row(p) is None]
         times = self.store.report_times(n, "checked_at", voters)
         start = deadline - self.config.rounds.verify_timeout_s
         late = self.config.rounds.late_max_s
         return phase_closes_at(start, deadline, times, len(voters), late)
 
-    def step(self, row: sqlite3.Row, now: float) -> bool:
+    def step(self, row: RoundRow, now: float) -> bool:
         """Apply one due transition of published partitioned round ``row``; False when none."""
         s, r = self.store, self.config.rounds
-        n, parts = int(row["round"]), int(row["parts"])
+        n, parts = row.round, row.parts
         results = s.results(n)
         if len(results) == parts:
-            if row["verify_deadline"] is None:
+            if row.verify_deadline is None:
                 s.set_round(n, verify_deadline=now + r.verify_timeout_s)
                 self.log(now, "results_complete", round=n, parts=parts)
                 return True
-            members = json.loads(row["members"] or "[]")
+            members = row.members
             silent = sorted(p for p in set(members) - set(s.checked(n)) if s.ban_row(p) is None)
             if not silent or now >= self._verify_closes_at(row):
                 self._agree(row, results, now, silent=silent)
                 return True
             return False
-        if row["results_open"] is None:
+        if row.results_open is None:
             if now < self._results_open_at(row):
                 return False
             step = self._backup_step(row)
             s.set_round(n, results_open=now, backup_step=step)
             self.log(now, "results_window", round=n, step=step)
             return True
-        steps = int(row["backup_steps"] or 0)
-        start, step = float(row["results_open"]), float(row["backup_step"])
+        steps = row.backup_steps
+        start, step = row.results_open, _set(row.backup_step)
         if now < start + (steps + 1) * step:
             return False
         if steps < limits.MAX_PARTITION_BACKUPS:
             s.set_round(n, backup_steps=steps + 1)
-            members = json.loads(row["members"] or "[]")
+            members = row.members
             missing = sorted(set(range(parts)) - set(results))
             backups = {}
             for p in missing:
@@ -333,14 +329,14 @@ class PartitionRules:
         return True
 
     def _agree(
-        self, row: sqlite3.Row, results: dict[int, sqlite3.Row], now: float, *, silent: list[str]
+        self, row: RoundRow, results: dict[int, ResultRow], now: float, *, silent: list[str]
     ) -> None:
         """Agree partitioned round ``row``: every member listed, ``excluded`` says who did not
         deliver a partition and who is banned; partitions without a result keep the parent."""
-        s, n, parts = self.store, int(row["round"]), int(row["parts"])
-        members = json.loads(row["members"] or "[]")
+        s, n, parts = self.store, row.round, row.parts
+        members = row.members
         aggregators = self.aggregators(n, members, parts)
-        excluded: dict[str, str] = json.loads(row["excluded"] or "{}")
+        excluded = dict(row.excluded)
         missing = sorted(set(range(parts)) - set(results))
         for p in missing:
             excluded[aggregators[p]] = (
@@ -354,8 +350,8 @@ class PartitionRules:
             n,
             status=str(RoundStatus.AGREED),
             agreed_at=now,
-            agreed=json.dumps(sorted(members)),
-            excluded=json.dumps(excluded, sort_keys=True),
+            agreed=sorted(members),
+            excluded=excluded,
         )
         self.log(
             now,
@@ -369,7 +365,7 @@ class PartitionRules:
 
     # -- evidence ---------------------------------------------------------------------------------
 
-    def evidence_target(self, peer: str, n: int, partition: int, header: str) -> sqlite3.Row:
+    def evidence_target(self, peer: str, n: int, partition: int, header: str) -> ResultRow:
         """The recorded result that evidence from ``peer`` names (refusals as RequestRefused)."""
         _row, _members, parts = self._listed(peer, n)
         if partition >= parts:
@@ -377,8 +373,8 @@ class PartitionRules:
                 E.BAD_REQUEST, f"partition {partition} is not below parts ({parts})"
             )
         recorded = self.store.results(n).get(partition)
-        if recorded is None or recorded["header"] != header:
-            now_has = "no result" if recorded is None else f"result {recorded['header']}"
+        if recorded is None or recorded.header != header:
+            now_has = "no result" if recorded is None else f"result {recorded.header}"
             raise RequestRefused(
                 E.NOT_RECORDED,
                 f"header {header} is not the recorded result of partition {partition} of round "
@@ -401,9 +397,9 @@ class PartitionRules:
         """The coordinator's own recomputation shows the recorded result wrong: ban its signer
         at once and record the recomputed output for that partition (if not already)."""
         recorded = self.store.results(n)[partition]
-        if recorded["replaced"] is None:
+        if recorded.replaced is None:
             row = self.store.round_row(n)
-            if row is not None and row["status"] != RoundStatus.AGREED:
+            if row is not None and row.status is not RoundStatus.AGREED:
                 self.store.replace_result(n, partition, recomputed, reporter)
         self.store.append_log(
             now,
@@ -427,7 +423,7 @@ class PartitionRules:
                 now,
                 round_=n,
                 evidence={
-                    "header": recorded["header"],
+                    "header": recorded.header,
                     "claimed": claimed,
                     "recomputed": recomputed,
                     "reporter": reporter,
@@ -436,3 +432,10 @@ class PartitionRules:
             )
         else:
             self.advance(now)
+
+
+def _set(at: float | None) -> float:
+    """A time the round's status guarantees is set (a published round's publish time and
+    collect deadline; a backup step once the result window opened)."""
+    assert at is not None, "set by the transition that entered this status"
+    return at

@@ -3,16 +3,13 @@ built from the store as the coordinator signs them (specs/coordinator.md#message
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from .._config import RunConfig
+from .._store._rows import ACTIVE, CheckpointRow, MemberStatus
 from .._store._store import Store
-from .._wire._ban_records import BanKind, BanRecord
+from .._wire._ban_records import BanRecord
 from .._wire._protocol import (
     CheckpointHistory,
     CheckpointRecord,
-    Phase,
     RoundInfo,
     RoundStatus,
     RunState,
@@ -21,8 +18,6 @@ from .._wire._protocol import (
 from ._partitions import PartitionRules
 
 __all__ = ["SignedViews", "checkpoint_record"]
-
-_ACTIVE = ("joined", "ready")
 
 
 class SignedViews:
@@ -40,31 +35,30 @@ class SignedViews:
         s = self.store
         run = s.run_row()
         row = s.round_row(n)
-        joined = s.count_members(n, "joined", "ready")
-        ready = s.count_members(n, "ready")
+        joined = s.count_members(n, *ACTIVE)
+        ready = s.count_members(n, MemberStatus.READY)
         if row is None:
             return RoundInfo(
-                self.config.run, n, int(run["epoch"]), RoundStatus.FUTURE, [], joined, ready, None
+                self.config.run, n, run.epoch, RoundStatus.FUTURE, [], joined, ready, None
             )
-        status = RoundStatus(row["status"])
-        listed = status in (RoundStatus.PUBLISHED, RoundStatus.AGREED)
-        members = json.loads(row["members"]) if listed else []
+        status, listed = row.status, row.listed
+        members = row.members if listed else []
         headers = {k: v for k, v in s.headers(n).items() if k in members}
-        shown = members if listed else s.members(n, *_ACTIVE)
+        shown = members if listed else s.members(n, *ACTIVE)
         return RoundInfo(
             self.config.run,
             n,
-            int(row["epoch"]),
+            row.epoch,
             status,
             members,
             joined,
             ready,
-            ms(row["deadline"]) if status is RoundStatus.CLOSED else None,
+            ms(row.deadline) if status is RoundStatus.CLOSED else None,
             headers,
             addrs=s.peer_addrs(shown),
-            collect_deadline_ms=ms(row["collect_deadline"]) if listed else None,
-            agreed=json.loads(row["agreed"]) if status is RoundStatus.AGREED else None,
-            excluded=json.loads(row["excluded"] or "{}") if listed else {},
+            collect_deadline_ms=ms(row.collect_deadline) if listed else None,
+            agreed=row.agreed if status is RoundStatus.AGREED else None,
+            excluded=row.excluded if listed else {},
             **(self.partitions.info(n, row) if listed else {}),
         )
 
@@ -76,18 +70,10 @@ class SignedViews:
     def run_state(self, now: float) -> RunState:
         s = self.store
         run = s.run_row()
-        n = int(run["round"])
+        n = run.round
         latest = s.latest_checkpoint()
         bans = [
-            BanRecord(
-                b["peer"],
-                b["username"],
-                BanKind(b["kind"]),
-                b["reason"],
-                b["round"],
-                b["by"],
-                int(b["at"] * 1000),
-            )
+            BanRecord(b.peer, b.username, b.kind, b.reason, b.round, b.by, int(b.at * 1000))
             for b in s.ban_rows()
         ]
         return RunState(
@@ -96,25 +82,25 @@ class SignedViews:
             version=s.version(),
             at_ms=int(now * 1000),
             config=self.config.public_dict(),
-            phase=Phase(run["phase"]),
-            phase_until_ms=ms(run["phase_until"]),
-            epoch=int(run["epoch"]),
+            phase=run.phase,
+            phase_until_ms=ms(run.phase_until),
+            epoch=run.epoch,
             round=self.round_info(n),
             last_round=self.round_info(n - 1) if n > 1 else None,
-            waiting=run["waiting"],
+            waiting=run.waiting,
             checkpoint=None if latest is None else checkpoint_record(latest),
             bans=bans,
         )
 
 
-def checkpoint_record(row: Any) -> CheckpointRecord:
+def checkpoint_record(row: CheckpointRow) -> CheckpointRecord:
     """A stored checkpoint row as its signed record."""
     return CheckpointRecord(
-        int(row["epoch"]),
-        int(row["round"]),
-        str(row["manifest"]),
-        row["hf_repo"],
-        row["hf_revision"],
-        str(row["submitter"]),
-        int(float(row["at"]) * 1000),
+        row.epoch,
+        row.round,
+        row.manifest,
+        row.hf_repo,
+        row.hf_revision,
+        row.submitter,
+        int(row.at * 1000),
     )

@@ -52,26 +52,25 @@ class RoundWaits:
     def results_done(self, n: int) -> bool:
         """Round ``n`` is agreed, or published with a result for every partition."""
         row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        if row is None or not row.listed:
             return False
-        parts = int(row["parts"] or 0)
-        return row["status"] == RoundStatus.AGREED or len(self.store.results(n)) >= parts
+        return row.status is RoundStatus.AGREED or len(self.store.results(n)) >= row.parts
 
     def _agreed(self, n: int) -> bool:
         row = self.store.round_row(n)
-        return row is not None and row["status"] == RoundStatus.AGREED
+        return row is not None and row.status is RoundStatus.AGREED
 
     def _scores_done(self, n: int) -> bool:
         row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        if row is None or not row.listed:
             return False
-        if row["status"] == RoundStatus.AGREED or not row["parts"]:
+        if row.status is RoundStatus.AGREED or not row.parts:
             return True  # agreed, or a full-replication round: it has no score phase
         return self.scores_closed is not None and self.scores_closed(n, time.time())
 
     def _checkpointed(self, n: int) -> bool:
         latest = self.store.latest_checkpoint()
-        return latest is not None and int(latest["round"]) >= n
+        return latest is not None and latest.round >= n
 
     def _done(self, n: int, until: str, current: int) -> bool:
         if until == "published":
@@ -87,7 +86,7 @@ class RoundWaits:
     async def wait(self, n: int, until: str, seconds: float) -> None:
         """Return once round ``n`` reached ``until``, or after ``seconds``."""
         waiting = self.events[until]
-        current = int(self.store.run_row()["round"])
+        current = self.store.run_row().round
         if n > current + 1 or (n not in waiting and len(waiting) >= limits.MAX_POLLED_ROUNDS):
             await asyncio.sleep(seconds)  # no event kept for it
             return
@@ -97,7 +96,7 @@ class RoundWaits:
 
     def wake(self) -> None:
         """Set (and drop) the events of every round a change finished."""
-        current = int(self.store.run_row()["round"])
+        current = self.store.run_row().round
         for until, waiting in self.events.items():
             for n in [n for n in waiting if self._done(n, until, current)]:
                 waiting.pop(n).set()
