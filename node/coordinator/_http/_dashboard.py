@@ -20,9 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from .. import limits
-from .._rounds._machine import RunMachine
 from .._store._rows import RoundRow
 from .._store._store import Store
+from ._driver import RunDriver
 from ._reports import ReportBook
 
 __all__ = ["SECURITY_HEADERS", "Dashboard"]
@@ -54,9 +54,9 @@ def _ms(t: Any) -> int | None:
 class Dashboard:
     """Routes and JSON of the dashboard of one run, over the coordinator's own store."""
 
-    def __init__(self, store: Store, machine: RunMachine, run: str, coordinator: str) -> None:
+    def __init__(self, store: Store, driver: RunDriver, run: str, coordinator: str) -> None:
         self.store = store
-        self.machine = machine
+        self.driver = driver
         self.run = run
         self.coordinator = coordinator
         self.reports = ReportBook(store)
@@ -112,7 +112,7 @@ class Dashboard:
         s, pages = self.store, self.reports.pages
         run = s.run_row()
         current = run.round
-        rounds_cfg = self.machine.config.rounds
+        rounds_cfg = self.driver.config.rounds
         return {
             "run": self.run,
             "coordinator": self.coordinator,
@@ -216,7 +216,7 @@ class Dashboard:
         n, parts = row.round, row.parts
         if parts == 0:
             return {"parts": 0, "partitions": []}
-        aggregators = self.machine.partitions.aggregators(n, row.members, parts)
+        aggregators = self.driver.partitions.aggregators(n, row.members, parts)
         results = self.store.results(n)
         shown = []
         for p in range(min(parts, limits.DASHBOARD_PARTITIONS)):

@@ -9,6 +9,7 @@ import json
 import sqlite3
 from typing import Any
 
+from ._facts import SameEvidence
 from ._rows import BanReportRow, BanRow, CheckpointRow
 
 __all__ = ["PeerTables"]
@@ -142,6 +143,12 @@ class PeerTables:
             (n, accused, kind, update_cid),
         ).fetchall()
         return [str(r[0]) for r in rows]
+
+    def reporters(self, same: SameEvidence) -> list[str]:
+        """Who reported the same evidence before (see :class:`SameEvidence`)."""
+        if same.window:
+            return self.reporters_in_rounds(same.accused, same.kind, same.first, same.last)
+        return self.reporters_of_update(same.last, same.accused, same.kind, same.update_cid)
 
     def ban_reports(self, accused: str, limit: int) -> list[BanReportRow]:
         """The first ``limit`` reports about ``accused``, by round then reporter."""

@@ -38,6 +38,7 @@ __all__ = [
     "RoundInfo",
     "RoundStatus",
     "RunState",
+    "Until",
     "b64decode",
     "b64encode",
 ]
@@ -69,6 +70,16 @@ class RoundStatus(StrEnum):
     CLOSED = "closed"  # a member is ready: the list is closed, waiting for the rest or deadline
     PUBLISHED = "published"  # member list final; members exchange updates and report `collected`
     AGREED = "agreed"  # the input set is decided (``RoundInfo.agreed``): members aggregate it
+
+
+class Until(StrEnum):
+    """What a long poll of a round record waits for (``GET .../rounds/{n}?until=``)."""
+
+    PUBLISHED = "published"  # the member list is published (the default)
+    AGREED = "agreed"  # the input set is decided
+    RESULTS = "results"  # every partition has a recorded result (or the round is agreed)
+    SCORES = "scores"  # the score records are closed (or the round is agreed)
+    CHECKPOINT = "checkpoint"  # a checkpoint of the round or a later one is recorded
 
 
 class Op(StrEnum):

@@ -21,15 +21,13 @@ from collections.abc import Callable
 
 from .. import limits
 from .._store._store import Store
-from .._wire._protocol import RoundStatus
+from .._wire._protocol import RoundStatus, Until
 
-__all__ = ["UNTIL", "RoundWaits"]
+__all__ = ["RoundWaits"]
 
-# What a long poll may wait for.
-UNTIL = ("published", "agreed", "results", "scores", "checkpoint")
 # Conditions that become true with time alone (the pace rule closes score records without a
 # request): their waiters are checked on every tick, not only after a change.
-TIMED = ("scores",)
+TIMED = (Until.SCORES,)
 
 ScoresClosed = Callable[[int, float], bool]
 
@@ -43,7 +41,7 @@ class RoundWaits:
         # (round, now) -> whether its score records are closed (the partition rules' verdict);
         # without it (no partitioned rounds), "scores" waits for the round to be agreed.
         self.scores_closed = scores_closed
-        self.events: dict[str, dict[int, asyncio.Event]] = {until: {} for until in UNTIL}
+        self.events: dict[Until, dict[int, asyncio.Event]] = {until: {} for until in Until}
 
     def timed(self) -> bool:
         """Someone waits for a condition that time alone can make true."""
@@ -72,18 +70,20 @@ class RoundWaits:
         latest = self.store.latest_checkpoint()
         return latest is not None and latest.round >= n
 
-    def _done(self, n: int, until: str, current: int) -> bool:
-        if until == "published":
-            return n < current
-        if until == "agreed":
-            return self._agreed(n)
-        if until == "scores":
-            return self._scores_done(n)
-        if until == "checkpoint":
-            return self._checkpointed(n)
-        return self.results_done(n)
+    def _done(self, n: int, until: Until, current: int) -> bool:
+        match until:
+            case Until.PUBLISHED:
+                return n < current
+            case Until.AGREED:
+                return self._agreed(n)
+            case Until.SCORES:
+                return self._scores_done(n)
+            case Until.CHECKPOINT:
+                return self._checkpointed(n)
+            case Until.RESULTS:
+                return self.results_done(n)
 
-    async def wait(self, n: int, until: str, seconds: float) -> None:
+    async def wait(self, n: int, until: Until, seconds: float) -> None:
         """Return once round ``n`` reached ``until``, or after ``seconds``."""
         waiting = self.events[until]
         current = self.store.run_row().round
