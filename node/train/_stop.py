@@ -17,6 +17,7 @@ from cnode.node.coordinator import (
     BadRunState,
     CoordinatorRejected,
     CoordinatorUnavailable,
+    ErrorCode,
     RunConfigError,
 )
 from cnode.node.hub import HubLoginError, HubUnavailable
@@ -115,7 +116,7 @@ def stop_reason_of(error: BaseException | None) -> StopReason:
         return StopReason.FINISHED
     if isinstance(error, NodeStopped):
         return error.reason
-    if isinstance(error, CoordinatorRejected) and error.code == "banned":
+    if isinstance(error, CoordinatorRejected) and error.code is ErrorCode.BANNED:
         return StopReason.BANNED
     if isinstance(error, CoordinatorRejected) and error.status >= 500:
         return StopReason.COORDINATOR
