@@ -58,8 +58,8 @@ def test_the_ban_section_shows_the_kind_and_who_decided_by_name(tmp_path: Path) 
     from rich.console import Console
 
     from cnode.node.coordinator import BanKind, BanRecord
-    from cnode.node.train.demo._report import _ban_section
     from cnode.node.train._report import Event
+    from cnode.node.train.demo._report import _ban_section
     from cnode.node.train.demo._swarm import Role, _Proc
 
     procs = [
