@@ -185,9 +185,11 @@ async def _run_session(session: _Session) -> int:
         )
         raise NodeStopped(reason, evidence) from exc
     except BaseException as exc:  # cancelled, KeyboardInterrupt: the process is told to end
-        reporter.event(Event.STOPPED, reason=f"{type(exc).__name__}: {exc}", stop_reason="finished")
+        reporter.event(
+            Event.STOPPED, reason=f"{type(exc).__name__}: {exc}", stop_reason=StopReason.FINISHED
+        )
         raise
-    reporter.event(Event.STOPPED, reason=why, stop_reason="finished", exit_code=0)
+    reporter.event(Event.STOPPED, reason=why, stop_reason=StopReason.FINISHED, exit_code=0)
     return 0
 
 

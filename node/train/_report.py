@@ -11,6 +11,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any, Protocol
 
+from ._stop import StopReason
+
 __all__ = ["Ending", "Event", "EventObserver", "Reporter", "read_report"]
 
 
@@ -99,8 +101,9 @@ def _human(event: Event, f: dict[str, Any]) -> str | None:
 
 
 def read_report(path: Path) -> list[dict[str, Any]]:
-    """The events written so far, each ``event`` decoded to an :class:`Event`; a partly
-    written last line, or one of an event this version does not know, is skipped."""
+    """The events written so far, each ``event`` decoded to an :class:`Event` (a ``stopped``
+    event's ``stop_reason`` to a :class:`StopReason`); a partly written last line, or one of an
+    event this version does not know, is skipped."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -110,6 +113,8 @@ def read_report(path: Path) -> list[dict[str, Any]]:
         try:
             event = json.loads(line)
             event["event"] = Event(event["event"])
+            if event["event"] is Event.STOPPED and "stop_reason" in event:
+                event["stop_reason"] = StopReason(event["stop_reason"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             continue
         out.append(event)

@@ -40,8 +40,9 @@ from ._exceptions import (
 __all__ = ["NodeStopped", "StopReason", "stop_reason_of"]
 
 
-class StopReason(enum.Enum):
-    """The closed set of reasons a node stops; ``exit_code`` is the CLI's exit status."""
+class StopReason(enum.StrEnum):
+    """The closed set of reasons a node stops; ``exit_code`` is the CLI's exit status. Its value
+    is the ``stop_reason`` of the report's ``stopped`` event (decoded back by ``read_report``)."""
 
     FINISHED = "finished"  # its rounds are done, or it left on SIGTERM/SIGINT
     BANNED = "banned"  # the coordinator's signed state bans it

@@ -21,11 +21,10 @@ from .._codes import ErrorCode as E
 from .._exceptions import RequestRefused
 from .._store._pages import Pages
 from .._store._store import Store
+from .._wire._protocol import CatchUpSource, ReportKind
 from ._requests import _cid, parse_round, require
 
 __all__ = ["ReportBook", "parse_report"]
-
-_KINDS = ("round", "catch_up")
 
 
 def _cid_text(args: Mapping[str, Any], key: str) -> str | None:
@@ -47,11 +46,13 @@ def _number(args: Mapping[str, Any], key: str, *, integer: bool = False) -> floa
 
 def parse_report(args: Mapping[str, Any]) -> dict[str, Any]:
     """Check a report's arguments (types, bounds); return the body to store."""
-    kind = require(args, "kind", str)
-    if kind not in _KINDS:
-        raise RequestRefused(E.BAD_REQUEST, f"report kind must be one of {_KINDS}")
-    body: dict[str, Any] = {"kind": kind, "round": parse_round(args)}
-    if kind == "round":
+    text = require(args, "kind", str)
+    if text not in set(ReportKind):
+        kinds = tuple(str(k) for k in ReportKind)
+        raise RequestRefused(E.BAD_REQUEST, f"report kind must be one of {kinds}")
+    kind = ReportKind(text)
+    body: dict[str, Any] = {"kind": str(kind), "round": parse_round(args)}
+    if kind is ReportKind.ROUND:
         body["loss"] = _number(args, "loss")
         body["state"] = _cid_text(args, "state")
         body["holds"] = _cid_text(args, "holds")
@@ -60,9 +61,9 @@ def parse_report(args: Mapping[str, Any]) -> dict[str, Any]:
     body["seconds"] = _number(args, "seconds")
     body["bytes"] = int(_number(args, "bytes", integer=True))
     source = require(args, "source", str)
-    if source not in ("peers", "hub"):
+    if source not in set(CatchUpSource):
         raise RequestRefused(E.BAD_REQUEST, "source must be 'peers' or 'hub'")
-    body["source"] = source
+    body["source"] = str(CatchUpSource(source))
     per_holder = require(args, "bytes_per_holder", dict)
     if len(per_holder) > limits.MAX_REPORT_HOLDERS:
         raise RequestRefused(E.BAD_REQUEST, "bytes_per_holder over MAX_REPORT_HOLDERS")
@@ -89,7 +90,7 @@ class ReportBook:
     def record(self, peer: str, body: dict[str, Any], now: float) -> dict[str, Any]:
         """Store one checked report (inside the caller's transaction); refuse strangers."""
         s, n = self.store, int(body["round"])
-        if body["kind"] == "round":
+        if body["kind"] == ReportKind.ROUND:
             row = s.round_row(n)
             published = row.members if row is not None else []
             if peer not in published:

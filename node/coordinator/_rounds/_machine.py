@@ -30,6 +30,7 @@ from .._store._writes import (
     SetMember,
     Write,
 )
+from .._wire._admin import AllowKind
 from .._wire._protocol import CheckpointRecord, RoundStatus, ms
 from ._partitions import PartitionRules
 from ._steps import RoundSteps, Step
@@ -78,9 +79,9 @@ class RunMachine:
     @staticmethod
     def may_join_entries(peer: str, username: str, orgs: list[str]) -> list[tuple[str, str]]:
         """The allowlist entries any of which admits this joiner (the store says which exist)."""
-        entries = [("peer", peer)]
+        entries: list[tuple[str, str]] = [(AllowKind.PEER, peer)]
         if username:
-            entries += [("user", username), *(("org", org) for org in orgs)]
+            entries += [(AllowKind.USER, username), *((AllowKind.ORG, org) for org in orgs)]
         return entries
 
     def check_may_join(

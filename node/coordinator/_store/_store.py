@@ -18,6 +18,7 @@ from typing import Any
 
 from .._config import RunConfig
 from .._exceptions import RunConfigError
+from .._wire._admin import AllowKind
 from .._wire._protocol import Phase, RoundStatus
 from ._facts import RoundFacts, RunFacts
 from ._rows import (
@@ -159,11 +160,11 @@ class Store(PeerTables):
             )
             self.open_round(1, 0, now)
             access = config.access
-            for kind, values in (("user", access.users), ("peer", access.peers)):
+            for kind, values in ((AllowKind.USER, access.users), (AllowKind.PEER, access.peers)):
                 for value in values:
                     self.allow(kind, value, "config", now)
             for org in access.orgs:
-                self.allow("org", org, "config", now)
+                self.allow(AllowKind.ORG, org, "config", now)
             if config.initial_checkpoint:
                 self.put_checkpoint(
                     CheckpointRow(0, 0, config.initial_checkpoint, None, None, coordinator, now)
