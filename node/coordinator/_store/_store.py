@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from enum import StrEnum
 from pathlib import Path
@@ -20,7 +20,7 @@ from .._config import RunConfig
 from .._exceptions import RunConfigError
 from .._wire._admin import AllowKind
 from .._wire._protocol import Phase, RoundStatus
-from ._facts import RoundFacts, RunFacts
+from ._cache import MEMBER_READ, FactsCache
 from ._rows import (
     CheckpointRow,
     LogEntry,
@@ -32,36 +32,11 @@ from ._rows import (
 )
 from ._schema import SCHEMA_VERSION, create_or_migrate
 from ._tables import PeerTables
-from ._writes import (
-    Allow,
-    DeleteBan,
-    Disallow,
-    Log,
-    OpenRound,
-    PutBan,
-    PutBanReport,
-    PutCheckpoint,
-    PutMember,
-    PutPeer,
-    PutResult,
-    ReplaceResult,
-    SetCounter,
-    SetMember,
-    SetRound,
-    SetRun,
-    Write,
-)
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
 # The members columns that record when a member made a phase's report (_pace.py reads them).
 _REPORT_TIMES = frozenset({"collected_at", "scored_at", "checked_at"})
-
-# The members columns a MemberRow is made of (not the score record's bytes: read on their own).
-_MEMBER_READ = (
-    "round, peer, username, status, joined_at, ready_at, header, missing, collected_at, checked, "
-    "checked_at, score_record, scored_at"
-)
 
 # The columns a typed write may set, per table (the field names of its row dataclass that are
 # stored as is or as JSON): a write naming another raises before any SQL is built.
@@ -96,7 +71,7 @@ def _sql_values(values: dict[str, Any], allowed: frozenset[str], table: str) -> 
     }
 
 
-class Store(PeerTables):
+class Store(PeerTables, FactsCache):
     """SQLite access for one run. Not thread-safe: the server uses it from its event loop only.
 
     Resource handling: the connection is closed by :meth:`close`.
@@ -115,6 +90,7 @@ class Store(PeerTables):
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.execute("PRAGMA busy_timeout=5000")
         create_or_migrate(self.db)
+        FactsCache.__init__(self)
 
     def close(self) -> None:
         self.db.close()
@@ -123,10 +99,12 @@ class Store(PeerTables):
     def tx(self) -> Iterator[None]:
         """One durable transaction: committed on success, rolled back on any exception."""
         self.db.execute("BEGIN IMMEDIATE")
+        self.tx_begun()
         try:
             yield
         except BaseException:
             self.db.execute("ROLLBACK")
+            self.tx_rolled_back()
             raise
         self.db.execute("COMMIT")
 
@@ -257,7 +235,7 @@ class Store(PeerTables):
 
     def member(self, n: int, peer: str) -> MemberRow | None:
         row = self.db.execute(
-            f"SELECT {_MEMBER_READ} FROM members WHERE round = ? AND peer = ?", (n, peer)
+            f"SELECT {MEMBER_READ} FROM members WHERE round = ? AND peer = ?", (n, peer)
         ).fetchone()
         return None if row is None else MemberRow.of(row)
 
@@ -383,61 +361,3 @@ class Store(PeerTables):
             "UPDATE results SET replaced = ?, by = ? WHERE round = ? AND partition = ?",
             (replaced, by, n, partition),
         )
-
-    # -- what the rules read, and what they write ---------------------------------------------
-
-    def facts(self, *rounds: int) -> RunFacts:
-        """The rows the rules read: the run, the latest checkpoint, and the current round, the
-        next one, every published round and ``rounds`` (see ``_facts.py``)."""
-        run = self.run_row()
-        wanted = {run.round, run.round + 1, *(r for r in rounds if r >= 0)}
-        wanted |= {r.round for r in self.rounds_with_status(RoundStatus.PUBLISHED)}
-        return RunFacts(run, {n: self.round_facts(n) for n in sorted(wanted)},
-                        self.latest_checkpoint())  # fmt: skip
-
-    def round_facts(self, n: int) -> RoundFacts:
-        rows = self.db.execute(f"SELECT {_MEMBER_READ} FROM members WHERE round = ?", (n,))
-        members = {str(r["peer"]): MemberRow.of(r) for r in rows.fetchall()}
-        banned = self.db.execute(
-            "SELECT peer FROM bans WHERE peer IN (SELECT peer FROM members WHERE round = ?)", (n,)
-        ).fetchall()
-        return RoundFacts(
-            self.round_row(n), members, self.results(n), frozenset(str(b[0]) for b in banned)
-        )
-
-    def apply(self, writes: Sequence[Write]) -> None:
-        """Apply the rules' writes in order (inside the caller's transaction)."""
-        for w in writes:
-            match w:
-                case Log(at, actor, kind, detail):
-                    self.append_log(at, actor, kind, dict(detail))
-                case SetRun(values):
-                    self.set_run(**values)
-                case OpenRound(n, epoch, at):
-                    self.open_round(n, epoch, at)
-                case SetRound(n, values):
-                    self.set_round(n, **values)
-                case PutMember(n, peer, username, at):
-                    self.put_member(n, peer, username, at)
-                case SetMember(n, peer, values):
-                    self.set_member(n, peer, **values)
-                case PutPeer(peer, username, at, expires, addrs):
-                    self.put_peer(peer, username, at, expires, addrs)
-                case SetCounter(peer, counter):
-                    self.set_counter(peer, counter)
-                case PutResult(n, partition, peer, header, at):
-                    self.put_result(n, partition, peer, header, at)
-                case ReplaceResult(n, partition, replaced, by):
-                    self.replace_result(n, partition, replaced, by)
-                case PutCheckpoint(row):
-                    self.put_checkpoint(row)
-                case PutBan(row):
-                    self.put_ban(row)
-                case DeleteBan(peer):
-                    self.delete_ban(peer)
-                case PutBanReport(row):
-                    self.put_ban_report(row)
-                case Allow(kind, value, by, at):
-                    self.allow(kind, value, by, at)
-                case Disallow(kind, value):
-                    self.disallow(kind, value)
