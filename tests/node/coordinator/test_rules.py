@@ -16,6 +16,7 @@ import pytest
 from cnode.aggregation import EvidenceKind, assign_partitions, backup_aggregators
 from cnode.node.coordinator import RoundsConfig, RunConfig
 from cnode.node.coordinator._bans._evidence import judge_partition_verdict
+from cnode.node.coordinator._bans._reputation import replay_bound, replay_round
 from cnode.node.coordinator._bans._verdicts import PartitionVerdict, ReputationVerdict
 from cnode.node.coordinator._exceptions import RequestRefused
 from cnode.node.coordinator._rounds._machine import RunMachine
@@ -33,6 +34,7 @@ from cnode.node.coordinator._store._writes import (
     PutBan,
     PutMember,
     PutResult,
+    ReplaceResult,
     SetMember,
     SetRound,
     SetRun,
@@ -256,9 +258,10 @@ def test_ops_refuse_with_registered_codes() -> None:
 
 def _partitioned(results: dict[int, ResultRow] | None = None, **fields: Any) -> RoundFacts:
     members = sorted(PEERS[:3])
+    status = fields.pop("status", RoundStatus.PUBLISHED)
     row = _round(
         1,
-        RoundStatus.PUBLISHED,
+        status,
         published_at=T0,
         collect_deadline=T0 + 90,
         members=members,
@@ -359,3 +362,30 @@ def test_a_reputation_report_the_records_refute_is_refused() -> None:
         m.bans.report(f, a, _evidence(e, EvidenceKind.REPUTATION), T0, earlier=[], username="",
                       verdict=refuted)  # fmt: skip
     assert caught.value.code == "evidence_refuted"
+
+
+def test_a_wrong_result_bans_its_signer_and_replaces_the_output() -> None:
+    m = _machine(partitioned="auto")
+    members = sorted(PEERS[:3])
+    signer = members[1]
+    results = {0: ResultRow(1, 0, signer, "h0", None, None, T0)}
+    f = _facts(_training(2), _partitioned(results), _next())
+    writes = m.partitions.wrong_result(
+        f, members[0], 1, 0, signer=signer, signer_username="", claimed="c", recomputed="r",
+        reported="r", now=T0,
+    )  # fmt: skip
+    assert writes[0] == ReplaceResult(1, 0, "r", members[0])
+    ban = next(w for w in writes if isinstance(w, PutBan)).row
+    assert (ban.peer, ban.kind, ban.by) == (signer, BanKind.PARTITION, members[0])
+
+
+def test_what_a_reputation_replay_reads() -> None:
+    agreed = _partitioned(status=RoundStatus.AGREED)
+    records = {p: b"record" for p in PEERS}  # one of a peer that was no member: left out
+    got = replay_round(agreed, 1, records, opened=0)
+    assert not isinstance(got, str)
+    (r, headers, kept), opened = got
+    assert (r, opened) == (1, 3) and sorted(kept) == sorted(PEERS[:3])
+    assert headers == {p: f"h-{p}" for p in sorted(PEERS[:3])}
+    assert replay_round(_partitioned(), 1, records, 0) == "round 1 is not agreed"
+    assert replay_bound(10**6) is not None and replay_bound(1) is None
