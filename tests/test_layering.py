@@ -254,3 +254,94 @@ def import_cycles(folder: str, root: Path = ROOT) -> list[list[str]]:
 )
 def test_no_import_cycles(folder: str) -> None:
     assert import_cycles(folder) == []
+
+
+# ``cnode.node.coordinator``'s parts in the order they may import each other (issue 40): the
+# store is the only code that speaks SQL, the rules (``_bans``, ``_rounds``) are logic over its
+# typed rows, the HTTP layer holds every handler. A part imports only parts of a lower rank (its
+# own modules aside). ``__init__`` (the public surface) is outside the order.
+COORDINATOR_ORDER = {
+    "limits": 0,
+    "_codes": 0,
+    "_exceptions": 1,
+    "_config": 2,
+    "_pace": 2,
+    "_wire": 3,
+    "_client": 4,
+    "_store": 4,
+    "_bans": 5,
+    "_rounds": 6,
+    "_gossip": 7,
+    "_process": 7,
+    "_http": 7,
+    "server": 8,
+}
+_COORDINATOR = "cnode.node.coordinator"
+# What the rules may use of the store: its typed rows, facts and writes, never the SQL.
+RULES = ("_bans", "_rounds")
+RULES_MAY_USE_OF_STORE = {"_rows", "_facts", "_writes"}
+# Modules that do I/O or read the clock: none of them in the rules.
+NOT_IN_RULES = {"sqlite3", "aiohttp", "asyncio", "httpx", "time", "structlog", "trio", "anyio"}
+
+
+def _coordinator_part(name: str) -> str | None:
+    """``cnode.node.coordinator._store._rows`` -> ``_store``; None outside the coordinator."""
+    if not name.startswith(_COORDINATOR + "."):
+        return None
+    return name[len(_COORDINATOR) + 1 :].split(".")[0]
+
+
+def coordinator_order_violations(root: Path = ROOT) -> list[str]:
+    """Every import of a coordinator part by one of an equal or lower rank, and every use of
+    the store's SQL or of an I/O module by the rules."""
+    out = []
+    for path in sorted((root / "node" / "coordinator").rglob("*.py")):
+        module, package = _module_name(path, root)
+        own = _coordinator_part(module)
+        if own is None:
+            continue
+        for line, target in _imports(path, package):
+            where = f"{path.relative_to(root)}:{line}: {module} imports {target}"
+            if own in RULES and target.split(".")[0] in NOT_IN_RULES:
+                out.append(f"{where} (the rules do no I/O)")
+            other = _coordinator_part(target)
+            if other is None or other == own:
+                continue
+            if other not in COORDINATOR_ORDER or own not in COORDINATOR_ORDER:
+                out.append(f"{where} ({other if other not in COORDINATOR_ORDER else own} "
+                           "is missing from COORDINATOR_ORDER)")  # fmt: skip
+            elif COORDINATOR_ORDER[other] >= COORDINATOR_ORDER[own]:
+                out.append(f"{where} ({own} comes before {other} in COORDINATOR_ORDER)")
+            if own in RULES and other == "_store":
+                used = target[len(_COORDINATOR) + len("._store.") :].split(".")[0]
+                if used and used not in RULES_MAY_USE_OF_STORE:
+                    out.append(f"{where} (the rules use the store's rows, never its SQL)")
+    return sorted(set(out))
+
+
+def test_the_coordinator_parts_import_only_earlier_ones() -> None:
+    found = coordinator_order_violations()
+    assert not found, "coordinator parts against COORDINATOR_ORDER:\n" + "\n".join(found)
+    folder = ROOT / "node" / "coordinator"
+    parts = {p.stem for p in folder.glob("*.py")} | {
+        p.name for p in folder.iterdir() if (p / "__init__.py").exists()
+    }
+    assert parts - {"__init__"} == set(COORDINATOR_ORDER), "a part missing from the order"
+
+
+def test_the_coordinator_order_check_sees_a_bad_import(tmp_path: Path) -> None:
+    coordinator = tmp_path / "node" / "coordinator"
+    for sub in ("_store", "_rounds", "_http"):
+        (coordinator / sub).mkdir(parents=True)
+        (coordinator / sub / "__init__.py").write_text("")
+    (coordinator / "_store" / "_a.py").write_text("from .._http._server import x\n")
+    (coordinator / "_rounds" / "_b.py").write_text(
+        "import sqlite3\nfrom .._store._store import S\n"
+    )
+    (coordinator / "_rounds" / "_c.py").write_text("from .._store._rows import RoundRow\n")
+    (coordinator / "_http" / "_d.py").write_text("from .._rounds._machine import RunMachine\n")
+    found = "\n".join(coordinator_order_violations(tmp_path))
+    assert "_store._a imports cnode.node.coordinator._http._server (_store comes before" in found
+    assert "_rounds._b imports sqlite3 (the rules do no I/O)" in found
+    assert "_rounds._b imports cnode.node.coordinator._store._store (the rules use" in found
+    assert "_rounds._c" not in found and "_http._d" not in found

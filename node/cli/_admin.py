@@ -13,7 +13,13 @@ from pathlib import Path
 
 from cnode.auth import AuthError, Identity, load_identity, public_key_from_peer_id
 from cnode.node._config import IDENTITY_FILE, default_home, load_config
-from cnode.node.coordinator import RunConfigError, RunState, SyncCoordinatorClient, load_run_config
+from cnode.node.coordinator import (
+    AllowKind,
+    RunConfigError,
+    RunState,
+    SyncCoordinatorClient,
+    load_run_config,
+)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -24,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         p.add_argument("value", help="HF username, peer id or HF org")
         p.add_argument(
             "--kind",
-            choices=("auto", "user", "peer", "org"),
+            choices=("auto", *AllowKind),
             default="auto",
             help="what VALUE is (auto: a peer id if it parses as one, else a user)",
         )
@@ -91,14 +97,14 @@ def _client(args: argparse.Namespace) -> SyncCoordinatorClient:
     )
 
 
-def _kind(args: argparse.Namespace) -> str:
+def _kind(args: argparse.Namespace) -> AllowKind:
     if args.kind != "auto":
-        return str(args.kind)
+        return AllowKind(args.kind)
     try:
         public_key_from_peer_id(args.value)
-        return "peer"
+        return AllowKind.PEER
     except (AuthError, ValueError):
-        return "user"
+        return AllowKind.USER
 
 
 def _allow_add(args: argparse.Namespace) -> int:

@@ -36,16 +36,19 @@ from ._http._addrs import AddressError as AddressError
 from ._http._addrs import check_peer_addrs as check_peer_addrs
 from ._http._addrs import is_private_addr as is_private_addr
 from ._http._addrs import parse_peer_addr as parse_peer_addr
+from ._wire._admin import AllowKind as AllowKind
 from ._wire._ban_records import BanKind as BanKind
 from ._wire._ban_records import BanRecord as BanRecord
 from ._wire._ban_records import BanReport as BanReport
 from ._wire._protocol import PEER_ONLY_USERNAME as PEER_ONLY_USERNAME
 from ._wire._protocol import REQUEST_TYPE as REQUEST_TYPE
 from ._wire._protocol import STATE_TYPE as STATE_TYPE
+from ._wire._protocol import CatchUpSource as CatchUpSource
 from ._wire._protocol import CheckpointRecord as CheckpointRecord
 from ._wire._protocol import JoinResult as JoinResult
 from ._wire._protocol import PartitionResultEntry as PartitionResultEntry
 from ._wire._protocol import Phase as Phase
+from ._wire._protocol import ReportKind as ReportKind
 from ._wire._protocol import RoundInfo as RoundInfo
 from ._wire._protocol import RoundStatus as RoundStatus
 from ._wire._protocol import RunState as RunState
@@ -53,10 +56,12 @@ from ._wire._protocol import RunState as RunState
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/test_exports.py)
     "AccessConfig",
     "AddressError",
+    "AllowKind",
     "BadRunState",
     "BanKind",
     "BanRecord",
     "BanReport",
+    "CatchUpSource",
     "CheckpointRecord",
     "CoordinatorClient",
     "CoordinatorError",
@@ -73,6 +78,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/coordinator/t
     "Phase",
     "REQUEST_TYPE",
     "RateLimited",
+    "ReportKind",
     "ReputationVerdict",
     "RequestRefused",
     "RoundInfo",

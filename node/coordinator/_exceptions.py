@@ -50,7 +50,9 @@ class CoordinatorRejected(CoordinatorError):
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(f"coordinator refused ({status} {code}): {message}")
         self.status = status
-        self.code = code
+        # Decoded through the registry: callers compare with ``ErrorCode`` members (a code this
+        # version does not know, from a newer coordinator, stays its text).
+        self.code: ErrorCode | str = ErrorCode(code) if code in ERRORS else code
         self.message = message
 
 

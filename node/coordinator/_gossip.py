@@ -35,7 +35,7 @@ from cnode.node.p2p import limits as p2p_limits
 from cnode.storage import BlockStore
 
 from . import limits
-from ._wire._protocol import STATE_TYPE
+from ._wire._protocol import STATE_TYPE, ViewKind
 
 __all__ = ["StateGossip", "run_state_topic", "run_state_validator"]
 
@@ -53,7 +53,7 @@ def run_state_validator(run: str, coordinator: str) -> EnvelopeValidator:
 
     def check(opened: Opened) -> str | None:
         p = opened.payload
-        if p.get("kind") != "run" or p.get("run") != run:
+        if p.get("kind") != ViewKind.RUN or p.get("run") != run:
             return "not a run state of this run"
         version = p.get("version")
         if type(version) is not int or version < highest[0]:

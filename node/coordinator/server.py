@@ -17,11 +17,11 @@ coordinator, never imports the HTTP server, the run state machine or SQLite.
 
 from ._bans._evidence import EvidenceChecker as EvidenceChecker
 from ._bans._reputation import ReputationChecker as ReputationChecker
-from ._bans._slots import EvidenceTiming as EvidenceTiming
 from ._exceptions import BadEvidence as BadEvidence
 from ._gossip import StateGossip as StateGossip
 from ._http._server import CoordinatorServer as CoordinatorServer
 from ._http._server import ServeSettings as ServeSettings
+from ._http._slots import EvidenceTiming as EvidenceTiming
 from ._process import CoordinatorProcess as CoordinatorProcess
 
 __all__ = [

@@ -32,7 +32,7 @@ from cnode.storage import CID, HFFolderError
 
 from . import limits
 from ._exceptions import CatchUpError
-from ._report import Reporter
+from ._report import Event, Reporter
 from ._trainer import NodeTrainer
 from .swarm import KnownBans, leave_round
 
@@ -76,7 +76,7 @@ class CatchUp:
             # Older: wait for the next checkpoint round. Newer (the swarm moved on while this
             # node waited): join the current round at once, it needs that checkpoint.
             want = have if have >= round_ - 1 else -(-(round_ - 1) // self.every) * self.every
-            self.reporter.event("waiting_for_checkpoint", round=round_, have=have, want=want)
+            self.reporter.event(Event.WAITING_FOR_CHECKPOINT, round=round_, have=have, want=want)
             log.info("waiting_for_checkpoint", round=round_, have=have, want=want)
             with trio.fail_after(limits.CHECKPOINT_WAIT_S):
                 while have < want:
@@ -130,7 +130,7 @@ class CatchUp:
         await trio.to_thread.run_sync(self.trainer.adopt_checkpoint, cid)
         await node.announce_hold(cid)
         self.reporter.event(
-            "caught_up",
+            Event.CAUGHT_UP,
             round=record.round,
             manifest=str(cid),
             seconds=time.monotonic() - began,
@@ -222,10 +222,10 @@ class CatchUp:
             )
         except HubError as exc:
             log.warning("hub_upload_failed", round=round_, repo=repo, error=str(exc))
-            self.reporter.event("hub_upload_failed", round=round_, repo=repo, error=str(exc))
+            self.reporter.event(Event.HUB_UPLOAD_FAILED, round=round_, repo=repo, error=str(exc))
             return None
         self.reporter.event(
-            "hub_uploaded",
+            Event.HUB_UPLOADED,
             round=round_,
             repo=repo,
             revision=where.revision,

@@ -37,7 +37,7 @@ from . import limits
 from ._catch_up import CatchUp
 from ._config import TrainingConfig
 from ._exceptions import TrainingConfigError
-from ._report import Reporter
+from ._report import Ending, Event, Reporter
 from ._round_loop import RoundLoop
 from ._stop import NodeStopped, StopReason, stop_reason_of
 from ._trainer import NodeTrainer
@@ -129,7 +129,7 @@ async def _open_session(settings: TrainSettings) -> _Session:
     store = BlockStore(settings.blocks_dir)
     reporter = Reporter(settings.report, peer=identity.peer_id_str)
     reporter.event(
-        "started",
+        Event.STARTED,
         attack=settings.attack,
         checkpointer=settings.checkpointer,
         device=str(placement.device),
@@ -153,7 +153,7 @@ async def _run_session(session: _Session) -> int:
     """Run the session against the run's coordinator; every stop gets its reason and status."""
     settings, run_config, identity = session.settings, session.run_config, session.identity
     reporter = session.reporter
-    why = "done"
+    why = Ending.DONE
     try:
         async with CoordinatorClient.for_run(
             run_config,
@@ -162,7 +162,7 @@ async def _run_session(session: _Session) -> int:
         ) as client:
             if settings.join_after_round:
                 await _wait_for_round(client, settings.join_after_round)
-                reporter.event("joining", after_round=settings.join_after_round)
+                reporter.event(Event.JOINING, after_round=settings.join_after_round)
             try:
                 await session.run(client)
             except BaseExceptionGroup as group:
@@ -172,7 +172,7 @@ async def _run_session(session: _Session) -> int:
                 if error is not None:
                     raise error from None
         if session.left:
-            why = "left"
+            why = Ending.LEFT
     except (Exception, BaseExceptionGroup) as exc:
         # Every stop gets one reason of the closed set (_stop.py), in the report and the CLI's
         # exit status; an unexpected error is "internal" and keeps its traceback in the log.
@@ -181,13 +181,15 @@ async def _run_session(session: _Session) -> int:
         if reason is StopReason.INTERNAL:
             log.exception("stopped_on_internal_error")
         reporter.event(
-            "stopped", reason=evidence, stop_reason=reason.value, exit_code=reason.exit_code
+            Event.STOPPED, reason=evidence, stop_reason=reason.value, exit_code=reason.exit_code
         )
         raise NodeStopped(reason, evidence) from exc
     except BaseException as exc:  # cancelled, KeyboardInterrupt: the process is told to end
-        reporter.event("stopped", reason=f"{type(exc).__name__}: {exc}", stop_reason="finished")
+        reporter.event(
+            Event.STOPPED, reason=f"{type(exc).__name__}: {exc}", stop_reason=StopReason.FINISHED
+        )
         raise
-    reporter.event("stopped", reason=why, stop_reason="finished", exit_code=0)
+    reporter.event(Event.STOPPED, reason=why, stop_reason=StopReason.FINISHED, exit_code=0)
     return 0
 
 
@@ -260,12 +262,12 @@ class _Session:
                     url = metrics.enter_context(
                         serve_metrics(settings.metrics, node_metrics.registry)
                     )
-                    self.reporter.event("metrics", url=url)
+                    self.reporter.event(Event.METRICS, url=url)
                 await self._play(loop, node, client, finder, gateway)
             if self.left and loop.current_round is not None:
                 await leave_round(client, loop.current_round)
             if self.left:
-                self.reporter.event("left", round=loop.current_round)
+                self.reporter.event(Event.LEFT, round=loop.current_round)
 
     async def _join(self, client: CoordinatorClient, node: P2PNode) -> None:
         """Join the run, advertising the addresses other members can dial."""
@@ -282,7 +284,7 @@ class _Session:
             await client.join(hf_binding=self.login.binding, hf_token=self.login.token, addrs=addrs)
         else:
             await client.join(addrs=addrs)
-        self.reporter.event("listening", addrs=node.listen_addrs, advertised=addrs)
+        self.reporter.event(Event.LISTENING, addrs=node.listen_addrs, advertised=addrs)
 
     def _round_loop(
         self, client: CoordinatorClient, node: P2PNode, finder: PeerFinder, fetcher: MemberFetcher

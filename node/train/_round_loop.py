@@ -34,7 +34,7 @@ from ._exceptions import (
     OutputsUnavailableError,
     RoundStalledError,
 )
-from ._report import Reporter
+from ._report import Event, Reporter
 from ._trainer import NodeTrainer, OwnUpdate, RoundOutcome
 from .checkpoint import agree_on_checkpoint
 from .exchange import PartitionedExchange, UpdateExchange
@@ -84,7 +84,7 @@ class RoundLoop:
         pinned = self.trainer.store.pins().get(self.trainer.pin_name)
         if pinned is not None:
             await trio.to_thread.run_sync(self.trainer.resume_checkpoint, pinned)
-            self.reporter.event("resumed", round=self.trainer.round, manifest=str(pinned))
+            self.reporter.event(Event.RESUMED, round=self.trainer.round, manifest=str(pinned))
 
     async def one_round(self) -> bool:
         """Play one round; True when the node is done."""
@@ -123,7 +123,7 @@ class RoundLoop:
             self.current_round = await self.client.join_round()
         manifest = None
         if outcome.empty:  # warned once (round_exchanged_nothing): no progress to checkpoint
-            self.reporter.event("round_exchanged_nothing", round=round_, parts=info.parts)
+            self.reporter.event(Event.ROUND_EXCHANGED_NOTHING, round=round_, parts=info.parts)
         elif round_ % self.every == 0:
             manifest = await trio.to_thread.run_sync(self.trainer.store_checkpoint)
             await self.node.announce_hold(manifest)
@@ -132,7 +132,7 @@ class RoundLoop:
             await self._report_ban(ban)
         loss = await trio.to_thread.run_sync(self.trainer.evaluate)
         self.reporter.event(
-            "round",
+            Event.ROUND,
             round=round_,
             loss=loss,
             state_cid=str(self.trainer.state_cid),
@@ -178,7 +178,7 @@ class RoundLoop:
             return None
         if round_ != self.trainer.round + 1:
             round_ = self.current_round = await self._catch_up(round_)
-            caught = self.reporter.last.pop("caught_up", None)
+            caught = self.reporter.last.pop(Event.CAUGHT_UP, None)
             if caught is not None:  # for the dashboard's late-joiner table
                 await send_report(client, catch_up_report(caught))
             if stop and round_ > stop:
@@ -225,7 +225,7 @@ class RoundLoop:
         except MissingUpdatesError as exc:
             # Aggregating any other set than the agreed one would make this node diverge.
             log.warning("round_given_up", round=info.round, error=str(exc))
-            self.reporter.event("round_given_up", round=info.round, missing=exc.reasons)
+            self.reporter.event(Event.ROUND_GIVEN_UP, round=info.round, missing=exc.reasons)
             self.gave_up = exc
             return None
 
@@ -237,7 +237,9 @@ class RoundLoop:
         except OutputsUnavailableError as exc:
             # An agreed output this node cannot fetch: it must not assemble anything else.
             log.warning("round_given_up", round=info.round, error=str(exc))
-            self.reporter.event("round_given_up", round=info.round, missing={"outputs": str(exc)})
+            self.reporter.event(
+                Event.ROUND_GIVEN_UP, round=info.round, missing={"outputs": str(exc)}
+            )
             self.gave_up = MissingUpdatesError(info.round, [], {"outputs": str(exc)})
             return None
         await self._check_banned()
@@ -257,7 +259,7 @@ class RoundLoop:
         new = self.bans.take(state.bans)
         if new:
             log.info("bans_seen", peers=[p[-8:] for p in new], via=via)
-            self.reporter.event("ban_seen", peers=new, via=via)
+            self.reporter.event(Event.BAN_SEEN, peers=new, via=via)
 
     async def _agree(self, round_: int, epoch: int, manifest: CID) -> None:
         hub = await self.catch_up.archive(round_, manifest) if self.checkpointer else None
@@ -279,7 +281,7 @@ class RoundLoop:
             log.warning("ban_evidence_refused", accused=ban.peer[-8:], error=str(exc))
             return
         self.reporter.event(
-            "ban_reported",
+            Event.BAN_REPORTED,
             accused=ban.peer,
             round=ban.round,
             kind=str(ban.kind),

@@ -17,6 +17,7 @@ from cnode.node.coordinator import (
     BadRunState,
     CoordinatorRejected,
     CoordinatorUnavailable,
+    ErrorCode,
     RunConfigError,
 )
 from cnode.node.hub import HubLoginError, HubUnavailable
@@ -39,8 +40,9 @@ from ._exceptions import (
 __all__ = ["NodeStopped", "StopReason", "stop_reason_of"]
 
 
-class StopReason(enum.Enum):
-    """The closed set of reasons a node stops; ``exit_code`` is the CLI's exit status."""
+class StopReason(enum.StrEnum):
+    """The closed set of reasons a node stops; ``exit_code`` is the CLI's exit status. Its value
+    is the ``stop_reason`` of the report's ``stopped`` event (decoded back by ``read_report``)."""
 
     FINISHED = "finished"  # its rounds are done, or it left on SIGTERM/SIGINT
     BANNED = "banned"  # the coordinator's signed state bans it
@@ -115,7 +117,7 @@ def stop_reason_of(error: BaseException | None) -> StopReason:
         return StopReason.FINISHED
     if isinstance(error, NodeStopped):
         return error.reason
-    if isinstance(error, CoordinatorRejected) and error.code == "banned":
+    if isinstance(error, CoordinatorRejected) and error.code is ErrorCode.BANNED:
         return StopReason.BANNED
     if isinstance(error, CoordinatorRejected) and error.status >= 500:
         return StopReason.COORDINATOR

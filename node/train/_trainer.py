@@ -42,7 +42,7 @@ from ._round import (
 )
 from ._segmented import SegmentedUpdate
 from ._trainer_partitioned import PartitionedRounds
-from .checkpoint import RoundLog, genesis_state, read_checkpoint_info, store_checkpoint
+from .checkpoint import RoundLog, genesis_state, read_training_checkpoint, store_checkpoint
 from .model import (
     DATA_ATTACKS,
     InnerMoments,
@@ -131,7 +131,7 @@ class NodeTrainer(PartitionedRounds):
 
     def adopt_checkpoint(self, cid: CID) -> None:
         """Take a checkpoint (all blocks in the store) as the current state, after checking it."""
-        info = read_checkpoint_info(self.store, cid)
+        info = read_training_checkpoint(self.store, cid)
         if info.run != self.run:
             raise CatchUpError(f"checkpoint {cid} is of run {info.run!r}, not {self.run!r}")
         stored, _ = load_checkpoint(self.store, cid)

@@ -1,43 +1,37 @@
 """Bans: by an admin, on a reputation report the score records confirm, or by a strict
 majority of a round's other members reporting the same evidence (specs/coordinator.md#bans); the
 partition book bans on its own recomputation. Every ban records its ``BanKind``, every report its
-``EvidenceKind``: decisions match on those, never on the words of a reason. Runs inside the
-caller's transaction like RunMachine."""
+``EvidenceKind``: decisions match on those, never on the words of a reason.
+
+Pure logic like RunMachine: each method reads facts and returns the writes it decides. A ban may
+finish or reopen a round, so the caller advances the run after applying them."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from typing import Any
-
-import structlog
 
 from cnode.aggregation import EvidenceKind
 
 from .. import limits
 from .._codes import ErrorCode as E
 from .._exceptions import RequestRefused
-from .._store._store import Store
+from .._store._facts import RoundFacts, RunFacts, SameEvidence
+from .._store._rows import BanReportRow, BanRow, MemberStatus
+from .._store._writes import DeleteBan, Log, PutBan, PutBanReport, SetMember, Write
 from .._wire._ban_records import BanKind, BanReport
 from ._verdicts import ReputationVerdict
 
 __all__ = ["BanBook"]
 
-log = structlog.get_logger(__name__)
-
-_ACTIVE = ("joined", "ready")
-
 
 class BanBook:
-    """Bans of one run; ``advance`` is the run machine's (a ban may finish or reopen a round)."""
-
-    def __init__(self, store: Store, advance: Callable[[float], None]) -> None:
-        self.store = store
-        self.advance = advance
+    """Bans of one run: decisions over the run's facts, no I/O."""
 
     def ban(
         self,
+        f: RunFacts,
         peer: str,
+        username: str,
         kind: BanKind,
         reason: str,
         by: str,
@@ -45,35 +39,31 @@ class BanBook:
         *,
         round_: int | None = None,
         evidence: dict[str, Any] | None = None,
-    ) -> None:
-        """Ban ``peer``; ``by`` is the peer id whose request this acts on (see BanKind)."""
-        s = self.store
-        s.db.execute(
-            "INSERT OR REPLACE INTO bans (peer, username, reason, round, evidence, by, at, kind) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (peer, s.peer_username(peer), reason, round_, json.dumps(evidence), by, now, kind),
-        )
-        current = int(s.run_row()["round"])
+    ) -> list[Write]:
+        """Ban ``peer`` (``username``: its last join's); ``by`` is the peer id whose request
+        this acts on (see BanKind)."""
+        writes: list[Write] = [
+            PutBan(BanRow(peer, username, kind, reason, round_, evidence or {}, by, now))
+        ]
+        current = f.run.round
         for n in (current, current + 1):
-            row = s.member(n, peer)
-            if row is not None and row["status"] in _ACTIVE:
-                s.set_member(n, peer, status="banned")
+            row = f.round(n).members.get(peer)
+            if row is not None and row.active:
+                writes.append(SetMember(n, peer, {"status": MemberStatus.BANNED}))
         detail = {"peer": peer, "kind": str(kind), "reason": reason, "round": round_, "by": by}
-        s.append_log(now, by, "ban", detail)
-        log.info("ban", peer=peer, kind=str(kind), reason=reason, by=by)
-        self.advance(now)
+        writes.append(Log(now, by, "ban", detail, echo=True))
+        return writes
 
-    def unban(self, peer: str, by: str, now: float) -> None:
-        if self.store.db.execute("DELETE FROM bans WHERE peer = ?", (peer,)).rowcount == 0:
+    def unban(self, peer: str, banned: bool, by: str, now: float) -> list[Write]:
+        if not banned:
             raise RequestRefused(E.NOT_BANNED, f"peer {peer} is not banned")
-        self.store.append_log(now, by, "unban", {"peer": peer})
+        return [DeleteBan(peer), Log(now, by, "unban", {"peer": peer})]
 
-    def parties(self, reporter: str, evidence: dict[str, Any]) -> list[str]:
+    def parties(self, f: RoundFacts, reporter: str, evidence: dict[str, Any]) -> list[str]:
         """The round's published members, once reporter and accused are two of them (403
         not_member, 409 bad_accused)."""
         n, accused = evidence["round"], evidence["peer"]
-        row = self.store.round_row(n)
-        published: list[str] = json.loads(row["members"] or "[]") if row is not None else []
+        published = f.row.members if f.row is not None else []
         if reporter not in published:
             raise RequestRefused(E.NOT_MEMBER, f"peer {reporter} was not a member of round {n}")
         if accused not in published or accused == reporter:
@@ -82,57 +72,60 @@ class BanBook:
             )
         return published
 
+    @staticmethod
+    def same_evidence(evidence: dict[str, Any]) -> SameEvidence:
+        """The earlier reports a new report of ``evidence`` counts with
+        (specs/coordinator.md#bans)."""
+        n, kind = int(evidence["round"]), str(evidence["kind"])
+        window = kind == EvidenceKind.OUTLIER
+        first = n - limits.BAN_REPORT_WINDOW + 1 if window else n
+        return SameEvidence(str(evidence["peer"]), kind, first, n, evidence["update_cid"], window)
+
     def report(
         self,
+        f: RunFacts,
         reporter: str,
         evidence: dict[str, Any],
         now: float,
+        *,
+        earlier: list[str],
+        username: str,
         verdict: ReputationVerdict | None = None,
-    ) -> BanReport:
+    ) -> tuple[BanReport, list[Write]]:
         """Count same-evidence reports of the round's members; ban on a strict majority, or at
         once on a reputation report the score records confirm (``verdict``, computed by the
         caller outside the transaction: specs/coordinator.md#bans step 5).
 
-        Same evidence: the same rejected update of the same round, or outlier reports about the
-        same peer within BAN_REPORT_WINDOW rounds (specs/coordinator.md#bans)."""
-        s = self.store
+        ``earlier``: who reported the same evidence before (the store's answer to
+        :meth:`same_evidence`); ``username``: the accused's (for its ban)."""
         n, accused = evidence["round"], evidence["peer"]
-        published = self.parties(reporter, evidence)
+        rf = f.round(n)
+        published = self.parties(rf, reporter, evidence)
         needed = (len(published) - 1) // 2 + 1
-        if s.ban_row(accused) is not None:
-            return BanReport(accused, n, 0, needed, True)
+        if accused in rf.banned:
+            return BanReport(accused, n, 0, needed, True), []
         checked = _confirmed(verdict, n)
         kind = evidence["kind"]
-        s.db.execute(
-            "INSERT OR REPLACE INTO ban_reports "
-            "(round, accused, reporter, reason, update_cid, figures, at, kind) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (n, accused, reporter, evidence["reason"], evidence["update_cid"],
-             evidence["figures"], now, kind),
-        )  # fmt: skip
+        writes: list[Write] = [
+            PutBanReport(
+                BanReportRow(
+                    n, accused, reporter, str(kind), evidence["reason"], evidence["update_cid"],
+                    evidence["figures"], now,
+                )
+            )
+        ]  # fmt: skip
         detail = {"round": n, "peer": accused, "kind": str(kind), "reason": evidence["reason"]}
-        s.append_log(now, reporter, "ban_evidence", detail)
-        if kind == EvidenceKind.OUTLIER:
-            # Members that joined at different rounds reach "k of the last m rounds" at
-            # different rounds: outlier reports about the same peer add up over the window.
-            rows = s.db.execute(
-                "SELECT DISTINCT reporter FROM ban_reports WHERE accused = ? AND kind = ? "
-                "AND round > ? AND round <= ? ORDER BY reporter",
-                (accused, kind, n - limits.BAN_REPORT_WINDOW, n),
-            ).fetchall()
-        else:  # the same kind of evidence about the same update of the same round
-            rows = s.db.execute(
-                "SELECT reporter FROM ban_reports WHERE round = ? AND accused = ? AND kind = ? "
-                "AND update_cid IS ? ORDER BY reporter",
-                (n, accused, kind, evidence["update_cid"]),
-            ).fetchall()
-        reporters = [str(r[0]) for r in rows]
+        writes.append(Log(now, reporter, "ban_evidence", detail))
+        # A reporter's new report replaces its earlier one of the same round: counted once.
+        reporters = sorted({*earlier, reporter})
         decided = BanKind.CHECKED if checked else None
         if decided is None and len(reporters) >= needed:
             decided = BanKind.MAJORITY
         if decided is not None:
-            self.ban(
+            writes += self.ban(
+                f,
                 accused,
+                username,
                 decided,
                 evidence["reason"],
                 reporter,
@@ -146,7 +139,7 @@ class BanBook:
                     "figures": evidence["figures"],
                 },
             )
-        return BanReport(accused, n, len(reporters), needed, decided is not None)
+        return BanReport(accused, n, len(reporters), needed, decided is not None), writes
 
 
 def _confirmed(verdict: ReputationVerdict | None, n: int) -> bool:

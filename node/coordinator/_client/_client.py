@@ -34,6 +34,7 @@ from .._wire._protocol import (
     RoundInfo,
     RoundStatus,
     RunState,
+    Until,
     b64decode,
     b64encode,
 )
@@ -306,7 +307,7 @@ class CoordinatorClient:
         agreed, and return the record (at once for a published full-replication round). Bound
         it yourself."""
         while True:
-            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="results")
+            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until=Until.RESULTS)
             done = info.listed and len(info.results) >= info.parts
             if done or info.status is RoundStatus.AGREED:
                 return info
@@ -318,13 +319,14 @@ class CoordinatorClient:
         return self._core.run_state(await self._get("state"))
 
     async def round_info(
-        self, round: int, *, wait_s: float = 0.0, until: str = "published"
+        self, round: int, *, wait_s: float = 0.0, until: Until = Until.PUBLISHED
     ) -> RoundInfo:
         """The round's signed record; with ``wait_s`` the server holds until it is published
-        (``until="published"``), its input set is agreed (``until="agreed"``), or every
-        partition has a result (``until="results"``)."""
+        (``Until.PUBLISHED``), its input set is agreed (``Until.AGREED``), every partition has
+        a result (``Until.RESULTS``), its score records closed (``Until.SCORES``) or a
+        checkpoint of it is recorded (``Until.CHECKPOINT``)."""
         wait = f"{min(max(wait_s, 0.0), limits.MAX_LONG_POLL_S):g}"
-        body = await self._get(f"rounds/{round}", {"wait": wait, "until": until})
+        body = await self._get(f"rounds/{round}", {"wait": wait, "until": str(Until(until))})
         info = RoundInfo.from_payload(self._core.signed(body))
         if info.round != round:
             raise BadRunState(f"asked for round {round}, got a signed record of {info.round}")
@@ -341,7 +343,7 @@ class CoordinatorClient:
     async def wait_agreed(self, round: int) -> RoundInfo:
         """Wait until ``round``'s input set is decided and return the record. Bound it yourself."""
         while True:
-            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="agreed")
+            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until=Until.AGREED)
             if info.status is RoundStatus.AGREED:
                 return info
             await anyio.sleep(0)
@@ -350,7 +352,7 @@ class CoordinatorClient:
         """Wait until ``round``'s score records are closed (or it is agreed) and return the
         record. Bound it yourself."""
         while True:
-            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="scores")
+            info = await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until=Until.SCORES)
             if info.scores_closed or info.status is RoundStatus.AGREED:
                 return info
             await anyio.sleep(0)
@@ -360,7 +362,7 @@ class CoordinatorClient:
         current one (from the signed run state: one more read once the long poll answers).
         Bound it yourself."""
         while True:
-            await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until="checkpoint")
+            await self.round_info(round, wait_s=limits.MAX_LONG_POLL_S, until=Until.CHECKPOINT)
             record = await self.current_checkpoint()
             if record is not None and record.round >= round:
                 return record

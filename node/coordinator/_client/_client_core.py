@@ -16,6 +16,7 @@ import httpx
 from cnode.auth import EnvelopeError, Identity, open_envelope, seal
 
 from .. import limits
+from .._codes import ErrorCode
 from .._exceptions import (
     BadRunState,
     CoordinatorRejected,
@@ -93,14 +94,16 @@ class Core:
         }
         if with_token:
             if self.joined is None:
-                raise CoordinatorRejected(401, "bad_token", "join the run before this request")
+                raise CoordinatorRejected(
+                    401, ErrorCode.BAD_TOKEN, "join the run before this request"
+                )
             payload["token"] = self.joined.token
         return {"envelope": b64encode(seal(self.identity, REQUEST_TYPE, payload))}
 
     def retry_replayed(self, exc: CoordinatorRejected, attempt: int) -> bool:
         """Whether to resend once with a fresh counter: another client with this key (the CLI
         beside a running node) used a higher counter. A refused request changed nothing."""
-        if exc.code != "replayed" or attempt > 0:
+        if exc.code is not ErrorCode.REPLAYED or attempt > 0:
             return False
         self._counter = max(self._counter, time.time_ns() // 1000) + 1_000_000
         return True

@@ -10,6 +10,7 @@ from cnode.auth import Identity
 
 from .. import limits
 from .._exceptions import CoordinatorRejected
+from .._wire._admin import AdminVerb, AllowKind
 from .._wire._protocol import CheckpointRecord, JoinResult, Op, RunState
 from ._client_core import HTTP_TIMEOUT, Core, map_transport
 
@@ -60,8 +61,8 @@ class SyncCoordinatorClient:
         self._core.joined = JoinResult.from_json(self._signed("join", Op.JOIN, args))
         return self._core.joined
 
-    def admin(self, action: str, **args: Any) -> dict[str, Any]:
-        return self._signed("admin", Op.ADMIN, {"action": action, **args})
+    def admin(self, action: AdminVerb, **args: Any) -> dict[str, Any]:
+        return self._signed("admin", Op.ADMIN, {"action": str(action), **args})
 
     def _signed(self, tail: str, op: Op, args: dict[str, Any]) -> dict[str, Any]:
         for attempt in range(2):
@@ -73,20 +74,22 @@ class SyncCoordinatorClient:
                     raise
         raise AssertionError("unreachable: the second attempt returns or raises")
 
-    def allowlist_add(self, value: str, *, kind: str = "user") -> bool:
-        return bool(self.admin("allowlist.add", kind=kind, value=value)["changed"])
+    def allowlist_add(self, value: str, *, kind: AllowKind = AllowKind.USER) -> bool:
+        args = {"kind": str(AllowKind(kind)), "value": value}
+        return bool(self.admin(AdminVerb.ALLOWLIST_ADD, **args)["changed"])
 
-    def allowlist_remove(self, value: str, *, kind: str = "user") -> bool:
-        return bool(self.admin("allowlist.remove", kind=kind, value=value)["changed"])
+    def allowlist_remove(self, value: str, *, kind: AllowKind = AllowKind.USER) -> bool:
+        args = {"kind": str(AllowKind(kind)), "value": value}
+        return bool(self.admin(AdminVerb.ALLOWLIST_REMOVE, **args)["changed"])
 
     def allowlist(self) -> list[dict[str, Any]]:
-        return list(self.admin("allowlist.ls")["allowlist"])
+        return list(self.admin(AdminVerb.ALLOWLIST_LS)["allowlist"])
 
     def ban(self, peer: str, reason: str) -> None:
-        self.admin("ban", peer=peer, reason=reason)
+        self.admin(AdminVerb.BAN, peer=peer, reason=reason)
 
     def unban(self, peer: str) -> None:
-        self.admin("unban", peer=peer)
+        self.admin(AdminVerb.UNBAN, peer=peer)
 
     def log(self, *, after: int = 0, limit: int = limits.MAX_LOG_PAGE) -> list[dict[str, Any]]:
-        return list(self.admin("log", after=after, limit=limit)["log"])
+        return list(self.admin(AdminVerb.LOG, after=after, limit=limit)["log"])

@@ -39,7 +39,10 @@ def parse_peer_addr(text: Any, peer: str) -> tuple[str, IP]:
         raise AddressError(f"address {text[:40]!r}... is over MAX_ADDR_CHARS")
     try:
         normal = str(multiaddr.Multiaddr(text))
-    except Exception as exc:  # multiaddr raises many types for bad input
+    # multiaddr refuses bad text with ParseError (a ValueError, as are the UnicodeError and
+    # binascii.Error of its codecs); a lookup in its protocol tables or a codec's arguments may
+    # fail with a LookupError or TypeError. Each is the sender's bad address.
+    except (ValueError, LookupError, TypeError) as exc:
         raise AddressError(f"{text!r} is not a multiaddr: {exc}") from exc
     parts = normal.split("/")[1:]
     if len(parts) not in (4, 6) or parts[0] not in ("ip4", "ip6") or parts[2] != "tcp":

@@ -24,10 +24,10 @@ from .. import limits
 from .._codes import ErrorCode as E
 from .._config import RunConfig
 from .._exceptions import RequestRefused
-from .._rounds._machine import RunMachine
 from .._store._store import Store
 from .._wire._protocol import PEER_ONLY_USERNAME, JoinResult
 from ._addrs import AddressError, check_peer_addrs
+from ._driver import RunDriver
 
 __all__ = ["Admission"]
 
@@ -38,13 +38,13 @@ class Admission:
     def __init__(
         self,
         store: Store,
-        machine: RunMachine,
+        driver: RunDriver,
         config: RunConfig,
         identity: Identity,
         hf_endpoint: str | None,
     ) -> None:
         self.store = store
-        self.machine = machine
+        self.driver = driver
         self.config = config
         self.identity = identity
         self.peer_id = identity.peer_id_str
@@ -54,7 +54,7 @@ class Admission:
     async def join(self, peer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
         binding, hf_token = args.get("hf_binding"), args.get("hf_token")
         username, orgs = "", []
-        self.machine.check_not_banned(peer)  # cheap refusal before asking the Hub
+        self.driver.check_not_banned(peer)  # cheap refusal before asking the Hub
         try:
             addrs = check_peer_addrs(
                 args.get("addrs", []),
@@ -87,9 +87,9 @@ class Admission:
         now = time.time()
         expires = now + self.config.access.token_ttl_s
         with self.store.tx():
-            self.machine.consume_counter(peer, counter)
-            self.machine.check_may_join(peer, username, orgs)
-            self.machine.record_join(peer, username, now, expires, addrs)
+            self.driver.consume_counter(peer, counter)
+            self.driver.check_may_join(peer, username, orgs)
+            self.driver.record_join(peer, username, now, expires, addrs)
         token = issue_access_token(
             self.identity,
             peer_id=peer,

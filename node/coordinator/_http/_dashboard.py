@@ -20,8 +20,9 @@ from typing import Any
 from aiohttp import web
 
 from .. import limits
-from .._rounds._machine import RunMachine
+from .._store._rows import RoundRow
 from .._store._store import Store
+from ._driver import RunDriver
 from ._reports import ReportBook
 
 __all__ = ["SECURITY_HEADERS", "Dashboard"]
@@ -53,9 +54,9 @@ def _ms(t: Any) -> int | None:
 class Dashboard:
     """Routes and JSON of the dashboard of one run, over the coordinator's own store."""
 
-    def __init__(self, store: Store, machine: RunMachine, run: str, coordinator: str) -> None:
+    def __init__(self, store: Store, driver: RunDriver, run: str, coordinator: str) -> None:
         self.store = store
-        self.machine = machine
+        self.driver = driver
         self.run = run
         self.coordinator = coordinator
         self.reports = ReportBook(store)
@@ -94,7 +95,7 @@ class Dashboard:
     async def _json(self, request: web.Request) -> web.Response:
         if request.match_info["run"] != self.run:
             raise web.HTTPNotFound(text="unknown run")
-        key = (self.store.version(), self.reports.seq, self.store.run_row()["waiting"])
+        key = (self.store.version(), self.reports.seq, self.store.run_row().waiting)
         if self._cache is None or self._cache[0] != key:
             # Rebuilt only after a change: many viewers polling cost one query set per change.
             self._cache = (key, json.dumps(self.view(time.time())).encode())
@@ -108,25 +109,21 @@ class Dashboard:
 
     def view(self, now: float) -> dict[str, Any]:
         """Everything the page shows; each list capped (specs/coordinator.md#dashboard)."""
-        s = self.store
+        s, pages = self.store, self.reports.pages
         run = s.run_row()
-        current = int(run["round"])
-        rounds_cfg = self.machine.config.rounds
-
-        def count(table: str) -> int:  # table names are the constants below, never input
-            return int(s.db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
-
+        current = run.round
+        rounds_cfg = self.driver.config.rounds
         return {
             "run": self.run,
             "coordinator": self.coordinator,
             "version": s.version(),
             "at_ms": int(now * 1000),
             "poll_s": limits.DASHBOARD_POLL_S,
-            "phase": run["phase"],
-            "phase_until_ms": _ms(run["phase_until"]),
-            "epoch": int(run["epoch"]),
+            "phase": run.phase,
+            "phase_until_ms": _ms(run.phase_until),
+            "epoch": run.epoch,
             "round": current,
-            "waiting": run["waiting"],
+            "waiting": run.waiting,
             "rules": {
                 "min_participants": rounds_cfg.min_participants,
                 "round_timeout_s": rounds_cfg.round_timeout_s,
@@ -136,22 +133,16 @@ class Dashboard:
             "rounds": self._rounds(current),
             "bans": self._bans(),
             "checkpoints": self._checkpoints(),
-            "catch_ups": self.reports.catch_ups(limits.DASHBOARD_CATCH_UPS),
-            "peers": self._peers(),
-            "allowlist": [
-                {"kind": r[0], "value": r[1]}
-                for r in s.db.execute(
-                    "SELECT kind, value FROM allowlist ORDER BY kind, value LIMIT ?",
-                    (limits.DASHBOARD_PEERS,),
-                ).fetchall()
+            "catch_ups": pages.catch_ups(limits.DASHBOARD_CATCH_UPS),
+            "peers": [
+                {"peer": p.peer, "username": p.username, "joined_at_ms": _ms(p.joined_at)}
+                for p in pages.peers(limits.DASHBOARD_PEERS)
             ],
-            "totals": {
-                "rounds": current,
-                "bans": count("bans"),
-                "checkpoints": count("checkpoints"),
-                "peers": count("peers"),
-                "allowlist": count("allowlist"),
-            },
+            "allowlist": [
+                {"kind": e["kind"], "value": e["value"]}
+                for e in s.allowlist(limits.DASHBOARD_PEERS)
+            ],
+            "totals": {"rounds": current, **pages.totals()},
         }
 
     def _loss(self, current: int) -> list[dict[str, Any]]:
@@ -163,20 +154,14 @@ class Dashboard:
         """
         first = max(1, current - limits.DASHBOARD_LOSS_ROUNDS)
         by_round: dict[int, list[tuple[str, float]]] = {}
-        for n, peer, body in self.reports.round_reports(first, current):
+        for n, peer, body in self.reports.pages.round_reports(first, current):
             by_round.setdefault(n, []).append((peer, float(body["loss"])))
-        submitters = {
-            int(r[0]): str(r[1])
-            for r in self.store.db.execute(
-                "SELECT round, submitter FROM checkpoints WHERE round >= ?", (first,)
-            ).fetchall()
-        }
+        submitters = self.reports.pages.submitters(first)
         out = []
         for n, values in sorted(by_round.items()):
             tally = Counter(v for _, v in values)
             loss, agree = max(tally.items(), key=lambda kv: (kv[1], -kv[0]))
             row = self.store.round_row(n)
-            members = len(json.loads(row["members"] or "[]")) if row is not None else 0
             out.append(
                 {
                     "round": n,
@@ -184,49 +169,40 @@ class Dashboard:
                     "source": "signed reports",
                     "reporters": agree,
                     "dissent": len(values) - agree,
-                    "members": members,
+                    "members": 0 if row is None else len(row.members),
                     "checkpointer": any(p == submitters.get(n) and v == loss for p, v in values),
                 }
             )
         return out
 
     def _rounds(self, current: int) -> list[dict[str, Any]]:
-        s = self.store
-        rows = s.db.execute(
-            "SELECT * FROM rounds WHERE round <= ? ORDER BY round DESC LIMIT ?",
-            (current + 1, limits.DASHBOARD_ROUNDS),
-        ).fetchall()
+        pages = self.reports.pages
         out = []
-        for row in rows:
-            n = int(row["round"])
-            members = s.db.execute(
-                "SELECT peer, username, status, joined_at, ready_at, header FROM members "
-                "WHERE round = ? ORDER BY peer LIMIT ?",
-                (n, limits.DASHBOARD_MEMBERS),
-            ).fetchall()
-            total = s.db.execute("SELECT COUNT(*) FROM members WHERE round = ?", (n,)).fetchone()
+        for row in pages.rounds(current + 1, limits.DASHBOARD_ROUNDS):
+            n = row.round
+            members, total = pages.members(n, limits.DASHBOARD_MEMBERS)
             out.append(
                 {
                     "round": n,
-                    "epoch": int(row["epoch"]),
-                    "status": row["status"],
-                    "opened_at_ms": _ms(row["opened_at"]),
-                    "closed_at_ms": _ms(row["closed_at"]),
-                    "deadline_ms": _ms(row["deadline"]),
-                    "published_at_ms": _ms(row["published_at"]),
+                    "epoch": row.epoch,
+                    "status": row.status,
+                    "opened_at_ms": _ms(row.opened_at),
+                    "closed_at_ms": _ms(row.closed_at),
+                    "deadline_ms": _ms(row.deadline),
+                    "published_at_ms": _ms(row.published_at),
                     # The round's one agreed input set (specs/coordinator.md#agreement).
-                    "agreed_at_ms": _ms(row["agreed_at"]),
-                    "excluded": json.loads(row["excluded"] or "{}"),
-                    "member_count": int(total[0]),
-                    **self._partitions(n, row),
+                    "agreed_at_ms": _ms(row.agreed_at),
+                    "excluded": row.excluded,
+                    "member_count": total,
+                    **self._partitions(row),
                     "members": [
                         {
-                            "peer": m["peer"],
-                            "username": m["username"],
-                            "status": m["status"],
-                            "joined_at_ms": _ms(m["joined_at"]),
-                            "ready_at_ms": _ms(m["ready_at"]),
-                            "header": m["header"],
+                            "peer": m.peer,
+                            "username": m.username,
+                            "status": m.status,
+                            "joined_at_ms": _ms(m.joined_at),
+                            "ready_at_ms": _ms(m.ready_at),
+                            "header": m.header,
                         }
                         for m in members
                     ],
@@ -234,14 +210,13 @@ class Dashboard:
             )
         return out
 
-    def _partitions(self, n: int, row: Any) -> dict[str, Any]:
+    def _partitions(self, row: RoundRow) -> dict[str, Any]:
         """A partitioned round's parts, and per partition (the first DASHBOARD_PARTITIONS) its
         aggregator and recorded result (specs/coordinator.md#partitioned-rounds)."""
-        parts = int(row["parts"] or 0)
+        n, parts = row.round, row.parts
         if parts == 0:
             return {"parts": 0, "partitions": []}
-        members = json.loads(row["members"] or "[]")
-        aggregators = self.machine.partitions.aggregators(n, members, parts)
+        aggregators = self.driver.partitions.aggregators(n, row.members, parts)
         results = self.store.results(n)
         shown = []
         for p in range(min(parts, limits.DASHBOARD_PARTITIONS)):
@@ -249,50 +224,43 @@ class Dashboard:
             result = None
             if r is not None:
                 result = {
-                    "peer": r["peer"],
-                    "header": r["header"],
-                    "replaced": r["replaced"],
-                    "by": r["by"],
-                    "at_ms": _ms(r["at"]),
+                    "peer": r.peer,
+                    "header": r.header,
+                    "replaced": r.replaced,
+                    "by": r.by,
+                    "at_ms": _ms(r.at),
                 }
             shown.append({"partition": p, "aggregator": aggregators[p], "result": result})
         return {"parts": parts, "partitions": shown}
 
     def _bans(self) -> list[dict[str, Any]]:
         s = self.store
-        rows = s.db.execute(
-            "SELECT * FROM bans ORDER BY at DESC LIMIT ?", (limits.DASHBOARD_BANS,)
-        ).fetchall()
         out = []
-        for b in rows:
-            evidence = json.loads(b["evidence"] or "null") or {}
-            reports = s.db.execute(
-                "SELECT round, reporter, kind, reason, update_cid, figures, at FROM ban_reports "
-                "WHERE accused = ? ORDER BY round, reporter LIMIT ?",
-                (b["peer"], limits.DASHBOARD_EVIDENCE),
-            ).fetchall()
+        for b in s.ban_rows(limits.DASHBOARD_BANS):
+            evidence = b.evidence
+            reports = s.ban_reports(b.peer, limits.DASHBOARD_EVIDENCE)
             out.append(
                 {
-                    "peer": b["peer"],
-                    "username": b["username"],
-                    "kind": b["kind"],
-                    "reason": b["reason"],
-                    "round": b["round"],
-                    "by": b["by"],
-                    "by_username": s.peer_username(b["by"]) if b["by"] else "",
+                    "peer": b.peer,
+                    "username": b.username,
+                    "kind": b.kind,
+                    "reason": b.reason,
+                    "round": b.round,
+                    "by": b.by,
+                    "by_username": s.peer_username(b.by) if b.by else "",
                     "others": evidence.get("others"),  # majority bans: the round's other members
-                    "at_ms": _ms(b["at"]),
+                    "at_ms": _ms(b.at),
                     "update_cid": evidence.get("update_cid"),
                     "figures": evidence.get("figures"),
                     "reports": [
                         {
-                            "round": r["round"],
-                            "reporter": r["reporter"],
-                            "kind": r["kind"],
-                            "reason": r["reason"],
-                            "update_cid": r["update_cid"],
-                            "figures": r["figures"],
-                            "at_ms": _ms(r["at"]),
+                            "round": r.round,
+                            "reporter": r.reporter,
+                            "kind": r.kind,
+                            "reason": r.reason,
+                            "update_cid": r.update_cid,
+                            "figures": r.figures,
+                            "at_ms": _ms(r.at),
                         }
                         for r in reports
                     ],
@@ -301,31 +269,19 @@ class Dashboard:
         return out
 
     def _checkpoints(self) -> list[dict[str, Any]]:
-        rows = self.store.db.execute(
-            "SELECT * FROM checkpoints ORDER BY round DESC LIMIT ?", (limits.DASHBOARD_CHECKPOINTS,)
-        ).fetchall()
+        pages = self.reports.pages
         return [
             {
-                "round": int(r["round"]),
-                "epoch": int(r["epoch"]),
-                "manifest": r["manifest"],
-                "hf_repo": r["hf_repo"],
-                "hf_revision": r["hf_revision"],
-                "submitter": r["submitter"],
-                "at_ms": _ms(r["at"]),
-                "holders": self.reports.holders(r["manifest"], limits.DASHBOARD_HOLDERS),
+                "round": r.round,
+                "epoch": r.epoch,
+                "manifest": r.manifest,
+                "hf_repo": r.hf_repo,
+                "hf_revision": r.hf_revision,
+                "submitter": r.submitter,
+                "at_ms": _ms(r.at),
+                "holders": pages.holders(r.manifest, limits.DASHBOARD_HOLDERS),
             }
-            for r in rows
-        ]
-
-    def _peers(self) -> list[dict[str, Any]]:
-        rows = self.store.db.execute(
-            "SELECT peer, username, joined_at FROM peers ORDER BY joined_at DESC LIMIT ?",
-            (limits.DASHBOARD_PEERS,),
-        ).fetchall()
-        return [
-            {"peer": r["peer"], "username": r["username"], "joined_at_ms": _ms(r["joined_at"])}
-            for r in rows
+            for r in pages.checkpoints(limits.DASHBOARD_CHECKPOINTS)
         ]
 
 

@@ -24,6 +24,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from .._store._rows import MemberStatus
 from .._store._store import Store
 from .._wire._protocol import RoundStatus
 
@@ -31,7 +32,6 @@ __all__ = ["CoordinatorMetrics"]
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _UNMATCHED = "unmatched"  # the route label of a path no route serves (a bounded label set)
-_MEMBER_STATUSES = ("joined", "ready", "left", "dropped", "banned")
 
 
 class CoordinatorMetrics:
@@ -97,12 +97,12 @@ class _RunCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         run = self.store.run_row()
-        current = int(run["round"])
+        current = run.round
         yield GaugeMetricFamily("cnode_coordinator_round", "The current round", value=current)
         phase = GaugeMetricFamily(
             "cnode_coordinator_phase", "The run's phase (1 for the current one)", labels=["phase"]
         )
-        phase.add_metric([str(run["phase"])], 1)
+        phase.add_metric([str(run.phase)], 1)
         yield phase
         rounds = GaugeMetricFamily(
             "cnode_coordinator_rounds", "Rounds by status", labels=["status"]
@@ -116,15 +116,15 @@ class _RunCollector(Collector):
             "Members of the current round, by status",
             labels=["status"],
         )
-        for status in _MEMBER_STATUSES:
-            members.add_metric([status], self.store.count_members(current, status))
+        for status in MemberStatus:
+            members.add_metric([status.value], self.store.count_members(current, status))
         yield members
         bans = GaugeMetricFamily(
             "cnode_coordinator_bans", "Peers banned from the run, by kind", labels=["kind"]
         )
         by_kind: dict[str, int] = {}
         for row in self.store.ban_rows():
-            kind = str(row["kind"]) if "kind" in row.keys() else "any"  # noqa: SIM118
+            kind = str(row.kind)
             by_kind[kind] = by_kind.get(kind, 0) + 1
         for kind, count in sorted(by_kind.items()):
             bans.add_metric([kind], count)
@@ -138,5 +138,5 @@ class _RunCollector(Collector):
         yield GaugeMetricFamily(
             "cnode_coordinator_checkpoint_round",
             "Round of the latest checkpoint (0: none yet)",
-            value=0 if latest is None else int(latest["round"]),
+            value=0 if latest is None else latest.round,
         )

@@ -20,6 +20,8 @@ from .._codes import ErrorCode as E
 from .._exceptions import RequestRefused
 from .._wire._admin import (
     AdminAction,
+    AdminVerb,
+    AllowKind,
     AllowlistAdd,
     AllowlistList,
     AllowlistRemove,
@@ -50,8 +52,6 @@ __all__ = [
 
 SCORE_RECORD_TYPE = "cnode/score-record/v1"  # node/train/scores/_records.py
 
-_ADMIN_ACTIONS = ("allowlist.add", "allowlist.remove", "allowlist.ls", "ban", "unban", "log")
-_ALLOW_KINDS = ("user", "peer", "org")
 _EVIDENCE_KINDS = tuple(str(k) for k in EvidenceKind)
 
 
@@ -225,24 +225,27 @@ def parse_evidence(args: Mapping[str, Any]) -> dict[str, Any]:
 
 def parse_admin(args: Mapping[str, Any]) -> AdminAction:
     """The typed admin action of a request's ``args`` (400 naming what is wrong)."""
-    action = require(args, "action", str)
-    if action not in _ADMIN_ACTIONS:
-        raise RequestRefused(E.BAD_REQUEST, f"unknown admin action {action[:40]!r}")
-    if action in ("allowlist.add", "allowlist.remove"):
-        kind = require(args, "kind", str)
-        if kind not in _ALLOW_KINDS:
-            raise RequestRefused(E.BAD_REQUEST, f"kind must be one of {_ALLOW_KINDS}")
-        value = _text(args, "value")
-        if action == "allowlist.add":
-            return AllowlistAdd(kind, value)
-        return AllowlistRemove(kind, value)
-    if action == "ban":
-        return BanPeer(_text(args, "peer"), _text(args, "reason"))
-    if action == "unban":
-        return UnbanPeer(_text(args, "peer"))
-    if action == "log":
-        after = require(args, "after", int, optional=True) or 0
-        bounded(after, "field 'after'", 0, limits.MAX_LOG_SEQ, "MAX_LOG_SEQ")
-        limit = require(args, "limit", int, optional=True) or limits.MAX_LOG_PAGE
-        return LogPage(after, max(1, min(limit, limits.MAX_LOG_PAGE)))
-    return AllowlistList()
+    text = require(args, "action", str)
+    if text not in set(AdminVerb):
+        raise RequestRefused(E.BAD_REQUEST, f"unknown admin action {text[:40]!r}")
+    match AdminVerb(text):
+        case AdminVerb.ALLOWLIST_ADD | AdminVerb.ALLOWLIST_REMOVE as verb:
+            kind = require(args, "kind", str)
+            if kind not in set(AllowKind):
+                kinds = ", ".join(AllowKind)
+                raise RequestRefused(E.BAD_REQUEST, f"kind must be one of {kinds}")
+            value = _text(args, "value")
+            if verb is AdminVerb.ALLOWLIST_ADD:
+                return AllowlistAdd(AllowKind(kind), value)
+            return AllowlistRemove(AllowKind(kind), value)
+        case AdminVerb.BAN:
+            return BanPeer(_text(args, "peer"), _text(args, "reason"))
+        case AdminVerb.UNBAN:
+            return UnbanPeer(_text(args, "peer"))
+        case AdminVerb.LOG:
+            after = require(args, "after", int, optional=True) or 0
+            bounded(after, "field 'after'", 0, limits.MAX_LOG_SEQ, "MAX_LOG_SEQ")
+            limit = require(args, "limit", int, optional=True) or limits.MAX_LOG_PAGE
+            return LogPage(after, max(1, min(limit, limits.MAX_LOG_PAGE)))
+        case AdminVerb.ALLOWLIST_LS:
+            return AllowlistList()

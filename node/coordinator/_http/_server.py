@@ -26,25 +26,24 @@ from cnode.auth import (
 )
 
 from .. import limits
-from .._bans._evidence import EvidenceChecker, handle_evidence
-from .._bans._reputation import ReputationChecker, reputation_verdict
-from .._bans._slots import EvidenceSlots, EvidenceTiming
+from .._bans._evidence import EvidenceChecker
+from .._bans._reputation import ReputationChecker
 from .._bans._verdicts import ReputationVerdict
 from .._codes import ErrorCode as E
 from .._config import RunConfig
 from .._exceptions import RequestRefused, RunConfigError
-from .._rounds._machine import RunMachine
-from .._rounds._partitions import PartitionRules
-from .._rounds._waits import UNTIL, RoundWaits
 from .._store._store import Store
 from .._wire._protocol import (
     STATE_TYPE,
     Op,
     RoundStatus,
+    Until,
     b64encode,
 )
 from ._admission import Admission
 from ._dashboard import Dashboard
+from ._driver import RunDriver
+from ._evidence import EvidenceDesk
 from ._http import PROTOCOL_LOG, RateLimitedRefusal, json_errors, read_signed_request
 from ._metrics import CoordinatorMetrics
 from ._ratelimit import RateLimiter
@@ -61,6 +60,8 @@ from ._requests import (
     parse_score,
     parse_wrong,
 )
+from ._slots import EvidenceSlots, EvidenceTiming
+from ._waits import RoundWaits
 
 __all__ = ["CoordinatorServer", "ServeSettings"]
 
@@ -122,10 +123,11 @@ class CoordinatorServer:
         config = self.store.initialize(settings.config, self.peer_id, time.time())
         self.config = config
         self.run = config.run
-        self.machine = RunMachine(self.store, config, self.peer_id)
+        # the rules over the store: every state-changing request goes through it
+        self.driver = RunDriver(self.store, config, self.peer_id)
         # join, and the access token every later request carries
         self.admission = Admission(
-            self.store, self.machine, config, self.identity, settings.hf_endpoint
+            self.store, self.driver, config, self.identity, settings.hf_endpoint
         )
         self.admins = {self.peer_id, *config.access.admins}
         self._gossip = gossip
@@ -136,14 +138,22 @@ class CoordinatorServer:
             limits.REQUEST_BURST, limits.REQUEST_RATE_PER_S, limits.MAX_RATE_BUCKETS
         )
         # long polls of round records
-        self.waits = RoundWaits(self.store, self.machine.partitions.scores_closed)
-        self.evidence_slots = EvidenceSlots(
-            limits.MAX_EVIDENCE_CHECKS,
-            limits.MAX_EVIDENCE_CHECKS_PER_PEER,
-            settings.evidence_timing,
+        self.waits = RoundWaits(self.store, self.driver.scores_closed)
+        self.evidence = EvidenceDesk(
+            config,
+            self.store,
+            self.driver,
+            self.admission,
+            EvidenceSlots(
+                limits.MAX_EVIDENCE_CHECKS,
+                limits.MAX_EVIDENCE_CHECKS_PER_PEER,
+                settings.evidence_timing,
+            ),
+            self._request_limit,
+            self._after_change,
+            settings.evidence_checker,
+            settings.reputation_checker,
         )
-        self.evidence_checker = settings.evidence_checker
-        self.reputation_checker = settings.reputation_checker
         self._state_cache: tuple[tuple[int, str | None], bytes] | None = None
         self._round_cache: dict[int, str] = {}  # JSON answers of published rounds (immutable)
         self._runner: web.AppRunner | None = None
@@ -166,7 +176,7 @@ class CoordinatorServer:
                 ),
             ]
         )
-        self.dashboard = Dashboard(self.store, self.machine, self.run, self.peer_id)
+        self.dashboard = Dashboard(self.store, self.driver, self.run, self.peer_id)
         self.dashboard.install(self.app)  # GET / and the JSON it polls (read-only)
         self.metrics = CoordinatorMetrics(self.store)
         self.metrics.install(self.app)  # GET /metrics, and every answer counted
@@ -212,21 +222,13 @@ class CoordinatorServer:
             now = time.time()
             if self.waits.timed():  # score records close with time alone (the pace rule)
                 self.waits.wake()
-            due = self.machine.next_due()
+            due = self.driver.next_due()
             if due is not None and now >= due:
                 before = self.store.version()
                 with self.store.tx():
-                    self.machine.advance(now)
+                    self.driver.advance(now)
                 if self.store.version() != before:
                     await self._after_change()
-
-    @property
-    def partitions(self) -> PartitionRules:
-        """The partitioned-round rules (``_partitions.PartitionRules``)."""
-        return self.machine.partitions
-
-    async def after_change(self) -> None:
-        await self._after_change()
 
     async def _after_change(self) -> None:
         self.waits.wake()
@@ -246,9 +248,9 @@ class CoordinatorServer:
             )
 
     def _signed_state(self) -> bytes:
-        key = (self.store.version(), self.store.run_row()["waiting"])
+        key = (self.store.version(), self.store.run_row().waiting)
         if self._state_cache is None or self._state_cache[0] != key:
-            state = self.machine.run_state(time.time())
+            state = self.driver.run_state(time.time())
             if self._gossip is not None:
                 state = dataclasses.replace(state, p2p_addrs=list(self._gossip.addrs))
             self._state_cache = (key, seal(self.identity, STATE_TYPE, state.to_payload()))
@@ -273,19 +275,20 @@ class CoordinatorServer:
             wait = float(request.query.get("wait", "0"))
         except ValueError as exc:
             raise RequestRefused(E.BAD_REQUEST, "wait must be a number") from exc
-        until = request.query.get("until", "published")
-        if not 0 <= wait <= limits.MAX_LONG_POLL_S or until not in UNTIL:
+        until_text = request.query.get("until", Until.PUBLISHED)
+        if not 0 <= wait <= limits.MAX_LONG_POLL_S or until_text not in set(Until):
             raise RequestRefused(
                 E.BAD_REQUEST,
                 f"round must be >= 1, wait in [0, {limits.MAX_LONG_POLL_S}] and until one of "
-                f"{', '.join(UNTIL)}",
+                f"{', '.join(Until)}",
             )
+        until = Until(until_text)
         # An agreed round's record is final, but its checkpoint may still be to come.
-        if wait > 0 and (n not in self._round_cache or until == "checkpoint"):
+        if wait > 0 and (n not in self._round_cache or until is Until.CHECKPOINT):
             await self.waits.wait(n, until, wait)
         cached = self._round_cache.get(n)
         if cached is None:
-            info = self.machine.round_info(n)
+            info = self.driver.round_info(n, time.time())
             envelope = seal(self.identity, STATE_TYPE, info.to_payload())
             cached = json.dumps({"envelope": b64encode(envelope)})
             if info.status is RoundStatus.AGREED:  # final: nothing in it changes any more
@@ -305,7 +308,7 @@ class CoordinatorServer:
             limits.MAX_CHECKPOINT_PAGE,
             "MAX_CHECKPOINT_PAGE",
         )
-        history = self.machine.checkpoint_history(after, limit)
+        history = self.driver.checkpoint_history(after, limit)
         envelope = seal(self.identity, STATE_TYPE, history.to_payload())
         return web.json_response({"envelope": b64encode(envelope)})
 
@@ -326,7 +329,7 @@ class CoordinatorServer:
             result = self._admin(signer, counter, args)
         elif op is Op.BAN_EVIDENCE:
             evidence = parse_evidence(args)
-            verdict = await reputation_verdict(self, signer, req.token, evidence)
+            verdict = await self.evidence.reputation_verdict(signer, req.token, evidence)
             result = self._peer_op(op, signer, counter, args, req.token, verdict)
         else:
             result = self._peer_op(op, signer, counter, args, req.token)
@@ -335,7 +338,8 @@ class CoordinatorServer:
         return web.json_response({"ok": True, **result})
 
     async def _evidence(self, request: web.Request) -> web.Response:
-        return await handle_evidence(self, request)
+        self._check_run(request)
+        return await self.evidence.handle(request)
 
     def access(self, peer: str, token: Any, now: float) -> str:
         """Check ``token`` is this run's access token of ``peer``; return its HF username."""
@@ -352,7 +356,7 @@ class CoordinatorServer:
     ) -> dict[str, Any]:
         now = time.time()
         username = self.access(peer, token, now)
-        m, reports = self.machine, self.dashboard.reports
+        m, reports = self.driver, self.dashboard.reports
         with self.store.tx():
             m.check_not_banned(peer, username)  # revocation: a ban beats any token, at once
             m.consume_counter(peer, counter)
@@ -369,25 +373,25 @@ class CoordinatorServer:
                 return {}
             if op is Op.RESULT:
                 n, partition, header = parse_result(args)
-                m.partitions.result(peer, n, partition, header, now)
+                m.result(peer, n, partition, header, now)
                 return {}
             if op is Op.SCORE:
                 n, score_record = parse_score(args, peer)
-                return {"record": m.partitions.score(peer, n, score_record, now)}
+                return {"record": m.score(peer, n, score_record, now)}
             if op is Op.CHECKED:
-                m.partitions.checked(peer, parse_round(args), parse_wrong(args), now)
+                m.checked(peer, parse_round(args), parse_wrong(args), now)
                 return {}
             if op is Op.REPORT:
                 return reports.record(peer, parse_report(args), now)
             if op is Op.CHECKPOINT:
                 record = parse_checkpoint(args, peer)
                 return {"checkpoint": m.submit_checkpoint(peer, record, now).to_payload()}
-            return m.bans.report(peer, parse_evidence(args), now, verdict).to_json()
+            return m.ban_report(peer, parse_evidence(args), now, verdict).to_json()
 
     def _admin(self, signer: str, counter: int, args: dict[str, Any]) -> dict[str, Any]:
         if signer not in self.admins:
             raise RequestRefused(E.NOT_ADMIN, f"peer {signer} is not an admin of this run")
         action = parse_admin(args)
         with self.store.tx():
-            self.machine.consume_counter(signer, counter)
-            return self.machine.admin(action, signer, time.time())
+            self.driver.consume_counter(signer, counter)
+            return self.driver.admin(action, signer, time.time())

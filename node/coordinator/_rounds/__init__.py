@@ -1,2 +1,3 @@
-"""The run's rounds: the state machine, the rules of partitioned rounds, the signed views built from
-the store, and long polls waiting on rounds. Private to ``cnode.node.coordinator``."""
+"""The run's rules: the state machine, its transitions, the rules and clock of partitioned
+rounds, the signed views. Pure logic over the store's typed rows (no SQL, no HTTP, no clock):
+each rule reads facts and returns writes. Private to ``cnode.node.coordinator``."""

@@ -1,430 +1,243 @@
 """The run state machine: phases, DISCO-style rounds, checkpoints, bans.
 
-See specs/coordinator.md#rounds. Every method runs inside the caller's ``Store.tx()``; a refusal
-raises :class:`RequestRefused` and the transaction rolls back. ``advance(now)`` applies every
-transition that is due (list closing, publishing, dropping at the deadline, phase changes) and is
-called after each change and by the server's deadline tick, so a restart simply resumes.
+See specs/coordinator.md#rounds. Pure logic over typed rows, like httpx's sans-I/O core: every
+operation reads the run's facts (``RunFacts``, gathered by the store) and returns the writes it
+decides (``_store/_writes.py``); a refusal raises :class:`RequestRefused` before anything is
+written. ``step(facts, now)`` decides one due transition (list closing, publishing, dropping at
+the deadline, phase changes); the HTTP layer applies it and asks again until the run settles,
+after each change and on its deadline tick, so a restart simply resumes.
 """
 
 from __future__ import annotations
 
-import json
-import sqlite3
 from typing import Any
-
-import structlog
 
 from .. import limits
 from .._bans._bans import BanBook
 from .._codes import ErrorCode as E
 from .._config import RunConfig
 from .._exceptions import RequestRefused
-from .._pace import phase_closes_at
-from .._store._store import Store
-from .._wire._admin import (
-    AdminAction,
-    AllowlistAdd,
-    AllowlistList,
-    AllowlistRemove,
-    BanPeer,
-    LogPage,
-    UnbanPeer,
+from .._store._facts import RunFacts
+from .._store._rows import ACTIVE, BanRow, CheckpointRow, MemberStatus
+from .._store._writes import (
+    Allow,
+    Disallow,
+    Log,
+    PutCheckpoint,
+    PutMember,
+    PutPeer,
+    SetCounter,
+    SetMember,
+    Write,
 )
-from .._wire._ban_records import BanKind
-from .._wire._protocol import (
-    CheckpointHistory,
-    CheckpointRecord,
-    Phase,
-    RoundInfo,
-    RoundStatus,
-    RunState,
-    ms,
-)
+from .._wire._admin import AllowKind
+from .._wire._protocol import CheckpointRecord, RoundStatus, ms
 from ._partitions import PartitionRules
-from ._views import SignedViews, checkpoint_record
+from ._steps import RoundSteps, Step
+from ._views import checkpoint_record
 
 __all__ = ["RunMachine"]
 
-log = structlog.get_logger(__name__)
 
-_ACTIVE = ("joined", "ready")
+def _log(now: float, kind: str, **detail: Any) -> Log:
+    """A coordinator transition's log entry (echoed to the process log)."""
+    return Log(now, "coordinator", kind, detail, echo=True)
 
 
 class RunMachine:
-    """Rules of one run over its :class:`Store`."""
+    """Rules of one run: decisions over its facts, no I/O."""
 
-    def __init__(self, store: Store, config: RunConfig, coordinator: str) -> None:
-        self.store = store
+    def __init__(self, config: RunConfig, coordinator: str) -> None:
         self.config = config
         self.coordinator = coordinator
-        self.bans = BanBook(store, self.advance)
-        self.partitions = PartitionRules(store, config, self.bans, self.advance, self._log)
-        self.views = SignedViews(store, config, coordinator, self.partitions)
+        self.bans = BanBook()
+        self.partitions = PartitionRules(config, self.bans)
+        self.steps = RoundSteps(config, self.partitions)
 
     # -- replay -------------------------------------------------------------------------------
 
-    def consume_counter(self, peer: str, counter: int) -> None:
-        """Refuse a counter not above the last one this peer used (replay or reordering)."""
+    def consume_counter(self, peer: str, counter: int, last: int | None) -> list[Write]:
+        """Refuse a counter not above ``last``, the last one this peer used (replay or
+        reordering)."""
         if counter < 0:
             raise RequestRefused(E.BAD_REQUEST, "request counter must be >= 0")
-        last = self.store.last_counter(peer)
         if last is not None and counter <= last:
             raise RequestRefused(
                 E.REPLAYED, f"request counter {counter} is not above the last one ({last})"
             )
-        self.store.set_counter(peer, counter)
+        return [SetCounter(peer, counter)]
 
     # -- joining ------------------------------------------------------------------------------
 
-    def check_not_banned(self, peer: str, username: str = "") -> None:
-        row = self.store.ban_row(peer) or self.store.user_ban(username)
-        if row is not None:
-            who = f"peer {peer}" if row["peer"] == peer else f"user {username!r}"
-            raise RequestRefused(E.BANNED, f"{who} is banned: {row['reason']}")
+    @staticmethod
+    def check_not_banned(peer: str, username: str, ban: BanRow | None) -> None:
+        """Refuse a banned peer or user (``ban``: the peer's ban, else its user's, if any)."""
+        if ban is not None:
+            who = f"peer {peer}" if ban.peer == peer else f"user {username!r}"
+            raise RequestRefused(E.BANNED, f"{who} is banned: {ban.reason}")
 
-    def check_may_join(self, peer: str, username: str, orgs: list[str]) -> None:
-        self.check_not_banned(peer, username)
-        s = self.store
-        if s.allowed("peer", peer) or (username and s.allowed("user", username)):
-            return
-        if username and any(s.allowed("org", org) for org in orgs):
+    @staticmethod
+    def may_join_entries(peer: str, username: str, orgs: list[str]) -> list[tuple[str, str]]:
+        """The allowlist entries any of which admits this joiner (the store says which exist)."""
+        entries: list[tuple[str, str]] = [(AllowKind.PEER, peer)]
+        if username:
+            entries += [(AllowKind.USER, username), *((AllowKind.ORG, org) for org in orgs)]
+        return entries
+
+    def check_may_join(
+        self, peer: str, username: str, ban: BanRow | None, listed: list[tuple[str, str]]
+    ) -> None:
+        """Refuse a banned joiner, and one none of whose entries (``may_join_entries``) is
+        on the allowlist (``listed``: those that are)."""
+        self.check_not_banned(peer, username, ban)
+        if listed:
             return
         who = f"user {username!r} (peer {peer})" if username else f"peer {peer}"
         raise RequestRefused(E.NOT_ALLOWLISTED, f"{who} is not on the allowlist of this run")
 
+    @staticmethod
     def record_join(
-        self, peer: str, username: str, now: float, expires: float, addrs: list[str]
-    ) -> None:
-        self.store.put_peer(peer, username, now, expires, addrs)
+        peer: str, username: str, now: float, expires: float, addrs: list[str]
+    ) -> list[Write]:
         detail = {"username": username, "expires_ms": ms(expires), "addrs": addrs}
-        self.store.append_log(now, peer, "join", detail)
+        return [PutPeer(peer, username, now, expires, addrs), Log(now, peer, "join", detail)]
 
     # -- rounds -------------------------------------------------------------------------------
 
-    def join_round(self, peer: str, username: str, now: float) -> int:
+    def join_round(
+        self, f: RunFacts, peer: str, username: str, now: float
+    ) -> tuple[int, list[Write]]:
         """Enter the current round if its list is open, else the next one; return the round."""
-        s = self.store
-        current = int(s.run_row()["round"])
+        current = f.run.round
         for n in (current, current + 1):
-            row = s.member(n, peer)
-            if row is not None and row["status"] in _ACTIVE:
-                return n  # idempotent: already in
-        status = s.current_round_row()["status"]
-        target = current if status == RoundStatus.OPEN else current + 1
-        if s.count_members(target, *_ACTIVE) >= limits.MAX_ROUND_MEMBERS:
+            row = f.round(n).members.get(peer)
+            if row is not None and row.active:
+                return n, []  # idempotent: already in
+        target = current if f.current.status is RoundStatus.OPEN else current + 1
+        if f.round(target).count(*ACTIVE) >= limits.MAX_ROUND_MEMBERS:
             raise RequestRefused(E.ROUND_FULL, f"round {target} has MAX_ROUND_MEMBERS members")
-        s.put_member(target, peer, username, now)
-        s.append_log(now, peer, "join_round", {"round": target})
-        self.advance(now)
-        return target
+        return target, [
+            PutMember(target, peer, username, now),
+            Log(now, peer, "join_round", {"round": target}),
+        ]
 
-    def _own_membership(self, peer: str, n: int) -> None:
-        current = int(self.store.run_row()["round"])
+    def _own_membership(self, f: RunFacts, peer: str, n: int) -> MemberStatus:
+        current = f.run.round
         if n not in (current, current + 1):
             raise RequestRefused(
                 E.ROUND_OVER,
                 f"round {n} is not open to changes; the current round is {current}",
             )
-        row = self.store.member(n, peer)
-        if row is None or row["status"] not in _ACTIVE:
-            why = "" if row is None else f" ({row['status']})"
+        row = f.round(n).members.get(peer)
+        if row is None or not row.active:
+            why = "" if row is None else f" ({row.status})"
             raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}{why}")
+        return row.status
 
-    def ready(self, peer: str, n: int, now: float, header: str | None = None) -> None:
-        self._own_membership(peer, n)
-        row = self.store.member(n, peer)
-        if row is not None and row["status"] == "ready":
-            return
-        self.store.set_member(n, peer, status="ready", ready_at=now, header=header)
-        self.store.append_log(now, peer, "ready", {"round": n, "header": header})
-        self.advance(now)
+    def ready(
+        self, f: RunFacts, peer: str, n: int, now: float, header: str | None = None
+    ) -> list[Write]:
+        if self._own_membership(f, peer, n) is MemberStatus.READY:
+            return []
+        ready = {"status": MemberStatus.READY, "ready_at": now, "header": header}
+        return [SetMember(n, peer, ready), Log(now, peer, "ready", {"round": n, "header": header})]
 
-    def collected(self, peer: str, n: int, missing: list[str], now: float) -> None:
+    def collected(
+        self, f: RunFacts, peer: str, n: int, missing: list[str], now: float
+    ) -> list[Write]:
         """A member of published round ``n`` says whose updates it could not fetch."""
-        row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        row = f.round(n).row
+        if row is None or not row.listed:
             raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
-        if row["parts"]:
+        if row.parts:
             raise RequestRefused(
                 E.PARTITIONED_ROUND, f"round {n} is partitioned: members report `checked`"
             )
-        members = json.loads(row["members"] or "[]")
+        members = row.members
         if peer not in members:
             raise RequestRefused(E.NOT_MEMBER, f"peer {peer} is not a member of round {n}")
-        if row["status"] == RoundStatus.AGREED:
-            return  # decided already (a late or repeated report): the decision stands
+        if row.status is RoundStatus.AGREED:
+            return []  # decided already (a late or repeated report): the decision stands
         unknown = sorted(set(missing) - set(members))
         if unknown:
             raise RequestRefused(
                 E.BAD_REQUEST, f"missing names peers not in round {n}: {unknown[0]}"
             )
-        self.store.set_member(
-            n, peer, missing=json.dumps(sorted(set(missing) - {peer})), collected_at=now
-        )
-        self.store.append_log(now, peer, "collected", {"round": n, "missing": sorted(missing)})
-        self.advance(now)
+        report = {"missing": sorted(set(missing) - {peer}), "collected_at": now}
+        return [
+            SetMember(n, peer, report),
+            Log(now, peer, "collected", {"round": n, "missing": sorted(missing)}),
+        ]
 
-    def leave(self, peer: str, n: int, now: float) -> None:
-        self._own_membership(peer, n)
-        self.store.set_member(n, peer, status="left")
-        self.store.append_log(now, peer, "leave", {"round": n})
-        self.advance(now)
+    def leave(self, f: RunFacts, peer: str, n: int, now: float) -> list[Write]:
+        self._own_membership(f, peer, n)
+        return [
+            SetMember(n, peer, {"status": MemberStatus.LEFT}),
+            Log(now, peer, "leave", {"round": n}),
+        ]
 
-    # -- transitions --------------------------------------------------------------------------
+    # -- transitions (``_steps.RoundSteps``) ---------------------------------------------------
 
-    def next_due(self) -> float | None:
-        """The earliest time at which ``advance`` has something to do without a request."""
-        s = self.store
-        run = s.run_row()
-        dues = []
-        if run["phase"] in (Phase.WARMUP, Phase.COOLDOWN) and run["phase_until"] is not None:
-            dues.append(float(run["phase_until"]))
-        row = s.current_round_row()
-        if row["status"] == RoundStatus.CLOSED and row["deadline"] is not None:
-            dues.append(float(row["deadline"]))
-        for published in s.rounds_with_status(RoundStatus.PUBLISHED):
-            if published["parts"]:
-                dues += self.partitions.due(published)
-            else:
-                dues.append(self._collect_closes_at(published))
-        return min(dues) if dues else None
+    def next_due(self, f: RunFacts) -> float | None:
+        """The earliest time at which ``step`` has something to do without a request."""
+        return self.steps.next_due(f)
 
-    def advance(self, now: float) -> None:
-        """Apply every due transition; each one is logged. Bounded: each step changes state."""
-        for _ in range(64):
-            if not self._step(now):
-                return
-        log.warning("advance_not_settled")
-
-    def _step(self, now: float) -> bool:
-        s, r = self.store, self.config.rounds
-        for published in s.rounds_with_status(RoundStatus.PUBLISHED):
-            if published["parts"]:
-                if self.partitions.step(published, now):
-                    return True
-                continue
-            members = json.loads(published["members"] or "[]")
-            reports = s.collected(int(published["round"]))
-            if len(reports) >= len(members) or now >= self._collect_closes_at(published):
-                self._agree(int(published["round"]), members, reports, now)
-                return True
-        run = s.run_row()
-        phase, n = Phase(run["phase"]), int(run["round"])
-        row = s.current_round_row()
-        active = s.count_members(n, *_ACTIVE)
-        ready = s.count_members(n, "ready")
-        need = r.min_participants
-        if phase is Phase.COOLDOWN:
-            ckpt = s.latest_checkpoint()
-            done = ckpt is not None and int(ckpt["round"]) >= n - 1
-            if done or now >= float(run["phase_until"]):
-                epoch = int(run["epoch"]) + 1
-                s.set_run(epoch=epoch, phase=str(Phase.WAITING_FOR_MEMBERS), phase_until=None)
-                s.set_round(n, epoch=epoch)
-                why = "checkpoint" if done else "timeout"
-                self._log(now, "epoch_started", epoch=epoch, after=why)
-                return True
-            return self._waiting(f"cooldown: waiting for the checkpoint of round {n - 1}")
-        if phase is Phase.WAITING_FOR_MEMBERS:
-            if active >= need:
-                s.set_run(phase=str(Phase.WARMUP), phase_until=now + r.warmup_s)
-                self._log(now, "phase", phase=str(Phase.WARMUP))
-                return True
-            return self._waiting(f"round {n} has {active} of {need} participants")
-        if phase is Phase.WARMUP:
-            if active < need:
-                s.set_run(phase=str(Phase.WAITING_FOR_MEMBERS), phase_until=None)
-                self._log(now, "phase", phase=str(Phase.WAITING_FOR_MEMBERS))
-                return True
-            if now >= float(run["phase_until"]):
-                s.set_run(phase=str(Phase.TRAINING), phase_until=None)
-                self._log(now, "phase", phase=str(Phase.TRAINING))
-                return True
-            return self._waiting("warmup: joiners fetch the current checkpoint")
-        # Training
-        if row["status"] == RoundStatus.OPEN:
-            if active < need:
-                s.set_run(phase=str(Phase.WAITING_FOR_MEMBERS))
-                self._log(now, "phase", phase=str(Phase.WAITING_FOR_MEMBERS), round=n)
-                return True
-            if ready > 0:
-                s.set_round(
-                    n,
-                    status=str(RoundStatus.CLOSED),
-                    closed_at=now,
-                    deadline=now + r.round_timeout_s,
-                )
-                self._log(now, "round_closed", round=n, members=active)
-                return True
-            return self._waiting(None)
-        # Closed: the list is fixed; wait for everyone ready, at least `need`, up to the deadline.
-        if active < need:
-            s.set_round(n, status=str(RoundStatus.OPEN), closed_at=None, deadline=None)
-            self._log(now, "round_reopened", round=n, members=active, need=need)
-            return True
-        if ready == active:
-            self._publish(n, now)
-            return True
-        if now >= float(row["deadline"]):
-            dropped = s.members(n, "joined")
-            for peer in dropped:
-                s.set_member(n, peer, status="dropped")
-            self._log(now, "members_dropped", round=n, peers=dropped)
-            return True
-        return self._waiting(f"round {n}: {active - ready} of {active} members not ready yet")
-
-    def _collect_closes_at(self, row: sqlite3.Row) -> float:
-        """When a full round's input set is decided without the members that have not reported
-        `collected`: by the pace rule (_pace.py) from the collect deadline, so a member that is
-        slow to fetch delays the decision instead of changing it."""
-        members = json.loads(row["members"] or "[]")
-        times = self.store.report_times(int(row["round"]), "collected_at", members)
-        return phase_closes_at(
-            float(row["published_at"]),
-            float(row["collect_deadline"]),
-            times,
-            len(members),
-            self.config.rounds.late_max_s,
-        )
-
-    def _waiting(self, text: str | None) -> bool:
-        if self.store.run_row()["waiting"] != text:
-            self.store.set_run(waiting=text)  # not logged: derived, shown in the state only
-        return False
-
-    def _publish(self, n: int, now: float) -> None:
-        s, r = self.store, self.config.rounds
-        members = s.members(n, "ready")
-        parts = self.partitions.parts_for(len(members))
-        s.set_round(
-            n,
-            status=str(RoundStatus.PUBLISHED),
-            published_at=now,
-            members=json.dumps(members),
-            collect_deadline=now + r.collect_timeout_s,
-            parts=parts,
-        )
-        epoch = int(s.run_row()["epoch"])
-        s.db.execute(
-            "INSERT INTO rounds (round, epoch, status, opened_at) VALUES (?, ?, ?, ?)",
-            (n + 1, epoch, str(RoundStatus.OPEN), now),
-        )
-        s.set_run(round=n + 1)
-        self._log(now, "round_published", round=n, members=members, parts=parts)
-        if r.checkpoint_every and n % r.checkpoint_every == 0:
-            s.set_run(phase=str(Phase.COOLDOWN), phase_until=now + r.cooldown_s)
-            self._log(now, "phase", phase=str(Phase.COOLDOWN), epoch=epoch, last_round=n)
-
-    def _agree(self, n: int, members: list[str], reports: dict[str, list[str]], now: float) -> None:
-        """Decide round ``n``'s input set, once, for every node (specs/coordinator.md#agreement).
-
-        A member's update is in when a strict majority of the round's members report holding
-        it (its author counts when it reported): then most of the swarm has the verified blocks
-        and can serve them to the rest. A minority that claims to hold an update cannot force
-        it in, a minority that claims to lack one cannot keep it out, and members that stay
-        silent (crashed, cut off, wedged) count as not holding it: a lone reporter can never
-        make its own update the round.
-        """
-        headers = self.store.headers(n)
-        agreed: list[str] = []
-        excluded: dict[str, str] = {}
-        for peer in members:
-            if self.store.ban_row(peer) is not None:
-                excluded[peer] = "banned"
-            elif peer not in headers:
-                excluded[peer] = "sent no update header"
-            else:
-                holders = sum(1 for missing in reports.values() if peer not in missing)
-                if 2 * holders > len(members):
-                    agreed.append(peer)
-                else:
-                    excluded[peer] = (
-                        f"update held by {holders} of the round's {len(members)} members "
-                        f"({len(reports)} reported)"
-                    )
-        self.store.set_round(
-            n,
-            status=str(RoundStatus.AGREED),
-            agreed_at=now,
-            agreed=json.dumps(agreed),
-            excluded=json.dumps(excluded, sort_keys=True),
-        )
-        late = sorted(set(members) - set(reports))
-        self._log(now, "round_agreed", round=n, agreed=agreed, excluded=excluded, silent=late)
-
-    def _log(self, now: float, kind: str, **detail: Any) -> None:
-        self.store.append_log(now, "coordinator", kind, detail)
-        log.info(kind, **detail)
+    def step(self, f: RunFacts, now: float) -> Step:
+        """The next due transition (each one is logged), or settled."""
+        return self.steps.step(f, now)
 
     # -- administration -----------------------------------------------------------------------
 
-    def admin(self, action: AdminAction, signer: str, now: float) -> dict[str, Any]:
-        """Apply one admin action (the caller checked ``signer`` is an admin)."""
-        s, by = self.store, f"admin:{signer}"  # the change log's actor
-        match action:
-            case AllowlistAdd(kind, value):
-                if s.allowlist_size() >= limits.MAX_ALLOWLIST:
-                    raise RequestRefused(E.ALLOWLIST_FULL, "allowlist has MAX_ALLOWLIST entries")
-                added = s.allow(kind, value, by, now)
-                s.append_log(now, by, "allowlist_add", {"kind": kind, "value": value})
-                return {"changed": added}
-            case AllowlistRemove(kind, value):
-                removed = s.disallow(kind, value)
-                s.append_log(now, by, "allowlist_remove", {"kind": kind, "value": value})
-                return {"changed": removed}
-            case AllowlistList():
-                return {"allowlist": s.allowlist()}
-            case BanPeer(peer, reason):
-                self.bans.ban(peer, BanKind.ADMIN, reason, signer, now)
-                return {}
-            case UnbanPeer(peer):
-                self.bans.unban(peer, by, now)
-                return {}
-            case LogPage(after, limit):
-                return {"log": s.log_page(after, limit)}
-        raise AssertionError(f"unhandled admin action {action!r}")
+    @staticmethod
+    def allowlist_add(
+        kind: str, value: str, signer: str, now: float, *, size: int, present: bool
+    ) -> tuple[bool, list[Write]]:
+        """Add an entry (``size``: the allowlist's; ``present``: the entry is on it already);
+        return whether it changed."""
+        by = f"admin:{signer}"  # the change log's actor
+        if size >= limits.MAX_ALLOWLIST:
+            raise RequestRefused(E.ALLOWLIST_FULL, "allowlist has MAX_ALLOWLIST entries")
+        writes: list[Write] = [] if present else [Allow(kind, value, by, now)]
+        return not present, [*writes, Log(now, by, "allowlist_add", {"kind": kind, "value": value})]
+
+    @staticmethod
+    def allowlist_remove(
+        kind: str, value: str, signer: str, now: float, *, present: bool
+    ) -> tuple[bool, list[Write]]:
+        by = f"admin:{signer}"
+        writes: list[Write] = [Disallow(kind, value)] if present else []
+        return present, [*writes, Log(now, by, "allowlist_remove", {"kind": kind, "value": value})]
 
     # -- checkpoints --------------------------------------------------------------------------
 
     def submit_checkpoint(
-        self, peer: str, record: CheckpointRecord, now: float
-    ) -> CheckpointRecord:
-        s, n = self.store, record.round
+        self, f: RunFacts, peer: str, record: CheckpointRecord, now: float
+    ) -> tuple[CheckpointRecord, list[Write]]:
+        n = record.round
         checkpointers = self.config.access.checkpointers
-        row = s.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        row = f.round(n).row
+        if row is None or not row.listed:
             raise RequestRefused(E.ROUND_NOT_PUBLISHED, f"round {n} has no published list")
-        published = json.loads(row["members"] or "[]")
-        if peer not in (checkpointers or published):
+        if peer not in (checkpointers or row.members):
             raise RequestRefused(E.NOT_CHECKPOINTER, f"peer {peer} may not checkpoint round {n}")
-        if int(row["epoch"]) != record.epoch:
+        if row.epoch != record.epoch:
             raise RequestRefused(
-                E.WRONG_EPOCH, f"round {n} belongs to epoch {row['epoch']}, not {record.epoch}"
+                E.WRONG_EPOCH, f"round {n} belongs to epoch {row.epoch}, not {record.epoch}"
             )
-        latest = s.latest_checkpoint()
-        if latest is not None and int(latest["round"]) >= n:
-            if int(latest["round"]) == n and latest["manifest"] == record.manifest:
-                return checkpoint_record(latest)  # the same result from another member: agreed
+        latest = f.latest_checkpoint
+        if latest is not None and latest.round >= n:
+            if latest.round == n and latest.manifest == record.manifest:
+                # the same result from another member: agreed
+                return checkpoint_record(latest), []
             raise RequestRefused(
                 E.STALE_ROUND,
                 f"a manifest for round {n} is not newer than the current checkpoint "
-                f"(round {latest['round']}, {latest['manifest']})",
+                f"(round {latest.round}, {latest.manifest})",
             )
-        s.db.execute(
-            "INSERT INTO checkpoints VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (n, record.epoch, record.manifest, record.hf_repo, record.hf_revision, peer, now),
+        stored = CheckpointRow(
+            n, record.epoch, record.manifest, record.hf_repo, record.hf_revision, peer, now
         )
-        s.append_log(now, peer, "checkpoint", {"round": n, "manifest": record.manifest})
-        self.advance(now)
-        return checkpoint_record(s.latest_checkpoint())
-
-    # -- signed views (``_views.SignedViews``) -----------------------------------------------
-
-    def round_info(self, n: int) -> RoundInfo:
-        return self.views.round_info(n)
-
-    def checkpoint_history(self, after: int, limit: int) -> CheckpointHistory:
-        return self.views.checkpoint_history(after, limit)
-
-    def run_state(self, now: float) -> RunState:
-        return self.views.run_state(now)
+        return checkpoint_record(stored), [
+            PutCheckpoint(stored),
+            Log(now, peer, "checkpoint", {"round": n, "manifest": record.manifest}),
+        ]

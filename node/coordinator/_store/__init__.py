@@ -1,2 +1,2 @@
-"""The coordinator's durable state: the SQLite store and its schema (with the migration of older
-databases). Private to ``cnode.node.coordinator``."""
+"""The coordinator's store: the only code that speaks SQL. Typed rows and facts out, typed
+writes in, one transaction per request. Private to ``cnode.node.coordinator``."""

@@ -12,21 +12,66 @@ import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from .._config import RunConfig
 from .._exceptions import RunConfigError
+from .._wire._admin import AllowKind
 from .._wire._protocol import Phase, RoundStatus
+from ._cache import MEMBER_READ, FactsCache
+from ._rows import (
+    CheckpointRow,
+    LogEntry,
+    MemberRow,
+    MemberStatus,
+    ResultRow,
+    RoundRow,
+    RunRow,
+)
 from ._schema import SCHEMA_VERSION, create_or_migrate
+from ._tables import PeerTables
 
 __all__ = ["SCHEMA_VERSION", "Store"]
 
 # The members columns that record when a member made a phase's report (_pace.py reads them).
 _REPORT_TIMES = frozenset({"collected_at", "scored_at", "checked_at"})
 
+# The columns a typed write may set, per table (the field names of its row dataclass that are
+# stored as is or as JSON): a write naming another raises before any SQL is built.
+_RUN_COLUMNS = frozenset({"phase", "phase_until", "epoch", "round", "waiting"})
+_ROUND_COLUMNS = frozenset(
+    {
+        "epoch", "status", "closed_at", "deadline", "published_at", "members",
+        "collect_deadline", "agreed_at", "agreed", "excluded", "parts", "backup_steps",
+        "verify_deadline", "results_open", "backup_step",
+    }
+)  # fmt: skip
+_MEMBER_COLUMNS = frozenset(
+    {
+        "status", "ready_at", "header", "missing", "collected_at", "checked", "checked_at",
+        "score_record", "scored_at", "score_bytes",
+    }
+)  # fmt: skip
 
-class Store:
+
+def _sql_values(values: dict[str, Any], allowed: frozenset[str], table: str) -> dict[str, Any]:
+    """Check a typed write's fields and encode them as stored (lists and dicts as JSON)."""
+    unknown = sorted(set(values) - allowed)
+    if unknown:
+        raise ValueError(f"{table} has no writable column {unknown[0]!r}")
+    return {
+        k: json.dumps(v, sort_keys=isinstance(v, dict))
+        if isinstance(v, (list, dict))
+        else str(v)
+        if isinstance(v, StrEnum)
+        else v
+        for k, v in values.items()
+    }
+
+
+class Store(PeerTables, FactsCache):
     """SQLite access for one run. Not thread-safe: the server uses it from its event loop only.
 
     Resource handling: the connection is closed by :meth:`close`.
@@ -45,6 +90,7 @@ class Store:
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.execute("PRAGMA busy_timeout=5000")
         create_or_migrate(self.db)
+        FactsCache.__init__(self)
 
     def close(self) -> None:
         self.db.close()
@@ -53,10 +99,12 @@ class Store:
     def tx(self) -> Iterator[None]:
         """One durable transaction: committed on success, rolled back on any exception."""
         self.db.execute("BEGIN IMMEDIATE")
+        self.tx_begun()
         try:
             yield
         except BaseException:
             self.db.execute("ROLLBACK")
+            self.tx_rolled_back()
             raise
         self.db.execute("COMMIT")
 
@@ -88,20 +136,16 @@ class Store:
                 "INSERT INTO run VALUES (1, ?, NULL, 0, 1, NULL)",
                 (str(Phase.WAITING_FOR_MEMBERS),),
             )
-            self.db.execute(
-                "INSERT INTO rounds (round, epoch, status, opened_at) VALUES (1, 0, ?, ?)",
-                (str(RoundStatus.OPEN), now),
-            )
+            self.open_round(1, 0, now)
             access = config.access
-            for kind, values in (("user", access.users), ("peer", access.peers)):
+            for kind, values in ((AllowKind.USER, access.users), (AllowKind.PEER, access.peers)):
                 for value in values:
                     self.allow(kind, value, "config", now)
             for org in access.orgs:
-                self.allow("org", org, "config", now)
+                self.allow(AllowKind.ORG, org, "config", now)
             if config.initial_checkpoint:
-                self.db.execute(
-                    "INSERT INTO checkpoints VALUES (0, 0, ?, NULL, NULL, ?, ?)",
-                    (config.initial_checkpoint, coordinator, now),
+                self.put_checkpoint(
+                    CheckpointRow(0, 0, config.initial_checkpoint, None, None, coordinator, now)
                 )
             self.append_log(now, "coordinator", "run_created", {"run": config.run})
         return config
@@ -123,19 +167,13 @@ class Store:
         row = self.db.execute("SELECT COALESCE(MAX(seq), 0) FROM log").fetchone()
         return int(row[0])
 
-    def log_page(self, after: int, limit: int) -> list[dict[str, Any]]:
+    def log_page(self, after: int, limit: int) -> list[LogEntry]:
         rows = self.db.execute(
             "SELECT seq, at, actor, kind, detail FROM log WHERE seq > ? ORDER BY seq LIMIT ?",
             (after, limit),
         ).fetchall()
         return [
-            {
-                "seq": r["seq"],
-                "at_ms": int(r["at"] * 1000),
-                "actor": r["actor"],
-                "kind": r["kind"],
-                "detail": json.loads(r["detail"]),
-            }
+            LogEntry(int(r["seq"]), float(r["at"]), r["actor"], r["kind"], json.loads(r["detail"]))
             for r in rows
         ]
 
@@ -154,51 +192,71 @@ class Store:
 
     # -- run row ----------------------------------------------------------------------------
 
-    def run_row(self) -> sqlite3.Row:
+    def run_row(self) -> RunRow:
         row = self.db.execute("SELECT * FROM run WHERE id = 1").fetchone()
         assert row is not None, "initialize() creates the run row"
-        return row
+        return RunRow.of(row)
 
     def set_run(self, **values: Any) -> None:
+        """Set fields of the run row (names of :class:`RunRow` fields)."""
+        values = _sql_values(values, _RUN_COLUMNS, "run")
         cols = ", ".join(f"{k} = ?" for k in values)
         self.db.execute(f"UPDATE run SET {cols} WHERE id = 1", tuple(values.values()))
 
     # -- rounds and members -----------------------------------------------------------------
 
-    def round_row(self, n: int) -> sqlite3.Row | None:
-        return self.db.execute("SELECT * FROM rounds WHERE round = ?", (n,)).fetchone()
+    def round_row(self, n: int) -> RoundRow | None:
+        row = self.db.execute("SELECT * FROM rounds WHERE round = ?", (n,)).fetchone()
+        return None if row is None else RoundRow.of(row)
 
-    def current_round_row(self) -> sqlite3.Row:
-        row = self.round_row(int(self.run_row()["round"]))
+    def current_round_row(self) -> RoundRow:
+        row = self.round_row(self.run_row().round)
         assert row is not None, "the current round always has a row"
         return row
 
+    def open_round(self, n: int, epoch: int, now: float) -> None:
+        """Add round ``n``, open to joiners."""
+        self.db.execute(
+            "INSERT INTO rounds (round, epoch, status, opened_at) VALUES (?, ?, ?, ?)",
+            (n, epoch, str(RoundStatus.OPEN), now),
+        )
+
     def set_round(self, n: int, **values: Any) -> None:
+        """Set fields of round ``n`` (names of :class:`RoundRow` fields)."""
+        values = _sql_values(values, _ROUND_COLUMNS, "rounds")
         cols = ", ".join(f"{k} = ?" for k in values)
         self.db.execute(f"UPDATE rounds SET {cols} WHERE round = ?", (*values.values(), n))
 
-    def member(self, n: int, peer: str) -> sqlite3.Row | None:
-        return self.db.execute(
-            "SELECT * FROM members WHERE round = ? AND peer = ?", (n, peer)
-        ).fetchone()
+    def rounds_with_status(self, status: RoundStatus) -> list[RoundRow]:
+        rows = self.db.execute(
+            "SELECT * FROM rounds WHERE status = ? ORDER BY round", (str(status),)
+        ).fetchall()
+        return [RoundRow.of(r) for r in rows]
 
-    def members(self, n: int, *statuses: str) -> list[str]:
+    def member(self, n: int, peer: str) -> MemberRow | None:
+        row = self.db.execute(
+            f"SELECT {MEMBER_READ} FROM members WHERE round = ? AND peer = ?", (n, peer)
+        ).fetchone()
+        return None if row is None else MemberRow.of(row)
+
+    def members(self, n: int, *statuses: MemberStatus) -> list[str]:
         marks = ", ".join("?" for _ in statuses)
         rows = self.db.execute(
             f"SELECT peer FROM members WHERE round = ? AND status IN ({marks}) ORDER BY peer",
-            (n, *statuses),
+            (n, *map(str, statuses)),
         ).fetchall()
         return [str(r[0]) for r in rows]
 
-    def count_members(self, n: int, *statuses: str) -> int:
+    def count_members(self, n: int, *statuses: MemberStatus) -> int:
         marks = ", ".join("?" for _ in statuses)
         row = self.db.execute(
             f"SELECT COUNT(*) FROM members WHERE round = ? AND status IN ({marks})",
-            (n, *statuses),
+            (n, *map(str, statuses)),
         ).fetchone()
         return int(row[0])
 
     def put_member(self, n: int, peer: str, username: str, now: float) -> None:
+        """Enter ``peer`` in round ``n`` as joined (again: its reports there are cleared)."""
         self.db.execute(
             "INSERT INTO members (round, peer, username, status, joined_at) "
             "VALUES (?, ?, ?, 'joined', ?) "
@@ -208,7 +266,17 @@ class Store:
             (n, peer, username, now),
         )
 
+    def set_member(self, n: int, peer: str, **values: Any) -> None:
+        """Set fields of ``peer``'s membership of round ``n`` (names of :class:`MemberRow`
+        fields, and ``score_bytes``: the signed score record itself)."""
+        values = _sql_values(values, _MEMBER_COLUMNS, "members")
+        cols = ", ".join(f"{k} = ?" for k in values)
+        self.db.execute(
+            f"UPDATE members SET {cols} WHERE round = ? AND peer = ?", (*values.values(), n, peer)
+        )
+
     def headers(self, n: int) -> dict[str, str]:
+        """Round ``n``'s ready members' update headers."""
         rows = self.db.execute(
             "SELECT peer, header FROM members WHERE round = ? AND status = 'ready' "
             "AND header IS NOT NULL ORDER BY peer",
@@ -216,35 +284,15 @@ class Store:
         ).fetchall()
         return {str(r[0]): str(r[1]) for r in rows}
 
-    def set_member(self, n: int, peer: str, **values: Any) -> None:
-        cols = ", ".join(f"{k} = ?" for k in values)
-        self.db.execute(
-            f"UPDATE members SET {cols} WHERE round = ? AND peer = ?", (*values.values(), n, peer)
-        )
-
-    # -- peers, allowlist, bans ---------------------------------------------------------------
-
-    def put_peer(
-        self, peer: str, username: str, now: float, token_expires: float, addrs: list[str]
-    ) -> None:
-        self.db.execute(
-            "INSERT INTO peers (peer, username, joined_at, token_expires, addrs) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT(peer) DO UPDATE SET "
-            "username = excluded.username, joined_at = excluded.joined_at, "
-            "token_expires = excluded.token_expires, addrs = excluded.addrs",
-            (peer, username, now, token_expires, json.dumps(addrs)),
-        )
-
-    def peer_addrs(self, peers: list[str]) -> dict[str, list[str]]:
-        """The addresses of each of ``peers`` that advertised any (from its last join)."""
-        out: dict[str, list[str]] = {}
-        for peer in peers:
-            row = self.db.execute("SELECT addrs FROM peers WHERE peer = ?", (peer,)).fetchone()
-            if row is not None and row[0]:
-                addrs = json.loads(row[0])
-                if addrs:
-                    out[peer] = addrs
-        return out
+    def listed_headers(self, n: int, members: list[str]) -> dict[str, str]:
+        """The headers of ``members`` in round ``n``, whatever their status since (a banned
+        member's stays)."""
+        rows = self.db.execute(
+            "SELECT peer, header FROM members WHERE round = ? AND header IS NOT NULL ORDER BY peer",
+            (n,),
+        ).fetchall()
+        listed = set(members)
+        return {str(r[0]): str(r[1]) for r in rows if r[0] in listed}
 
     def collected(self, n: int) -> dict[str, list[str]]:
         """Round ``n``'s `collected` reports: member -> the members whose update it lacks."""
@@ -291,12 +339,16 @@ class Store:
         ).fetchall()
         return {str(r[0]): bytes(r[1]) for r in rows}
 
-    def results(self, n: int) -> dict[int, sqlite3.Row]:
+    # -- partition results --------------------------------------------------------------------
+
+    def results(self, n: int) -> dict[int, ResultRow]:
         """Round ``n``'s recorded partition results: partition -> row."""
         rows = self.db.execute(
-            "SELECT * FROM results WHERE round = ? ORDER BY partition", (n,)
+            "SELECT round, partition, peer, header, replaced, by, at FROM results "
+            "WHERE round = ? ORDER BY partition",
+            (n,),
         ).fetchall()
-        return {int(r["partition"]): r for r in rows}
+        return {int(r[1]): ResultRow(*r) for r in rows}
 
     def put_result(self, n: int, partition: int, peer: str, header: str, now: float) -> None:
         self.db.execute(
@@ -309,63 +361,3 @@ class Store:
             "UPDATE results SET replaced = ?, by = ? WHERE round = ? AND partition = ?",
             (replaced, by, n, partition),
         )
-
-    def rounds_with_status(self, status: str) -> list[sqlite3.Row]:
-        return self.db.execute(
-            "SELECT * FROM rounds WHERE status = ? ORDER BY round", (status,)
-        ).fetchall()
-
-    def peer_username(self, peer: str) -> str:
-        row = self.db.execute("SELECT username FROM peers WHERE peer = ?", (peer,)).fetchone()
-        return "" if row is None else str(row[0])
-
-    def allowed(self, kind: str, value: str) -> bool:
-        row = self.db.execute(
-            "SELECT 1 FROM allowlist WHERE kind = ? AND value = ?", (kind, value)
-        ).fetchone()
-        return row is not None
-
-    def allow(self, kind: str, value: str, by: str, now: float) -> bool:
-        cur = self.db.execute(
-            "INSERT OR IGNORE INTO allowlist VALUES (?, ?, ?, ?)", (kind, value, by, now)
-        )
-        return cur.rowcount > 0
-
-    def disallow(self, kind: str, value: str) -> bool:
-        cur = self.db.execute("DELETE FROM allowlist WHERE kind = ? AND value = ?", (kind, value))
-        return cur.rowcount > 0
-
-    def allowlist(self) -> list[dict[str, Any]]:
-        rows = self.db.execute(
-            "SELECT kind, value, added_by, at FROM allowlist ORDER BY kind, value"
-        ).fetchall()
-        return [
-            {"kind": r[0], "value": r[1], "added_by": r[2], "at_ms": int(r[3] * 1000)} for r in rows
-        ]
-
-    def allowlist_size(self) -> int:
-        return int(self.db.execute("SELECT COUNT(*) FROM allowlist").fetchone()[0])
-
-    def ban_row(self, peer: str) -> sqlite3.Row | None:
-        return self.db.execute("SELECT * FROM bans WHERE peer = ?", (peer,)).fetchone()
-
-    def user_ban(self, username: str) -> sqlite3.Row | None:
-        if not username:
-            return None
-        return self.db.execute(
-            "SELECT * FROM bans WHERE username = ? ORDER BY at LIMIT 1", (username,)
-        ).fetchone()
-
-    def ban_rows(self) -> list[sqlite3.Row]:
-        return self.db.execute("SELECT * FROM bans ORDER BY at, peer").fetchall()
-
-    # -- checkpoints --------------------------------------------------------------------------
-
-    def latest_checkpoint(self) -> sqlite3.Row | None:
-        return self.db.execute("SELECT * FROM checkpoints ORDER BY round DESC LIMIT 1").fetchone()
-
-    def checkpoint_rows(self, after: int, limit: int) -> list[sqlite3.Row]:
-        """Checkpoints of rounds > ``after``, oldest first, at most ``limit``."""
-        return self.db.execute(
-            "SELECT * FROM checkpoints WHERE round > ? ORDER BY round LIMIT ?", (after, limit)
-        ).fetchall()

@@ -1,17 +1,19 @@
 """Admin actions, typed: what ``cnode allowlist``, ``cnode ban`` and ``cnode unban`` ask for.
 
 The request's ``args`` are decoded into one of these by ``_requests.parse_admin`` (400 naming
-the field when malformed); ``RunMachine.admin`` applies it inside the request's transaction.
+the field when malformed); ``RunDriver.admin`` (``_http/_driver.py``) applies it inside the
+request's transaction, with the rules' ``RunMachine.allowlist_add``, ``BanBook.ban``, ...
 See specs/coordinator.md#admin.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from enum import StrEnum
 
 __all__ = [
     "AdminAction",
+    "AdminVerb",
     "AllowKind",
     "AllowlistAdd",
     "AllowlistList",
@@ -21,7 +23,24 @@ __all__ = [
     "UnbanPeer",
 ]
 
-AllowKind = Literal["user", "peer", "org"]
+
+class AdminVerb(StrEnum):
+    """An admin request's ``action`` (each decodes into one of the actions below)."""
+
+    ALLOWLIST_ADD = "allowlist.add"
+    ALLOWLIST_REMOVE = "allowlist.remove"
+    ALLOWLIST_LS = "allowlist.ls"
+    BAN = "ban"
+    UNBAN = "unban"
+    LOG = "log"
+
+
+class AllowKind(StrEnum):
+    """What an allowlist entry names."""
+
+    USER = "user"  # a Hugging Face username (bound to a peer id at join)
+    PEER = "peer"  # a peer id
+    ORG = "org"  # a Hugging Face org: its members
 
 
 @dataclass(frozen=True)

@@ -29,15 +29,19 @@ __all__ = [
     "PEER_ONLY_USERNAME",
     "REQUEST_TYPE",
     "STATE_TYPE",
+    "CatchUpSource",
     "CheckpointHistory",
     "CheckpointRecord",
     "JoinResult",
     "Op",
     "PartitionResultEntry",
     "Phase",
+    "ReportKind",
     "RoundInfo",
     "RoundStatus",
     "RunState",
+    "Until",
+    "ViewKind",
     "b64decode",
     "b64encode",
 ]
@@ -69,6 +73,38 @@ class RoundStatus(StrEnum):
     CLOSED = "closed"  # a member is ready: the list is closed, waiting for the rest or deadline
     PUBLISHED = "published"  # member list final; members exchange updates and report `collected`
     AGREED = "agreed"  # the input set is decided (``RoundInfo.agreed``): members aggregate it
+
+
+class ViewKind(StrEnum):
+    """Which signed read a ``cnode/run-state/v1`` payload is (its ``kind``)."""
+
+    RUN = "run"  # RunState
+    ROUND = "round"  # RoundInfo
+    CHECKPOINTS = "checkpoints"  # CheckpointHistory
+
+
+class ReportKind(StrEnum):
+    """A node report's ``kind`` (op ``report``, specs/coordinator.md#reports)."""
+
+    ROUND = "round"  # after a round: the held-out loss, the state it holds
+    CATCH_UP = "catch_up"  # after a late join: time, bytes, bytes per holder
+
+
+class CatchUpSource(StrEnum):
+    """Where a catch-up report's checkpoint came from."""
+
+    PEERS = "peers"
+    HUB = "hub"
+
+
+class Until(StrEnum):
+    """What a long poll of a round record waits for (``GET .../rounds/{n}?until=``)."""
+
+    PUBLISHED = "published"  # the member list is published (the default)
+    AGREED = "agreed"  # the input set is decided
+    RESULTS = "results"  # every partition has a recorded result (or the round is agreed)
+    SCORES = "scores"  # the score records are closed (or the round is agreed)
+    CHECKPOINT = "checkpoint"  # a checkpoint of the round or a later one is recorded
 
 
 class Op(StrEnum):
@@ -179,7 +215,7 @@ class CheckpointHistory:
 
     def to_payload(self) -> dict[str, Any]:
         return {
-            "kind": "checkpoints",
+            "kind": str(ViewKind.CHECKPOINTS),
             "run": self.run,
             "after": self.after,
             "checkpoints": [c.to_payload() for c in self.checkpoints],
@@ -187,7 +223,7 @@ class CheckpointHistory:
 
     @classmethod
     def from_payload(cls, p: Mapping[str, Any]) -> CheckpointHistory:
-        if p.get("kind") != "checkpoints":
+        if p.get("kind") != ViewKind.CHECKPOINTS:
             raise BadRunState("signed record is not a checkpoint history")
         records = _get(p, "checkpoints", list)
         if not all(isinstance(r, dict) for r in records):
@@ -249,7 +285,7 @@ class RoundInfo:
             self.backup_step_ms,
         )
         return {
-            "kind": "round",
+            "kind": str(ViewKind.ROUND),
             "run": self.run,
             "round": self.round,
             "epoch": self.epoch,
@@ -267,7 +303,7 @@ class RoundInfo:
 
     @classmethod
     def from_payload(cls, p: Mapping[str, Any]) -> RoundInfo:
-        if p.get("kind") != "round":
+        if p.get("kind") != ViewKind.ROUND:
             raise BadRunState("signed state is not a round record")
         try:
             status = RoundStatus(_get(p, "status", str))
@@ -317,7 +353,7 @@ class RunState:
 
     def to_payload(self) -> dict[str, Any]:
         return {
-            "kind": "run",
+            "kind": str(ViewKind.RUN),
             "run": self.run,
             "coordinator": self.coordinator,
             "version": self.version,
@@ -336,7 +372,7 @@ class RunState:
 
     @classmethod
     def from_payload(cls, p: Mapping[str, Any]) -> RunState:
-        if p.get("kind") != "run":
+        if p.get("kind") != ViewKind.RUN:
             raise BadRunState("signed state is not a run record")
         try:
             phase = Phase(_get(p, "phase", str))

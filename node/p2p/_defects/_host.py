@@ -194,9 +194,10 @@ def guard_handler(protocol: str, handler: StreamHandler) -> StreamHandler:
     async def guarded(stream: INetStream) -> None:
         try:
             await handler(stream)
-        # The one catch-all in cnode: any exception escaping here would kill the whole host
-        # (defect 3), and py-libp2p raises many unrelated types. It is logged, never swallowed
-        # silently, and cancellation (a BaseException) still passes.
+        # A catch-all at a process boundary (py-libp2p's swarm calls our handlers): any
+        # exception escaping here would kill the whole host (defect 3), and py-libp2p raises
+        # many unrelated types. It is logged, never swallowed silently, and cancellation (a
+        # BaseException) still passes.
         except Exception as exc:
             log.warning("stream_handler_failed", protocol=protocol, error=repr(exc))
             with contextlib.suppress(BaseLibp2pError):

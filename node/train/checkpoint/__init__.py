@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._agreement import agree_on_checkpoint as agree_on_checkpoint
 from ._checkpoint import RoundLog as RoundLog
 from ._checkpoint import genesis_state as genesis_state
-from ._checkpoint import read_checkpoint_info as read_checkpoint_info
+from ._checkpoint import read_training_checkpoint as read_training_checkpoint
 from ._checkpoint import store_checkpoint as store_checkpoint
 from ._replay import ReplayReport as ReplayReport
 from ._replay import replay_checkpoint as replay_checkpoint

@@ -18,7 +18,12 @@ from __future__ import annotations
 import structlog
 import trio
 
-from cnode.node.coordinator import CheckpointRecord, CoordinatorClient, CoordinatorRejected
+from cnode.node.coordinator import (
+    CheckpointRecord,
+    CoordinatorClient,
+    CoordinatorRejected,
+    ErrorCode,
+)
 from cnode.node.hub import HubRevision
 from cnode.storage import CID
 
@@ -51,7 +56,7 @@ async def agree_on_checkpoint(
                 hf_revision=None if hub is None else hub.revision,
             )
         except CoordinatorRejected as exc:
-            if exc.code != "stale_round":
+            if exc.code is not ErrorCode.STALE_ROUND:
                 raise
             # Refused as not newer: another manifest for this round (a different state, fatal),
             # or a later round already recorded (this node is behind: nothing to compare, and
@@ -83,7 +88,7 @@ async def _submit_unconfirmed(
     try:
         await client.submit_checkpoint(epoch=epoch, round=round_, manifest=str(manifest))
     except CoordinatorRejected as exc:
-        if exc.code == "stale_round":  # recorded meanwhile: the same round, or a later one
+        if exc.code is ErrorCode.STALE_ROUND:  # recorded meanwhile: the same round, or a later one
             _compare(
                 await client.current_checkpoint(),
                 round_=round_,

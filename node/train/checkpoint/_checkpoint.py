@@ -48,7 +48,7 @@ __all__ = [
     "TrainingCheckpoint",
     "genesis_state",
     "manifest_meta",
-    "read_checkpoint_info",
+    "read_training_checkpoint",
     "store_checkpoint",
 ]
 
@@ -139,7 +139,7 @@ def manifest_meta(manifest: Manifest) -> Any:
     return getattr(manifest, "meta", manifest)
 
 
-def read_checkpoint_info(store: BlockStore, cid: CID) -> TrainingCheckpoint:
+def read_training_checkpoint(store: BlockStore, cid: CID) -> TrainingCheckpoint:
     """Read a checkpoint manifest (blocks must be local) and the training fields it carries."""
     manifest = read_manifest(store, cid)
     meta = manifest_meta(manifest)

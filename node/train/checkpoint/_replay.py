@@ -57,7 +57,7 @@ from ..scores import (
     disputed_targets,
     resolve_scores,
 )
-from ._checkpoint import RoundLog, genesis_state, manifest_meta, read_checkpoint_info
+from ._checkpoint import RoundLog, genesis_state, manifest_meta, read_training_checkpoint
 from ._signed import open_signed_record
 
 __all__ = ["ReplayReport", "compare_layers", "replay_checkpoint", "replay_rounds"]
@@ -316,7 +316,7 @@ def replay_checkpoint(store: BlockStore, manifest_cid: CID) -> ReplayReport:
             (sorted by name) whose chunk CIDs differ.
         CatchUpError: a block the replay needs (parent, header, update) is not in ``store``.
     """
-    info = read_checkpoint_info(store, manifest_cid)
+    info = read_training_checkpoint(store, manifest_cid)
     if info.training is None:
         raise ReplayMismatchError(f"checkpoint {manifest_cid} carries no training settings")
     config = info.training

@@ -19,7 +19,7 @@ from cnode.storage import CID, StorageError
 
 from .._exceptions import CatchUpError, PeerUpdateError
 from .._round import UpdateHeader
-from ._checkpoint import read_checkpoint_info
+from ._checkpoint import read_training_checkpoint
 from ._signed import open_signed_record
 
 __all__ = ["ReplayInputs", "fetch_replay_inputs"]
@@ -47,7 +47,7 @@ async def fetch_replay_inputs(node: P2PNode, manifest: CID, holders: Sequence[st
     """
     reports: list[FetchReport] = [await node.fetch(manifest, holders)]
     try:
-        info = await trio.to_thread.run_sync(read_checkpoint_info, node.store, manifest)
+        info = await trio.to_thread.run_sync(read_training_checkpoint, node.store, manifest)
     except StorageError as exc:
         raise CatchUpError(f"{manifest} is not a readable checkpoint: {exc}") from exc
     if info.parent is not None:

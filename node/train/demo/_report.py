@@ -10,7 +10,8 @@ from rich.table import Table
 
 from cnode.aggregation import EvidenceKind
 
-from .._report import read_report
+from .._report import Ending, Event, read_report
+from ._swarm import Role
 
 if TYPE_CHECKING:
     from cnode.node.coordinator import BanRecord
@@ -28,7 +29,7 @@ def _traffic_table(procs: list[_Proc], events: dict[str, list[dict[str, Any]]]) 
     """Bytes each node fetched and served per round, one row per round (partitioned rounds:
     about twice an update in, specs/training.md#partitioned-rounds)."""
     by_node = {
-        p.name: {e["round"]: e for e in events[p.name] if e["event"] == "round"} for p in procs
+        p.name: {e["round"]: e for e in events[p.name] if e["event"] == Event.ROUND} for p in procs
     }
     rounds = sorted({r for seen in by_node.values() for r in seen})
     table = Table(title="round traffic: verified MB in/out per node (parts: 0 = full replication)")
@@ -79,7 +80,7 @@ def _loss_section(
 ) -> list[str]:
     """1. Loss per round, from the checkpointer (every honest node computes the same figure)."""
     first = procs[0]
-    rounds = [e for e in events[first.name] if e["event"] == "round"]
+    rounds = [e for e in events[first.name] if e["event"] == Event.ROUND]
     table = Table(
         title="held-out loss per round (honest-1; same state on every honest node; "
         f"update_codec {settings.codec})"
@@ -111,13 +112,13 @@ def _late_joiner_section(
 ) -> list[str]:
     """2. The late joiner's catch-up: from how many holders, how long, every block verified."""
     names = {p.peer: p.name for p in procs}
-    late = next(p for p in procs if p.role == "late joiner")
+    late = next(p for p in procs if p.role is Role.LATE_JOINER)
     late_events = events[late.name]
-    caught = [e for e in late_events if e["event"] == "caught_up"]
+    caught = [e for e in late_events if e["event"] == Event.CAUGHT_UP]
     if not caught:
         return ["the late joiner never caught up from a checkpoint"]
-    joining = next((e for e in late_events if e["event"] == "joining"), None)
-    first_round = next((e for e in late_events if e["event"] == "round"), None)
+    joining = next((e for e in late_events if e["event"] == Event.JOINING), None)
+    first_round = next((e for e in late_events if e["event"] == Event.ROUND), None)
     e = caught[0]
     console.print(
         f"late joiner {_short(late.peer)} joined after round {settings.late_after_round}: "
@@ -147,9 +148,9 @@ def _ban_section(
     """3. The ban, with its kind and evidence (the honest nodes' reports and the coordinator's
     signed state)."""
     names = {p.peer: p.name for p in procs}
-    attacker = next(p for p in procs if p.role == "attacker")
+    attacker = next(p for p in procs if p.role is Role.ATTACKER)
     reported = [
-        (name, e) for name, evs in events.items() for e in evs if e["event"] == "ban_reported"
+        (name, e) for name, evs in events.items() for e in evs if e["event"] == Event.BAN_REPORTED
     ]
     against_attacker = [(n, e) for n, e in reported if e["accused"] == attacker.peer]
     against_honest = [(n, e) for n, e in reported if e["accused"] != attacker.peer]
@@ -178,9 +179,9 @@ def _final_states_section(procs: list[_Proc], events: Events, console: Console) 
     """4. The final state CID of every honest node: one CID, or a problem."""
     final: dict[str, tuple[int, str]] = {}
     for p in procs:
-        if p.role == "attacker":
+        if p.role is Role.ATTACKER:
             continue
-        last = [e for e in events[p.name] if e["event"] == "round"]
+        last = [e for e in events[p.name] if e["event"] == Event.ROUND]
         if last:
             final[p.name] = (last[-1]["round"], last[-1]["state_cid"])
     agree = Table(title="final state CID of every honest node")
@@ -192,15 +193,15 @@ def _final_states_section(procs: list[_Proc], events: Events, console: Console) 
     console.print(agree)
     problems = []
     finals = {v for v in final.values()}
-    if len(final) != sum(p.role != "attacker" for p in procs):
+    if len(final) != sum(p.role is not Role.ATTACKER for p in procs):
         problems.append("not every honest node finished a round")
     elif len(finals) != 1:
         problems.append("honest nodes disagree on the final state")
     else:
         console.print(f"[green]all {len(final)} honest nodes agree[/green] on {finals.pop()[1]}")
     for p in procs:
-        stopped = [e for e in events[p.name] if e["event"] == "stopped"]
-        if p.role != "attacker" and stopped and stopped[-1]["reason"] != "done":
+        stopped = [e for e in events[p.name] if e["event"] == Event.STOPPED]
+        if p.role is not Role.ATTACKER and stopped and stopped[-1]["reason"] != Ending.DONE:
             problems.append(f"{p.name} stopped: {stopped[-1]['reason']}")
     return problems
 

@@ -29,9 +29,9 @@ from cnode.auth import Identity, save_identity
 from cnode.node._children import die_with_parent
 from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
 
-from .._report import read_report
+from .._report import Event, read_report
 from ._report import final_report
-from ._swarm import DemoSettings, _Proc
+from ._swarm import DemoSettings, Role, _Proc
 
 __all__ = ["DemoSettings", "run_demo"]
 
@@ -93,18 +93,18 @@ def _stop_all(procs: list[subprocess.Popen[bytes]]) -> None:
             proc.wait(timeout=STOP_GRACE_S)
 
 
-def _last(events: list[dict[str, Any]], kind: str) -> dict[str, Any] | None:
+def _last(events: list[dict[str, Any]], kind: Event) -> dict[str, Any] | None:
     return next((e for e in reversed(events) if e["event"] == kind), None)
 
 
 _STATUS = {
-    "started": "starting",
-    "listening": "joined",
-    "joining": "joining late",
-    "caught_up": "caught up",
-    "round": "training",
-    "ban_reported": "reported a ban",
-    "resumed": "resumed",
+    Event.STARTED: "starting",
+    Event.LISTENING: "joined",
+    Event.JOINING: "joining late",
+    Event.CAUGHT_UP: "caught up",
+    Event.ROUND: "training",
+    Event.BAN_REPORTED: "reported a ban",
+    Event.RESUMED: "resumed",
 }
 
 
@@ -129,13 +129,13 @@ def _status_table(
         table.add_column(col)
     for p in procs:
         events = read_report(p.report)
-        last_round = _last(events, "round")
-        stopped = _last(events, "stopped")
+        last_round = _last(events, Event.ROUND)
+        stopped = _last(events, Event.STOPPED)
         if p.popen is None:
             status = "not started"
         elif p.popen.poll() is None:
             status = _STATUS.get(events[-1]["event"], events[-1]["event"]) if events else "starting"
-            if status == "starting" and p.role == "late joiner" and events:
+            if status == "starting" and p.role is Role.LATE_JOINER and events:
                 status = f"waiting for round {late_after} before joining"
         elif p.peer in bans:
             status = f"exited {p.popen.returncode}: banned by the coordinator ({bans[p.peer]})"
@@ -224,7 +224,7 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
                 while time.monotonic() < deadline:
                     time.sleep(0.5)
                     live.update(table())
-                    honest = [p for p in procs if p.role != "attacker"]
+                    honest = [p for p in procs if p.role is not Role.ATTACKER]
                     if all(p.popen is not None and p.popen.poll() is not None for p in honest):
                         break
                 live.update(table())
@@ -236,12 +236,12 @@ def run_demo(settings: DemoSettings, console: Console) -> int:
 
 
 def _round_of(proc: _Proc) -> int:
-    last = _last(read_report(proc.report), "round")
+    last = _last(read_report(proc.report), Event.ROUND)
     return int(last["round"]) if last else 0
 
 
 def _prepare(work: Path, settings: DemoSettings) -> list[_Proc]:
-    roles = ["honest"] * settings.honest + ["attacker", "late joiner"]
+    roles = [Role.HONEST] * settings.honest + [Role.ATTACKER, Role.LATE_JOINER]
     names = [f"honest-{i + 1}" for i in range(settings.honest)] + ["attacker", "late"]
     procs = []
     for name, role in zip(names, roles, strict=True):
@@ -301,8 +301,8 @@ def _node_cmd(
     if p is procs[0]:
         cmd.append("--checkpointer")
     # No --bootstrap: like any user's node, each learns the others from the coordinator.
-    if p.role == "attacker":
+    if p.role is Role.ATTACKER:
         cmd += ["--attack", settings.attack]
-    if p.role == "late joiner":
+    if p.role is Role.LATE_JOINER:
         cmd += ["--join-after-round", str(settings.late_after_round)]
     return cmd

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +25,20 @@ class DemoSettings:
     training: dict[str, Any] = field(default_factory=dict)  # [training] table overrides
 
 
+class Role(StrEnum):
+    """A demo node's part (shown in its status table)."""
+
+    HONEST = "honest"
+    ATTACKER = "attacker"  # sends the demo's attack
+    LATE_JOINER = "late joiner"  # joins after DemoSettings.late_after_round
+
+
 @dataclass
 class _Proc:
     """One node process of the demo: who it is, where its home is, and its process."""
 
     name: str
-    role: str
+    role: Role
     home: Path
     peer: str
     port: int

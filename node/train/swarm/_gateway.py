@@ -13,7 +13,7 @@ from contextlib import asynccontextmanager
 from cnode.node.p2p import P2PNode, gateway_beside_trio
 from cnode.storage import BlockStore
 
-from .._report import Reporter
+from .._report import Event, Reporter
 
 __all__ = ["maybe_gateway"]
 
@@ -27,5 +27,5 @@ async def maybe_gateway(
         yield
         return
     async with gateway_beside_trio(store, address[0], address[1], node.server.bucket) as url:
-        reporter.event("gateway", url=url)
+        reporter.event(Event.GATEWAY, url=url)
         yield

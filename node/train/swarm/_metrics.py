@@ -22,6 +22,7 @@ from prometheus_client.registry import Collector
 from cnode.node.p2p import Traffic
 
 from .._exceptions import TrainingConfigError
+from .._report import Event
 
 __all__ = ["PHASES", "NodeMetrics", "serve_metrics"]
 
@@ -90,9 +91,9 @@ class NodeMetrics:
             r.register(_TrafficCollector(traffic))
         ProcessCollector(registry=r)  # CPU seconds, resident memory, open fds
 
-    def observe(self, event: str, fields: dict[str, Any]) -> None:
+    def observe(self, event: Event, fields: dict[str, Any]) -> None:
         """Update the series from one report event (the Reporter calls this for each)."""
-        if event == "round":
+        if event is Event.ROUND:
             self.rounds.inc()
             self.round.set(int(fields.get("round", 0)))
             self.loss.set(float(fields.get("loss", float("nan"))))
@@ -112,14 +113,14 @@ class NodeMetrics:
                     self._left_out_peers.discard(str(peer))
                     known = False
                 self.left_out.labels(str(peer) if known else "other").inc()
-        elif event == "round_given_up":
+        elif event is Event.ROUND_GIVEN_UP:
             self.given_up.inc()
-        elif event == "ban_seen":
+        elif event is Event.BAN_SEEN:
             self._banned.update(str(p) for p in fields.get("peers", ()))
             self.bans.set(len(self._banned))
-        elif event == "ban_reported":
+        elif event is Event.BAN_REPORTED:
             self.ban_reports.inc()
-        elif event == "caught_up":
+        elif event is Event.CAUGHT_UP:
             self.catch_ups.inc()
             seconds = fields.get("fetch_seconds")
             if isinstance(seconds, int | float):

@@ -14,7 +14,7 @@ from typing import Any
 import structlog
 import trio
 
-from cnode.node.coordinator import CoordinatorClient, CoordinatorError
+from cnode.node.coordinator import CatchUpSource, CoordinatorClient, CoordinatorError, ReportKind
 from cnode.node.coordinator import limits as coordinator_limits
 
 from .. import limits
@@ -28,7 +28,7 @@ def round_report(round_: int, loss: float, state: str, holds: str | None) -> dic
     """The report after a round: None when the loss is not finite (CBOR carries no NaN)."""
     if not math.isfinite(loss):
         return None
-    report: dict[str, Any] = {"kind": "round", "round": round_, "loss": float(loss)}
+    report: dict[str, Any] = {"kind": str(ReportKind.ROUND), "round": round_, "loss": float(loss)}
     report["state"] = state
     if holds is not None:
         report["holds"] = holds
@@ -41,12 +41,14 @@ def catch_up_report(caught: Mapping[str, Any]) -> dict[str, Any]:
     # Bounded like every request: the holders that served the most bytes.
     top = sorted(per_holder.items(), key=lambda kv: -kv[1])[: coordinator_limits.MAX_REPORT_HOLDERS]
     return {
-        "kind": "catch_up",
+        "kind": str(ReportKind.CATCH_UP),
         "round": int(caught["round"]),
         "manifest": str(caught["manifest"]),
         "seconds": float(caught["seconds"]),
         "bytes": int(caught.get("bytes", 0)),
-        "source": "hub" if caught.get("source") == "hub" else "peers",
+        "source": str(
+            CatchUpSource.HUB if caught.get("source") == CatchUpSource.HUB else CatchUpSource.PEERS
+        ),
         "bytes_per_holder": dict(top),
     }
 

@@ -11,7 +11,7 @@ import pytest
 
 from cnode.auth import Identity
 from cnode.node.coordinator import limits
-from cnode.node.coordinator._rounds._waits import UNTIL
+from cnode.node.coordinator._wire._protocol import Until
 
 from .conftest import Running, body, post, refused, run_config
 
@@ -140,7 +140,7 @@ def test_long_polls_of_arbitrary_rounds_keep_nothing(running: Running) -> None:
     server = running.server
     with httpx.Client() as http:
         for n in range(10, 60):  # far past the current round: a plain sleep, no event kept
-            for until in UNTIL:
+            for until in Until:
                 answer = http.get(f"{base}/{n}", params={"wait": "0.001", "until": until})
                 assert answer.status_code == 200, answer.text
         assert not any(server.waits.events.values())

@@ -88,7 +88,7 @@ class Trickle:
 
 def _holding(running: Running, peer: Identity, n: int = 1) -> None:
     deadline = time.monotonic() + 10
-    while running.server.evidence_slots.held(peer.peer_id_str) < n:
+    while running.server.evidence.slots.held(peer.peer_id_str) < n:
         assert time.monotonic() < deadline, "the upload never got its evidence check"
         time.sleep(0.01)
 
@@ -179,7 +179,7 @@ def test_one_member_holds_its_share_and_refusals_name_the_cause(
     assert int(busy.headers["Retry-After"]) >= 1
     first.close()  # a check frees up (the upload ends cut short): the next evidence is answered
     deadline = time.monotonic() + ANSWER_WITHIN_S
-    while running.server.evidence_slots.held(slow.peer_id_str):
+    while running.server.evidence.slots.held(slow.peer_id_str):
         assert time.monotonic() < deadline, "a closed upload kept its check"
         time.sleep(0.01)
     refused(
@@ -207,7 +207,7 @@ def test_trickling_uploads_are_cut_and_other_evidence_is_answered(
         assert t.ended_after is not None, "a trickle was never cut"
         assert b" 408 " in t.answer and b"too_slow" in t.answer, t.answer[:300]
         assert b"EVIDENCE_MIN_RATE_BPS" in t.answer
-    assert running.server.evidence_slots.held(slow.peer_id_str) == 0
+    assert running.server.evidence.slots.held(slow.peer_id_str) == 0
 
 
 def test_an_upload_past_its_deadline_is_cut(

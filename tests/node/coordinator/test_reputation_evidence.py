@@ -7,7 +7,6 @@ nobody; a round whose scorers disagree leaves the report to the majority rule.""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -191,7 +190,7 @@ def test_true_evidence_bans_on_one_report_and_forged_evidence_is_refused(
             (attacker, BanKind.CHECKED, honest[0], ROUNDS)
         ]
         kept = running.server.store.ban_row(attacker)
-        assert kept is not None and json.loads(kept["evidence"])["reporters"] == [honest[0]]
+        assert kept is not None and kept.evidence["reporters"] == [honest[0]]
         for n, records in enumerate(played, start=1):  # nothing stored is lost
             assert await reporter.score_records(n) == records
         for c in clients.values():

@@ -58,16 +58,17 @@ def test_the_ban_section_shows_the_kind_and_who_decided_by_name(tmp_path: Path) 
     from rich.console import Console
 
     from cnode.node.coordinator import BanKind, BanRecord
+    from cnode.node.train._report import Event
     from cnode.node.train.demo._report import _ban_section
-    from cnode.node.train.demo._swarm import _Proc
+    from cnode.node.train.demo._swarm import Role, _Proc
 
     procs = [
-        _Proc("honest-1", "honest", tmp_path, "12D3KooWhonest1", 1, 11),
-        _Proc("honest-2", "honest", tmp_path, "12D3KooWhonest2", 2, 12),
-        _Proc("attacker", "attacker", tmp_path, "12D3KooWattacker", 3, 13),
+        _Proc("honest-1", Role.HONEST, tmp_path, "12D3KooWhonest1", 1, 11),
+        _Proc("honest-2", Role.HONEST, tmp_path, "12D3KooWhonest2", 2, 12),
+        _Proc("attacker", Role.ATTACKER, tmp_path, "12D3KooWattacker", 3, 13),
     ]
     report = {
-        "event": "ban_reported",
+        "event": Event.BAN_REPORTED,
         "accused": "12D3KooWattacker",
         "kind": "outlier",
         "reason": "outlier in 3 of the last 5 rounds",

@@ -12,7 +12,7 @@ import pytest
 from cnode.node.p2p import FetchReport, Traffic
 from cnode.node.p2p import limits as p2p_limits
 from cnode.node.train import TrainingConfigError
-from cnode.node.train._report import Reporter
+from cnode.node.train._report import Event, Reporter
 from cnode.node.train.swarm._metrics import NodeMetrics, serve_metrics
 from cnode.storage import compute_cid
 from tests.support.metrics import scrape, value
@@ -29,7 +29,7 @@ def test_report_events_and_traffic_become_series() -> None:
     reporter = Reporter(None, peer="me")
     reporter.observers.append(metrics)
     reporter.event(
-        "round",
+        Event.ROUND,
         round=3,
         loss=4.5,
         state_cid="bafy",
@@ -45,8 +45,8 @@ def test_report_events_and_traffic_become_series() -> None:
         bytes_in=1000,
         bytes_out=2000,
     )
-    reporter.event("ban_seen", peers=["p4"], via="gossip")
-    reporter.event("ban_seen", peers=["p4"], via="poll")  # the same ban seen twice counts once
+    reporter.event(Event.BAN_SEEN, peers=["p4"], via="gossip")
+    reporter.event(Event.BAN_SEEN, peers=["p4"], via="poll")  # the same ban seen twice counts once
     traffic.fetched(_fetch({"holder-a": 3_000_000, "holder-b": 1_000_000}, 2.0))
     traffic.served("p2", 500)
 

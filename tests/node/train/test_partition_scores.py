@@ -16,7 +16,7 @@ from cnode.auth import Identity
 from cnode.node.train import CatchUpError, TrainingConfig, replay_checkpoint
 from cnode.node.train._round import load_update
 from cnode.node.train._trainer import NodeTrainer
-from cnode.node.train.checkpoint._checkpoint import read_checkpoint_info
+from cnode.node.train.checkpoint._checkpoint import read_training_checkpoint
 from cnode.node.train.checkpoint._signed import check_signed_updates
 from cnode.node.train.scores._records import (
     ScoreRecord,
@@ -215,7 +215,7 @@ def test_a_member_whose_header_nobody_has_is_left_out_and_the_checkpoint_still_v
         node.apply_partitions(1, results, {0: result.output}, parts=1, dropped={}, scores=spread)
     assert len({n.state_cid for n in nodes}) == 1
     manifest = nodes[1].store_checkpoint()
-    info = read_checkpoint_info(nodes[1].store, manifest)
+    info = read_training_checkpoint(nodes[1].store, manifest)
     assert header_cids[ghost] not in info.headers  # only signed records that open are listed
     signed = check_signed_updates(nodes[1].store, info.manifest)
     assert signed.faults == () and signed.absent == 0

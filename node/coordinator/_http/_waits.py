@@ -21,15 +21,13 @@ from collections.abc import Callable
 
 from .. import limits
 from .._store._store import Store
-from .._wire._protocol import RoundStatus
+from .._wire._protocol import RoundStatus, Until
 
-__all__ = ["UNTIL", "RoundWaits"]
+__all__ = ["RoundWaits"]
 
-# What a long poll may wait for.
-UNTIL = ("published", "agreed", "results", "scores", "checkpoint")
 # Conditions that become true with time alone (the pace rule closes score records without a
 # request): their waiters are checked on every tick, not only after a change.
-TIMED = ("scores",)
+TIMED = (Until.SCORES,)
 
 ScoresClosed = Callable[[int, float], bool]
 
@@ -43,7 +41,7 @@ class RoundWaits:
         # (round, now) -> whether its score records are closed (the partition rules' verdict);
         # without it (no partitioned rounds), "scores" waits for the round to be agreed.
         self.scores_closed = scores_closed
-        self.events: dict[str, dict[int, asyncio.Event]] = {until: {} for until in UNTIL}
+        self.events: dict[Until, dict[int, asyncio.Event]] = {until: {} for until in Until}
 
     def timed(self) -> bool:
         """Someone waits for a condition that time alone can make true."""
@@ -52,42 +50,43 @@ class RoundWaits:
     def results_done(self, n: int) -> bool:
         """Round ``n`` is agreed, or published with a result for every partition."""
         row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        if row is None or not row.listed:
             return False
-        parts = int(row["parts"] or 0)
-        return row["status"] == RoundStatus.AGREED or len(self.store.results(n)) >= parts
+        return row.status is RoundStatus.AGREED or len(self.store.results(n)) >= row.parts
 
     def _agreed(self, n: int) -> bool:
         row = self.store.round_row(n)
-        return row is not None and row["status"] == RoundStatus.AGREED
+        return row is not None and row.status is RoundStatus.AGREED
 
     def _scores_done(self, n: int) -> bool:
         row = self.store.round_row(n)
-        if row is None or row["status"] not in (RoundStatus.PUBLISHED, RoundStatus.AGREED):
+        if row is None or not row.listed:
             return False
-        if row["status"] == RoundStatus.AGREED or not row["parts"]:
+        if row.status is RoundStatus.AGREED or not row.parts:
             return True  # agreed, or a full-replication round: it has no score phase
         return self.scores_closed is not None and self.scores_closed(n, time.time())
 
     def _checkpointed(self, n: int) -> bool:
         latest = self.store.latest_checkpoint()
-        return latest is not None and int(latest["round"]) >= n
+        return latest is not None and latest.round >= n
 
-    def _done(self, n: int, until: str, current: int) -> bool:
-        if until == "published":
-            return n < current
-        if until == "agreed":
-            return self._agreed(n)
-        if until == "scores":
-            return self._scores_done(n)
-        if until == "checkpoint":
-            return self._checkpointed(n)
-        return self.results_done(n)
+    def _done(self, n: int, until: Until, current: int) -> bool:
+        match until:
+            case Until.PUBLISHED:
+                return n < current
+            case Until.AGREED:
+                return self._agreed(n)
+            case Until.SCORES:
+                return self._scores_done(n)
+            case Until.CHECKPOINT:
+                return self._checkpointed(n)
+            case Until.RESULTS:
+                return self.results_done(n)
 
-    async def wait(self, n: int, until: str, seconds: float) -> None:
+    async def wait(self, n: int, until: Until, seconds: float) -> None:
         """Return once round ``n`` reached ``until``, or after ``seconds``."""
         waiting = self.events[until]
-        current = int(self.store.run_row()["round"])
+        current = self.store.run_row().round
         if n > current + 1 or (n not in waiting and len(waiting) >= limits.MAX_POLLED_ROUNDS):
             await asyncio.sleep(seconds)  # no event kept for it
             return
@@ -97,7 +96,7 @@ class RoundWaits:
 
     def wake(self) -> None:
         """Set (and drop) the events of every round a change finished."""
-        current = int(self.store.run_row()["round"])
+        current = self.store.run_row().round
         for until, waiting in self.events.items():
             for n in [n for n in waiting if self._done(n, until, current)]:
                 waiting.pop(n).set()

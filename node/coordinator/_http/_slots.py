@@ -21,7 +21,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from .. import limits
 from .._codes import ErrorCode as E
 from .._exceptions import RequestRefused
-from .._http._http import RateLimitedRefusal
+from ._http import RateLimitedRefusal
 
 __all__ = ["EvidenceSlots", "EvidenceTiming", "read_evidence_body"]
 
