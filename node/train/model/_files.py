@@ -271,7 +271,13 @@ def _batches(path: Path, name: str, fmt: str, column: str) -> Iterator[Any]:
                 raise DatasetError(f"{name}: no column {column!r} (columns: {cols})")
             yield batch.column(column)
     except (pa.ArrowException, OSError) as exc:
-        raise DatasetError(f"{name}{_bad_json_line(path)}: not JSON Lines ({exc})") from None
+        raise DatasetError(
+            f"{name}{_bad_json_line(path)}: not JSON Lines ({_one_line(exc)})"
+        ) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())  # pyarrow's messages span lines; an error is one
 
 
 def _bad_json_line(path: Path) -> str:
@@ -290,7 +296,9 @@ def _bad_json_line(path: Path) -> str:
 def _parquet_batches(path: Path, name: str, column: str) -> Iterator[Any]:
     try:
         parquet = pq.ParquetFile(str(path))
-        meta, size = parquet.metadata, path.stat().st_size
+        meta = parquet.metadata
+        # Column data must end where the footer starts: its length and "PAR1" are the last 8.
+        size = path.stat().st_size - 8 - meta.serialized_size
         for g in range(meta.num_row_groups):
             for c in range(meta.num_columns):
                 chunk = meta.row_group(g).column(c)
@@ -299,7 +307,7 @@ def _parquet_batches(path: Path, name: str, column: str) -> Iterator[Any]:
                 if end > size:  # a footer that lies about the file's size
                     raise DatasetError(
                         f"{name}: not a valid Parquet file: its footer says row group {g} "
-                        f"reaches byte {end}, the file has {size}"
+                        f"reaches byte {end}, its data ends at byte {size}"
                     )
         names = parquet.schema_arrow.names
         if column not in names:
@@ -307,4 +315,4 @@ def _parquet_batches(path: Path, name: str, column: str) -> Iterator[Any]:
         for batch in parquet.iter_batches(batch_size=limits.READ_BATCH_ROWS, columns=[column]):
             yield batch.column(0)
     except (pa.ArrowException, OSError) as exc:
-        raise DatasetError(f"{name}: not a valid Parquet file ({exc})") from None
+        raise DatasetError(f"{name}: not a valid Parquet file ({_one_line(exc)})") from None
