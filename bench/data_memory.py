@@ -101,9 +101,9 @@ def _child(mode: str, corpus: str, rounds: int) -> dict[str, Any]:
     config = TrainingConfig.for_run(_training(corpus))
     out: dict[str, Any] = {}
     if mode == "shard":  # the baseline: download and tokenize every file of shard 0
-        from cnode.node.train.model._held import build_streamed
-
-        streamed, _ = build_streamed(config.data, config.model)  # file list and tokenizer
+        data = TextData.build(config.data, config.model)  # file list, tokenizer, held-out
+        streamed = data.train
+        assert not isinstance(streamed, torch.Tensor)
         t0 = time.perf_counter()
         units = streamed.units(0, config.seed)
         for index in sorted({u[0] for u in units}):

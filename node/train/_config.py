@@ -104,10 +104,9 @@ class ModelConfig:
     n_positions: int = 64
     vocab_size: int = 1024  # must equal the tokenizer's vocabulary
     pretrained: str = ""  # a Hub model "OWNER/NAME@COMMIT"; empty = build from the fields above
-    # A transformers architecture ("llama", "gpt2", "qwen2", ...) built from ``options``, its
-    # config keys as (key, JSON value) pairs, sorted (hashable: the data cache keys on this).
-    # Set only by parsing a [training.model] table that names it (model_table); n_positions
-    # and vocab_size are then read from the built config and the legacy fields are unused.
+    # A transformers architecture ("llama", "qwen2", ...) built from ``options``, its config keys
+    # as sorted (key, JSON value) pairs (hashable); set by model_table, which then reads
+    # n_positions and vocab_size from the built config (the other legacy fields are unused).
     architecture: str = ""
     options: tuple[tuple[str, str], ...] = ()
     tokenizer: str = ""  # a Hub tokenizer "OWNER/NAME@COMMIT" (tokenizer.json of that commit)
@@ -120,10 +119,9 @@ class ModelConfig:
         """Parameters of the model these fields build, without allocating it: for the legacy
         GPT-2, embeddings + 12 d^2 per block; for an architecture, counted on the meta device."""
         if self.architecture:
-            from .model._architecture import parameter_count, resolve_architecture
+            from .model.architecture import count_parameters
 
-            resolved = resolve_architecture(self.architecture, self.architecture_kwargs())
-            return parameter_count(self.architecture, resolved.kwargs_json)
+            return count_parameters(self.architecture, self.architecture_kwargs())
         embd = self.n_embd
         return (self.vocab_size + self.n_positions) * embd + 12 * self.n_layer * embd**2
 
@@ -131,10 +129,9 @@ class ModelConfig:
         """The model's config as a checkpoint records it (``config.json`` of an export):
         ``model_type`` and the keys it is built with."""
         if self.architecture:
-            from .model._architecture import resolve_architecture
+            from .model.architecture import recorded_config
 
-            resolved = resolve_architecture(self.architecture, self.architecture_kwargs())
-            return {"model_type": self.architecture, **json.loads(resolved.kwargs_json)}
+            return recorded_config(self.architecture, self.architecture_kwargs())
         return {"model_type": "gpt2", **self.to_gpt2_kwargs()}
 
     def to_table(self) -> dict[str, Any]:
@@ -164,6 +161,16 @@ class ModelConfig:
             "eos_token_id": 0,
             "loss_type": "ForCausalLM",
         }
+
+
+def model_table(raw: Any) -> ModelConfig:
+    """Parse a [training.model] table: the legacy GPT-2 fields, or ``architecture`` with its
+    config keys (checked by building the model on the meta device: model/architecture.py)."""
+    if not isinstance(raw, dict) or "architecture" not in raw:
+        return _build(ModelConfig, raw, "training.model")  # type: ignore[no-any-return]
+    from .model.architecture import model_fields  # lazily: model imports this module
+
+    return ModelConfig(**model_fields(raw))
 
 
 @dataclass(frozen=True)
@@ -330,8 +337,6 @@ class TrainingConfig:
         raw = dict(raw)
         if raw.get("outer_optimizer") == "nesterov":
             raw = {**NESTEROV_DEFAULTS, **raw}
-        from .model._architecture import model_table  # here: model imports this module
-
         model = model_table(raw.pop("model", {}))
         data = _build(DataConfig, raw.pop("data", {}), "training.data")
         config = _build(cls, raw, "training", model=model, data=data)

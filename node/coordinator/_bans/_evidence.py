@@ -44,7 +44,6 @@ __all__ = [
 log = structlog.get_logger(__name__)
 
 
-
 class EvidenceChecker(Protocol):
     """Recompute a partition result from a CAR of evidence blocks; raise :class:`BadEvidence`
     when the evidence is malformed (``cnode.node.train.check_partition_evidence``, translated)."""

@@ -37,7 +37,8 @@ from .._config import (
     parse_pretrained,
 )
 from .._exceptions import TrainingConfigError
-from ._files import is_dataset
+from ._files import DatasetFiles, is_dataset
+from ._held import build_streamed, tokenizer_text
 from ._stream import StreamedSequences
 
 __all__ = [
@@ -270,9 +271,9 @@ class TextData:
 @lru_cache(maxsize=4)
 def _build_cached(data: DataConfig, model: ModelConfig) -> TextData:
     if is_dataset(data.corpus):
-        from ._held import build_streamed  # here: it uses this module's tokenizers
-
-        streamed, held = build_streamed(data, model)
+        files = DatasetFiles.open(data)
+        tokenizer = load_tokenizer(data, model, tokenizer_text(files, data.text_column))
+        streamed, held = build_streamed(data, files, tokenizer)
         return TextData(streamed, held, data.n_shards, streamed.tokenizer.to_str())
     text = load_corpus_text(data.corpus)  # once: a Hub corpus is not asked for twice
     tokenizer = load_tokenizer(data, model, text)

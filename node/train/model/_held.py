@@ -21,12 +21,11 @@ import torch
 from tokenizers import Tokenizer
 
 from .. import limits
-from .._config import DataConfig, ModelConfig
-from ._data import load_tokenizer
+from .._config import DataConfig
 from ._files import DatasetError, DatasetFiles, read_texts
 from ._stream import StreamedSequences, token_stream
 
-__all__ = ["build_streamed", "end_of_text"]
+__all__ = ["build_streamed", "end_of_text", "tokenizer_text"]
 
 END_OF_TEXT = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 
@@ -42,7 +41,7 @@ def end_of_text(tokenizer: Tokenizer, name: str) -> int:
     )
 
 
-def _prefix(files: DatasetFiles, column: str) -> Iterator[str]:
+def tokenizer_text(files: DatasetFiles, column: str) -> Iterator[str]:
     """The first TOKENIZER_TRAIN_CHARS characters of the first file's rows, in order."""
     first = files.files[0]
     left = limits.TOKENIZER_TRAIN_CHARS
@@ -55,10 +54,10 @@ def _prefix(files: DatasetFiles, column: str) -> Iterator[str]:
                 return
 
 
-def build_streamed(data: DataConfig, model: ModelConfig) -> tuple[StreamedSequences, torch.Tensor]:
+def build_streamed(
+    data: DataConfig, files: DatasetFiles, tokenizer: Tokenizer
+) -> tuple[StreamedSequences, torch.Tensor]:
     """The training sequences (on disk, read on demand) and the held-out ones (in memory)."""
-    files = DatasetFiles.open(data)
-    tokenizer = load_tokenizer(data, model, _prefix(files, data.text_column))
     eot = end_of_text(tokenizer, data.corpus)
     held_file = files.held_out or files.files[0]
     need = data.eval_sequences * data.seq_len

@@ -1,5 +1,5 @@
 """The model: built from the run's config (the legacy GPT-2 fields, or any causal-LM architecture
-and its config keys: ``_architecture.py``) or loaded from the Hub, and its state as plain tensors.
+and its config keys: ``architecture.py``) or loaded from the Hub, and its state as plain tensors.
 
 A model's *state* here is ``{parameter name: float32 tensor}`` from ``named_parameters()``: tied
 weights appear once (GPT-2 ties ``lm_head`` to ``transformer.wte``), and buffers are left out (the
@@ -14,7 +14,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 from .._config import ModelConfig, TrainingConfig, parse_pretrained
 from .._exceptions import TrainingConfigError
-from ._architecture import build_config, resolve_architecture
+from .architecture import build_config, resolve_architecture
 
 __all__ = ["build_model", "load_state", "model_state"]
 

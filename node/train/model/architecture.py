@@ -10,7 +10,8 @@ then depends on its inputs only, as with the GPT-2 of the legacy fields); they a
 the config, so an exported ``config.json`` says so.
 
 ``transformers`` is imported here only when a table names an architecture: reading a run config
-without one stays cheap.
+without one stays cheap. A public module of ``model`` (it imports nothing of ``cnode.node.train``
+but its errors): ``_config`` reads tables with it, lazily.
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ from typing import Any
 
 from huggingface_hub.errors import StrictDataclassError
 
-from .._config import ModelConfig
-from .._config import _build as build_table
 from .._exceptions import TrainingConfigError
 
-__all__ = ["build_config", "hf_kwargs", "model_table", "parameter_count", "resolve_architecture"]
+__all__ = [
+    "build_config",
+    "count_parameters",
+    "hf_kwargs",
+    "model_fields",
+    "parameter_count",
+    "recorded_config",
+    "resolve_architecture",
+]
 
 # Config keys that are the library's bookkeeping, not the model's: a table may not set them.
 _NOT_SETTINGS = frozenset({"transformers_version", "architectures", "model_type", "dtype"})
@@ -159,15 +166,21 @@ def parameter_count(architecture: str, kwargs_json: str) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def model_table(raw: Any) -> ModelConfig:
-    """Parse a [training.model] table: the legacy GPT-2 fields, or ``architecture`` with its
-    config keys (checked by building the model on the meta device)."""
-    if not isinstance(raw, dict):
-        raise TrainingConfigError("[training.model] must be a table")
-    if "options" in raw:
-        raise TrainingConfigError("[training.model]: unknown setting(s) options")
-    if "architecture" not in raw:
-        return build_table(ModelConfig, dict(raw), "training.model")  # type: ignore[no-any-return]
+def count_parameters(architecture: str, options: Mapping[str, Any]) -> int:
+    """Parameters of the model ``architecture`` and ``options`` build (meta device)."""
+    return parameter_count(architecture, resolve_architecture(architecture, options).kwargs_json)
+
+
+def recorded_config(architecture: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The config a checkpoint records (an export's ``config.json``): ``model_type`` and the
+    keys the model is built with, dropouts included."""
+    kwargs = json.loads(resolve_architecture(architecture, options).kwargs_json)
+    return {"model_type": architecture, **kwargs}
+
+
+def model_fields(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelConfig fields of a [training.model] table that names an ``architecture``: its
+    other keys are that architecture's config keys, checked here."""
     own = {k: raw[k] for k in ("architecture", "pretrained", "tokenizer") if k in raw}
     for key, value in own.items():
         if not isinstance(value, str):
@@ -177,12 +190,14 @@ def model_table(raw: Any) -> ModelConfig:
             "[training.model]: architecture builds a model from its config, pretrained loads "
             "one from the Hub; name one of them"
         )
+    if "options" in raw:  # ModelConfig's own field, not a key a table may set
+        raise TrainingConfigError("[training.model]: unknown setting(s) options")
     options = {k: v for k, v in raw.items() if k not in own}
     resolved = resolve_architecture(own["architecture"], options)
-    return ModelConfig(
-        n_positions=resolved.n_positions,
-        vocab_size=resolved.vocab_size,
-        architecture=own["architecture"],
-        options=tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in options.items())),
-        tokenizer=own.get("tokenizer", ""),
-    )
+    return {
+        "n_positions": resolved.n_positions,
+        "vocab_size": resolved.vocab_size,
+        "architecture": own["architecture"],
+        "options": tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in options.items())),
+        "tokenizer": own.get("tokenizer", ""),
+    }
