@@ -58,6 +58,8 @@ MAX_DATASET_FILES = 100_000
 MAX_DATASET_FILE_BYTES = 8 * 1024**3
 READ_BATCH_ROWS = 1024
 READ_BLOCK_BYTES = 4 * 1024 * 1024
+# Characters of rows tokenized in one encode_batch call (its Encodings are ~100x their ids).
+TOKENIZE_BATCH_CHARS = 256 * 1024
 # Characters of text (from the start of the dataset's first file) a tokenizer is trained on,
 # when the run trains its own: every node reads the same prefix and trains the same tokenizer.
 TOKENIZER_TRAIN_CHARS = 4 * 1024 * 1024

@@ -33,6 +33,7 @@ import structlog
 import torch
 from tokenizers import Tokenizer
 
+from .. import limits
 from ._files import DataFile, DatasetError, DatasetFiles, read_texts
 
 __all__ = ["StreamedSequences", "token_cache_dir"]
@@ -60,14 +61,25 @@ def token_stream(
 ) -> Iterator[np.ndarray]:
     """The packed token ids of ``file``, a record batch at a time."""
     path = files.local(file)
+    separator = np.asarray([eot], dtype="<u4")
     for texts in read_texts(path, f"{files.corpus}: {file.path}", file.format, column):
-        if not texts:
-            continue
-        out: list[int] = []
-        for enc in tokenizer.encode_batch(texts, add_special_tokens=False):
-            out.extend(enc.ids)
-            out.append(eot)
-        yield np.asarray(out, dtype="<u4")
+        # A batch's rows are encoded TOKENIZE_BATCH_CHARS at a time: an Encoding holds far more
+        # than its ids (tokens, offsets, masks), so a whole batch of long rows would not be
+        # small, and memory would follow the rows' length.
+        start = 0
+        while start < len(texts):
+            end, chars = start, 0
+            while end < len(texts) and (end == start or chars < limits.TOKENIZE_BATCH_CHARS):
+                chars += len(texts[end])
+                end += 1
+            encodings = tokenizer.encode_batch(texts[start:end], add_special_tokens=False)
+            parts = []
+            for enc in encodings:
+                parts += [np.asarray(enc.ids, dtype="<u4"), separator]
+            del encodings
+            if parts:
+                yield np.concatenate(parts)
+            start = end
 
 
 class StreamedSequences:
