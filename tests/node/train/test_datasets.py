@@ -18,9 +18,10 @@ from typing import Any
 import huggingface_hub.constants
 import pytest
 import torch
+from huggingface_hub import HfApi
 
 from cnode.node.train import TextData, TrainingConfig, TrainingConfigError
-from cnode.node.train.model._data import _build_cached
+from cnode.node.train.model._data import _build_cached, train_tokenizer
 from cnode.node.train.model._files import DatasetError, DatasetFiles
 from cnode.node.train.model._stream import token_cache_dir
 from tests.support.datasets import four_shards, jsonl_bytes, parquet_bytes, rows, upload_dataset
@@ -131,7 +132,8 @@ _PRINT_SEQUENCES = textwrap.dedent(
     from cnode.node.train import TextData, TrainingConfig
     config = TrainingConfig.for_run(json.loads(sys.argv[1]))
     data = TextData.build(config.data, config.model)
-    out = {"eval": hashlib.sha256(data.eval.numpy().tobytes()).hexdigest()}
+    out = {"eval": hashlib.sha256(data.eval.numpy().tobytes()).hexdigest(),
+           "tokenizer": hashlib.sha256(data.tokenizer_json.encode()).hexdigest()}
     for peer in ("peer-a", "peer-b", "peer-c"):
         for r in (1, 2, 3):
             ids = data.shard(peer, r, seed=config.seed)
@@ -158,6 +160,14 @@ def test_two_processes_cut_the_same_sequences_from_separate_downloads(
                   "max_position_embeddings": 64, "vocab_size": 300},
         "data": {"corpus": dataset, "seq_len": 32, "eval_sequences": 8, "n_shards": 4},
     }  # fmt: skip
+    # The tokenizer of a Hub repo (training.model.tokenizer), not one trained here.
+    tokenizer = train_tokenizer(" ".join(rows(7, 50)), 280).to_str()
+    api = HfApi(endpoint=hf_hub.url, token=hf_hub.add_user("tok", orgs=["acme"]))
+    api.create_repo("acme/tok")
+    info = api.upload_file(
+        path_or_fileobj=tokenizer.encode(), path_in_repo="tokenizer.json", repo_id="acme/tok"
+    )
+    raw["model"]["tokenizer"] = f"acme/tok@{info.oid}"
     outs = []
     for name in ("one", "two"):
         home = tmp_path / name
@@ -173,6 +183,7 @@ def test_two_processes_cut_the_same_sequences_from_separate_downloads(
         assert list((home / "hub").rglob("*.parquet")) and list((home / "cnode-tokens").iterdir())
     assert outs[0] == outs[1]
     assert len(set(outs[0].values())) == len(outs[0])  # different rounds, different sequences
+    assert outs[0]["tokenizer"] == hashlib.sha256(tokenizer.encode()).hexdigest()
 
 
 def test_a_local_folder_with_a_split_a_pattern_and_a_held_out_file(tmp_path: Path) -> None:
