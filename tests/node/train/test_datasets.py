@@ -21,6 +21,7 @@ import torch
 from huggingface_hub import HfApi
 
 from cnode.node.train import TextData, TrainingConfig, TrainingConfigError
+from cnode.node.train.model import corrupt_data
 from cnode.node.train.model._data import _build_cached, train_tokenizer
 from cnode.node.train.model._files import DatasetError, DatasetFiles
 from cnode.node.train.model._stream import token_cache_dir
@@ -208,6 +209,20 @@ def test_a_local_folder_with_a_split_a_pattern_and_a_held_out_file(tmp_path: Pat
     # One Parquet file alone is a dataset of one file.
     one = _build(_config(str(folder / "train" / "0.parquet")))
     assert len(one.train.files.files) == 1  # type: ignore[union-attr]
+
+
+def test_data_attacks_corrupt_what_a_streamed_dataset_reads(tmp_path: Path) -> None:
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    (folder / "0.parquet").write_bytes(parquet_bytes(rows(0, 300)))
+    data = _build(_config(str(folder), n_shards=2))
+    ids = data.shard("p", 1, seed=0)[:4]
+    flipped = corrupt_data(data, "flipped_tokens", 300)
+    assert torch.equal(flipped.train[ids], 299 - data.train[ids])
+    shuffled = corrupt_data(data, "shuffled_tokens", 300).train[ids]
+    assert not torch.equal(shuffled, data.train[ids])
+    assert torch.equal(shuffled.sort(dim=1).values, data.train[ids].sort(dim=1).values)
+    assert torch.equal(flipped.shard("p", 1, seed=0), data.shard("p", 1, seed=0))
 
 
 # -- bad input ---------------------------------------------------------------------------------
