@@ -51,7 +51,13 @@ def _config(model: dict[str, Any], **training: Any) -> TrainingConfig:
     return TrainingConfig.for_run({"model": model, "data": data, **training})
 
 
-@pytest.mark.parametrize("table", [LLAMA, GPT2], ids=["llama", "gpt2"])
+QWEN2 = {**LLAMA, "architecture": "qwen2"}
+NEOX = {k: v for k, v in LLAMA.items() if k != "num_key_value_heads"} | {"architecture": "gpt_neox"}
+
+
+@pytest.mark.parametrize(
+    "table", [LLAMA, GPT2, QWEN2, NEOX], ids=["llama", "gpt2", "qwen2", "gpt_neox"]
+)
 def test_the_state_holds_each_parameter_once_and_no_buffer(table: dict[str, Any]) -> None:
     config = _config(table)
     model = build_model(config)
