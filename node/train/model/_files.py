@@ -154,6 +154,8 @@ class DatasetFiles:
 
 
 def _folder_listing(root: Path) -> dict[str, DataFile]:
+    if not root.exists():
+        raise DatasetError(f"cannot read corpus {root}: no such file or folder")
     try:
         if root.is_file():
             return {root.name: DataFile(root.name, root.stat().st_size)}

@@ -287,6 +287,11 @@ def test_a_row_that_is_not_utf8(tmp_path: Path) -> None:
              r"1\.jsonl row 45: not UTF-8 text")  # fmt: skip
 
 
+def test_a_missing_folder(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match="no such file or folder"):
+        _build(_config(str(tmp_path / "nowhere" / "x.parquet")))
+
+
 def test_an_empty_dataset(tmp_path: Path) -> None:
     _refused(tmp_path / "a", {"notes.txt": b"x"}, "empty dataset: no Parquet or JSONL file")
     _refused(tmp_path / "b", {"0.parquet": GOOD}, "empty dataset", split="validation")
