@@ -20,6 +20,7 @@ ONE_SWARM_AT_A_TIME = frozenset(
     f"tests/node/train/{name}.py"
     for name in (
         "test_dashboard_browser",
+        "test_dataset_swarm",
         "test_faults",
         "test_gateway_catch_up",
         "test_hub_fallback",

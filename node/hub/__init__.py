@@ -7,6 +7,7 @@ download and a Hub training corpus share. See specs/training.md#hugging-face-fal
 
 from . import limits as limits
 from ._download import download_file as download_file
+from ._download import hub_errors as hub_errors
 from ._exceptions import HubError as HubError
 from ._exceptions import HubLoginError as HubLoginError
 from ._exceptions import HubUnavailable as HubUnavailable
@@ -24,6 +25,7 @@ __all__ = [
     "HubUnavailable",
     "download_checkpoint",
     "download_file",
+    "hub_errors",
     "limits",
     "load_hub_login",
     "upload_checkpoint",

@@ -7,6 +7,7 @@ model that ``cnode demo`` trains on two cores.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -26,10 +27,10 @@ _COMMIT_SHA = re.compile(r"[0-9a-f]{40}")
 
 @dataclass(frozen=True)
 class HubCorpus:
-    """A training corpus that is one file of a Hub dataset repo, at one commit."""
+    """A training corpus: a Hub dataset repo, or one file of it, at one commit."""
 
     repo: str  # "owner/name"
-    path: str  # the file's path in the repo
+    path: str  # the file's path in the repo; "" for the whole dataset
     revision: str  # a full commit sha: every peer trains on the same bytes
 
 
@@ -45,9 +46,12 @@ def parse_hub_corpus(corpus: str) -> HubCorpus | None:
         return None
     where = f"training.data.corpus {corpus!r}"
     parts = corpus.removeprefix(HUB_CORPUS_PREFIX).split("/", 2)
+    if len(parts) == 2 and "@" in parts[1]:
+        parts.append("")  # the whole dataset: hf://datasets/OWNER/NAME@COMMIT
     if not corpus.startswith(HUB_CORPUS_PREFIX) or len(parts) != 3:
         raise TrainingConfigError(
-            f"{where}: a Hub corpus is hf://datasets/OWNER/NAME/PATH@COMMIT (one file of a dataset)"
+            f"{where}: a Hub corpus is hf://datasets/OWNER/NAME@COMMIT (a dataset), or "
+            "hf://datasets/OWNER/NAME/PATH@COMMIT (one file of it)"
         )
     owner, name, path = parts
     revision = ""
@@ -55,7 +59,7 @@ def parse_hub_corpus(corpus: str) -> HubCorpus | None:
         name, revision = name.split("@", 1)
     elif "@" in path:
         path, revision = path.rsplit("@", 1)
-    segments = path.split("/")
+    segments = path.split("/") if path else []
     if not (_HUB_NAME.fullmatch(owner) and _HUB_NAME.fullmatch(name)) or any(
         s in ("", ".", "..") for s in segments
     ):
@@ -69,13 +73,13 @@ def parse_hub_corpus(corpus: str) -> HubCorpus | None:
     return HubCorpus(f"{owner}/{name}", path, revision)
 
 
-def parse_pretrained(pretrained: str) -> tuple[str, str]:
+def parse_pretrained(pretrained: str, *, key: str = "pretrained") -> tuple[str, str]:
     """``"OWNER/NAME@COMMIT"`` -> (repo id, commit); TrainingConfigError for anything else.
 
     The commit is required for the same reason as a Hub corpus's: every peer must start from
     the same weights, and a branch moves between peers that load it at different times.
     """
-    where = f"training.model.pretrained {pretrained!r}"
+    where = f"training.model.{key} {pretrained!r}"
     repo, _, revision = pretrained.partition("@")
     owner, _, name = repo.partition("/")
     if not (_HUB_NAME.fullmatch(owner) and _HUB_NAME.fullmatch(name)):
@@ -91,7 +95,8 @@ def parse_pretrained(pretrained: str) -> tuple[str, str]:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """A GPT-2-style decoder built from these fields (no download), or a Hub model id."""
+    """A GPT-2-style decoder built from the legacy fields (no download), a model of any
+    architecture built from its config (``architecture`` and its keys), or a Hub model id."""
 
     n_layer: int = 2
     n_embd: int = 64
@@ -99,12 +104,47 @@ class ModelConfig:
     n_positions: int = 64
     vocab_size: int = 1024  # must equal the tokenizer's vocabulary
     pretrained: str = ""  # a Hub model "OWNER/NAME@COMMIT"; empty = build from the fields above
+    # A transformers architecture ("llama", "qwen2", ...) built from ``options``, its config keys
+    # as sorted (key, JSON value) pairs (hashable); set by model_table, which then reads
+    # n_positions and vocab_size from the built config (the other legacy fields are unused).
+    architecture: str = ""
+    options: tuple[tuple[str, str], ...] = ()
+    tokenizer: str = ""  # a Hub tokenizer "OWNER/NAME@COMMIT" (tokenizer.json of that commit)
+
+    def architecture_kwargs(self) -> dict[str, Any]:
+        """``options`` decoded: the config keys as the [training.model] table gave them."""
+        return {key: json.loads(value) for key, value in self.options}
 
     def approx_parameters(self) -> int:
-        """Parameters of the GPT-2 model these fields build (embeddings + 12 d^2 per block),
-        from the fields alone: nothing is allocated."""
+        """Parameters of the model these fields build, without allocating it: for the legacy
+        GPT-2, embeddings + 12 d^2 per block; for an architecture, counted on the meta device."""
+        if self.architecture:
+            from .model.architecture import count_parameters
+
+            return count_parameters(self.architecture, self.architecture_kwargs())
         embd = self.n_embd
         return (self.vocab_size + self.n_positions) * embd + 12 * self.n_layer * embd**2
+
+    def hf_config(self) -> dict[str, Any]:
+        """The model's config as a checkpoint records it (``config.json`` of an export):
+        ``model_type`` and the keys it is built with."""
+        if self.architecture:
+            from .model.architecture import recorded_config
+
+            return recorded_config(self.architecture, self.architecture_kwargs())
+        return {"model_type": "gpt2", **self.to_gpt2_kwargs()}
+
+    def to_table(self) -> dict[str, Any]:
+        """The [training.model] table that parses back to this config (to_dict's model)."""
+        if not self.architecture:
+            out = {f.name: getattr(self, f.name) for f in fields(self)}
+            del out["architecture"], out["options"]
+        else:
+            out = {"architecture": self.architecture, **self.architecture_kwargs()}
+            out["tokenizer"] = self.tokenizer
+        if not self.tokenizer:
+            del out["tokenizer"]  # absent from records made before the key existed
+        return out
 
     def to_gpt2_kwargs(self) -> dict[str, Any]:
         # Dropout off: a round's update then depends on (state, data, seed) only.
@@ -123,6 +163,16 @@ class ModelConfig:
         }
 
 
+def model_table(raw: Any) -> ModelConfig:
+    """Parse a [training.model] table: the legacy GPT-2 fields, or ``architecture`` with its
+    config keys (checked by building the model on the meta device: model/architecture.py)."""
+    if not isinstance(raw, dict) or "architecture" not in raw:
+        return _build(ModelConfig, raw, "training.model")  # type: ignore[no-any-return]
+    from .model.architecture import model_fields  # lazily: model imports this module
+
+    return ModelConfig(**model_fields(raw))
+
+
 @dataclass(frozen=True)
 class DataConfig:
     """Where the text comes from and how it is cut."""
@@ -138,6 +188,20 @@ class DataConfig:
     # peer id, round // n_shards); "fixed" is the shard its id hashes to, every round (what runs
     # before it trained on, and what a recorded config without the key means: from_dict).
     assignment: str = "rotate"
+    # A dataset of many files (corpus a Hub repo "hf://datasets/OWNER/NAME@COMMIT", a folder,
+    # or one .parquet/.jsonl file; model/_files.py): which files (a glob on their paths; empty:
+    # every .parquet, .jsonl and .json), which split (files in a folder of that name, or named
+    # "SPLIT-*"), the column holding the text, and the held-out set: a file of the dataset
+    # (not trained on), or empty: the first eval_sequences sequences of its first file.
+    files: str = ""
+    split: str = ""
+    text_column: str = "text"
+    held_out: str = ""
+
+
+# DataConfig keys a record leaves out at their defaults, so the records of runs before them keep
+# their bytes.
+DATASET_KEYS = {"files": "", "split": "", "text_column": "text", "held_out": ""}
 
 
 # training.partitioned values; "auto" partitions rounds of at least PARTITION_MIN_MEMBERS.
@@ -226,6 +290,7 @@ class TrainingConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
+        out["model"] = self.model.to_table()
         if self.update_codec != "sparse-topk" and self.update_density == 1 / 64:
             del out["update_density"]  # only sparse reads it: other runs keep their bytes
         # ``scores`` is always written: a record says whether its run scored, on or off.
@@ -236,6 +301,9 @@ class TrainingConfig:
             del out["precision"]
         if self.error_decay == 1.0:
             del out["error_decay"]
+        for key, default in DATASET_KEYS.items():
+            if out["data"][key] == default:
+                del out["data"][key]
         if self.data.assignment == "fixed":
             del out["data"]["assignment"]  # a record without it means "fixed" (from_dict)
         if self.inner_optimizer_state == "fresh":
@@ -269,7 +337,7 @@ class TrainingConfig:
         raw = dict(raw)
         if raw.get("outer_optimizer") == "nesterov":
             raw = {**NESTEROV_DEFAULTS, **raw}
-        model = _build(ModelConfig, raw.pop("model", {}), "training.model")
+        model = model_table(raw.pop("model", {}))
         data = _build(DataConfig, raw.pop("data", {}), "training.data")
         config = _build(cls, raw, "training", model=model, data=data)
         config.check()
@@ -278,12 +346,15 @@ class TrainingConfig:
     def check(self) -> None:
         """Raise :class:`TrainingConfigError` for values no run can train with."""
         m, d = self.model, self.data
+        if m.tokenizer:
+            parse_pretrained(m.tokenizer, key="tokenizer")
         if m.pretrained:
             parse_pretrained(m.pretrained)
         else:
-            if min(m.n_layer, m.n_embd, m.n_head, m.n_positions, m.vocab_size) < 1:
+            legacy = (m.n_layer, m.n_embd, m.n_head, m.n_positions, m.vocab_size)
+            if not m.architecture and min(legacy) < 1:
                 raise TrainingConfigError("training.model sizes must be positive")
-            if m.n_embd % m.n_head:
+            if not m.architecture and m.n_embd % m.n_head:
                 raise TrainingConfigError("training.model.n_embd must be a multiple of n_head")
             approx = m.approx_parameters()
             if approx > limits.MAX_MODEL_PARAMETERS_CEILING:
@@ -291,7 +362,7 @@ class TrainingConfig:
                     f"training.model has ~{approx} parameters, over MAX_MODEL_PARAMETERS_CEILING "
                     f"({limits.MAX_MODEL_PARAMETERS_CEILING})"
                 )
-            if d.seq_len > m.n_positions:
+            if m.n_positions and d.seq_len > m.n_positions:
                 raise TrainingConfigError("training.data.seq_len must be <= model.n_positions")
         parse_hub_corpus(d.corpus)  # a malformed or unpinned Hub corpus fails before any download
         if d.seq_len < 2 or d.n_shards < 1 or d.eval_sequences < 1:

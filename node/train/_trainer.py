@@ -181,6 +181,8 @@ class NodeTrainer(PartitionedRounds):
         """Train on the current state, store the update and the signed header; return them."""
         if round_ != self.round + 1:
             raise CatchUpError(f"cannot train round {round_}: the state is of round {self.round}")
+        # A dataset of many files: the next round's file downloads while this round trains.
+        self.data.prefetch(self.peer, round_ + 1, seed=self.config.seed)
         local = train_local(self.model, self.state, self.train_data, self.config, peer_id=self.peer,
                             round_=round_, placement=self.placement,
                             moments=self.moments)  # fmt: skip

@@ -51,6 +51,18 @@ SCORE_LOSS_RTOL = 2 * SCORE_DEVICE_RTOL
 SCORE_CHUNK_SEQUENCES = 64
 # Bytes of a training corpus read from a local file or downloaded from a Hub dataset.
 MAX_CORPUS_BYTES = 512 * 1024 * 1024
+# A dataset of many Parquet or JSONL files (specs/training.md, "Data"): files it may list; bytes
+# of one file (a node downloads it whole, and tokenizes it to disk; memory holds one record batch);
+# rows per record batch read from a Parquet file, and bytes per block read from a JSONL file.
+MAX_DATASET_FILES = 100_000
+MAX_DATASET_FILE_BYTES = 8 * 1024**3
+READ_BATCH_ROWS = 1024
+READ_BLOCK_BYTES = 4 * 1024 * 1024
+# Characters of rows tokenized in one encode_batch call (its Encodings are ~100x their ids).
+TOKENIZE_BATCH_CHARS = 256 * 1024
+# Characters of text (from the start of the dataset's first file) a tokenizer is trained on,
+# when the run trains its own: every node reads the same prefix and trains the same tokenizer.
+TOKENIZER_TRAIN_CHARS = 4 * 1024 * 1024
 
 # Seconds a node waits for the coordinator to publish a round's member list after it is ready.
 MEMBERS_WAIT_S = 120.0

@@ -11,7 +11,8 @@ so tests exercise the client's real requests and error handling. Only what cnode
   /api/{kind}/{repo}/preupload/{rev}`` (every file "regular": its bytes travel base64 inside the
   commit, a mode the real Hub uses for small files), ``POST /api/{kind}/{repo}/commit/{rev}``
   (NDJSON), ``GET /api/{kind}/{repo}`` and ``GET /api/{kind}/{repo}/revision/{rev}`` (repo info;
-  the first is the main branch), and ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` (models) or
+  the first is the main branch), ``GET /api/{kind}/{repo}/tree/{rev}[/{path}]`` (``list_repo_tree``:
+  sizes and git blob ids), and ``HEAD``/``GET /{repo}/resolve/{rev}/{path}`` (models) or
   ``/datasets/{repo}/resolve/{rev}/{path}``, where ``{kind}`` is ``models`` or ``datasets``. Model
   repos live in ``hub.repos``, dataset repos in ``hub.datasets`` (the Hub keeps the two apart: a
   model and a dataset may share a name). Writes need a write token of the namespace's user or of
@@ -262,6 +263,33 @@ def revision_info(hub: FakeHub, req: Request) -> Response:
     return Response.json(info)
 
 
+def git_blob_id(data: bytes) -> str:
+    """A file's git blob id, as the Hub's tree listing gives a (non-LFS) file's ``oid``."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def tree(hub: FakeHub, req: Request) -> Response:
+    """``HfApi.list_repo_tree``: the files (path, size, git blob id) and folders of a commit
+    under ``path``, in one page; ``recursive=true`` for the whole subtree."""
+    _, _, files = _tree(hub, req)
+    base = (req.params.get("path") or "").strip("/")
+    recursive = "recursive=true" in req.query.lower() or "recursive=1" in req.query
+    entries: dict[str, dict[str, Any]] = {}
+    for name, data in sorted(files.items()):
+        if base and not name.startswith(base + "/"):
+            continue
+        rest = name[len(base) + 1 :] if base else name
+        parts = rest.split("/")
+        depth = len(parts) if recursive else 1
+        for i in range(1, min(depth, len(parts) - 1) + 1):
+            folder = "/".join(filter(None, [base, *parts[:i]]))
+            entries[folder] = {"type": "directory", "oid": "0" * 40, "path": folder}
+        if recursive or len(parts) == 1:
+            size = hub.listed_sizes.get(name, len(data))
+            entries[name] = {"type": "file", "oid": git_blob_id(data), "size": size, "path": name}
+    return Response.json(list(entries.values()))
+
+
 def resolve(hub: FakeHub, req: Request) -> Response:
     _, sha, files = _tree(hub, req)
     data = files.get(req.params["path"])
@@ -288,6 +316,7 @@ _DEFAULT_ROUTES: list[tuple[str, str, Handler]] = [
     ("POST", rf"/api/{_KIND}/{_REPO}/commit/{_REV}", _locked(commit)),
     ("GET", rf"/api/{_KIND}/{_REPO}", _locked(revision_info)),
     ("GET", rf"/api/{_KIND}/{_REPO}/revision/{_REV}", _locked(revision_info)),
+    ("GET", rf"/api/{_KIND}/{_REPO}/tree/{_REV}(?:/(?P<path>.*))?", _locked(tree)),
     ("GET", rf"/(?P<kind>datasets)/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
     ("HEAD", rf"/(?P<kind>datasets)/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
     ("GET", rf"/{_REPO}/resolve/{_REV}/(?P<path>.+)", _locked(resolve)),
@@ -305,6 +334,8 @@ class FakeHub:
         self.requests: list[tuple[str, str, str | None]] = []
         self.repos: dict[str, Repo] = {}  # model repos
         self.datasets: dict[str, Repo] = {}  # dataset repos
+        # path -> size the tree listing says instead of the file's (a Hub that lies about it).
+        self.listed_sizes: dict[str, int] = {}
         # (method, path regex) -> status: answer every matching request with this error.
         self.failures: dict[tuple[str, str], int] = {}
         self._routes: list[tuple[str, re.Pattern[str], Handler]] = []

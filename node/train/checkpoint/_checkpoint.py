@@ -123,7 +123,7 @@ def store_checkpoint(
         round=round_,
         step=round_ * config.local_steps,
         parent=parent,
-        model_config={"model_type": "gpt2", **config.model.to_gpt2_kwargs()},
+        model_config=config.model.hf_config(),
         tokenizer_files={"tokenizer.json": tokenizer_json.encode()},
         aggregation=record,
         extra={

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -36,6 +37,9 @@ from .._config import (
     parse_pretrained,
 )
 from .._exceptions import TrainingConfigError
+from ._files import DatasetFiles, is_dataset
+from ._held import build_streamed, tokenizer_text
+from ._stream import StreamedSequences
 
 __all__ = [
     "TextData",
@@ -110,11 +114,12 @@ def _hub_corpus_text(corpus: str, hub: HubCorpus) -> str:
         ) from None
 
 
-def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:
-    """Train a byte-level BPE tokenizer on ``text``; the same text gives the same tokenizer."""
+def train_tokenizer(text: str | Iterable[str], vocab_size: int) -> Tokenizer:
+    """Train a byte-level BPE tokenizer on ``text`` (one string, or strings in order); the same
+    text gives the same tokenizer."""
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(
-        iter([text]),
+        iter([text]) if isinstance(text, str) else iter(text),
         vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=list(SPECIAL_TOKENS),
@@ -123,19 +128,36 @@ def train_tokenizer(text: str, vocab_size: int) -> Tokenizer:
     return Tokenizer.from_str(bpe.to_str())
 
 
-def load_tokenizer(data: DataConfig, model: ModelConfig, text: str | None = None) -> Tokenizer:
-    """The run's tokenizer: a Hub model's own, the shipped one, or one trained here.
+def hub_tokenizer(name: str, key: str) -> Tokenizer:
+    """``tokenizer.json`` of the Hub repo ``name`` ("OWNER/NAME@COMMIT", ``training.model.
+    {key}``)."""
+    repo, revision = parse_pretrained(name, key=key)
+    try:
+        return Tokenizer.from_pretrained(repo, revision=revision)
+    except OSError as exc:  # huggingface_hub errors (not found, offline) are OSErrors
+        raise TrainingConfigError(
+            f"cannot load the tokenizer of {name!r} from the Hub: {exc}"
+        ) from exc
 
-    ``text`` is the corpus if the caller has it already (else it is loaded when needed).
+
+def load_tokenizer(
+    data: DataConfig, model: ModelConfig, text: str | Iterable[str] | None = None
+) -> Tokenizer:
+    """The run's tokenizer: ``training.model.tokenizer``'s, a Hub model's own, the shipped one,
+    or one trained here.
+
+    ``text`` is what a trained one learns from if the caller has it already (else the corpus
+    is loaded when needed).
     """
-    if model.pretrained:
-        repo, revision = parse_pretrained(model.pretrained)
-        try:
-            return Tokenizer.from_pretrained(repo, revision=revision)
-        except OSError as exc:  # huggingface_hub errors (not found, offline) are OSErrors
+    if model.tokenizer or model.pretrained:
+        key = "tokenizer" if model.tokenizer else "pretrained"
+        tokenizer = hub_tokenizer(model.tokenizer or model.pretrained, key)
+        if model.tokenizer and tokenizer.get_vocab_size() > model.vocab_size:
             raise TrainingConfigError(
-                f"cannot load the tokenizer of {model.pretrained!r} from the Hub: {exc}"
-            ) from exc
+                f"training.model.tokenizer {model.tokenizer!r} has {tokenizer.get_vocab_size()} "
+                f"tokens, more than the model's vocab_size ({model.vocab_size})"
+            )
+        return tokenizer
     if data.corpus == BUILTIN_CORPUS and model.vocab_size == BUILTIN_VOCAB_SIZE:
         return Tokenizer.from_file(str(TOKENIZER_FILE))
     if text is None:
@@ -187,9 +209,12 @@ def _seed_of(*parts: object) -> int:
 
 @dataclass(frozen=True)
 class TextData:
-    """The corpus cut into fixed sequences: the last ``eval_sequences`` are held out."""
+    """The corpus cut into fixed sequences: the last ``eval_sequences`` are held out. For a
+    dataset of many files the training sequences stay on disk (``_stream.StreamedSequences``,
+    indexed by sequence id like the tensor) and the held-out ones are its ``held_out`` file's
+    first, or its first file's first ``eval_sequences`` (``_held.py``)."""
 
-    train: torch.Tensor  # int64 [n_train, seq_len]
+    train: torch.Tensor | StreamedSequences  # int64 [n_train, seq_len], or read on demand
     eval: torch.Tensor  # int64 [eval_sequences, seq_len]
     n_shards: int
     tokenizer_json: str  # the tokenizer, as stored next to checkpoints
@@ -201,6 +226,13 @@ class TextData:
         text = _build_cached(dataclasses.replace(data, assignment="rotate"), model)
         return dataclasses.replace(text, assignment=data.assignment)
 
+    def prefetch(self, peer_id: str, round_: int, *, seed: int) -> None:
+        """Start fetching what ``peer_id`` trains on in ``round_`` (a dataset of many files:
+        download and tokenize its file in the background; a single text: nothing to do)."""
+        if isinstance(self.train, StreamedSequences):
+            shard = self.shard_index(peer_id, round_, seed=seed)
+            self.train.prefetch(shard, peer_id, round_, seed)
+
     def shard_index(self, peer_id: str, round_: int, *, seed: int) -> int:
         """The shard ``peer_id`` trains on, and is scored on, in ``round_``."""
         return assigned_shard(
@@ -208,11 +240,18 @@ class TextData:
         )
 
     def shard(self, peer_id: str, round_: int, *, seed: int) -> torch.Tensor:
-        """Indices of the training sequences ``peer_id`` trains on in ``round_`` (its shard)."""
-        return self.shard_of_index(self.shard_index(peer_id, round_, seed=seed))
+        """Indices of the training sequences ``peer_id`` trains on in ``round_`` (its shard;
+        for a dataset of many files, the one unit of its shard that the round reads)."""
+        index = self.shard_index(peer_id, round_, seed=seed)
+        if isinstance(self.train, StreamedSequences):
+            return self.train.round_ids(index, peer_id, round_, seed)
+        return self.shard_of_index(index)
 
-    def shard_of_index(self, shard: int) -> torch.Tensor:
-        """Indices of the training sequences in shard ``shard`` (every n_shards-th sequence)."""
+    def shard_of_index(self, shard: int, *, seed: int = 0) -> torch.Tensor:
+        """Indices of the training sequences in shard ``shard`` (every n_shards-th sequence;
+        for a dataset of many files, every sequence of the shard's units under ``seed``)."""
+        if isinstance(self.train, StreamedSequences):
+            return self.train.shard_ids(shard, seed)
         return torch.arange(shard, self.train.shape[0], self.n_shards)
 
     def batches(
@@ -231,6 +270,11 @@ class TextData:
 
 @lru_cache(maxsize=4)
 def _build_cached(data: DataConfig, model: ModelConfig) -> TextData:
+    if is_dataset(data.corpus):
+        files = DatasetFiles.open(data)
+        tokenizer = load_tokenizer(data, model, tokenizer_text(files, data.text_column))
+        streamed, held = build_streamed(data, files, tokenizer)
+        return TextData(streamed, held, data.n_shards, streamed.tokenizer.to_str())
     text = load_corpus_text(data.corpus)  # once: a Hub corpus is not asked for twice
     tokenizer = load_tokenizer(data, model, text)
     ids = tokenizer.encode(text).ids

@@ -1,9 +1,10 @@
-"""The model: a GPT-2-style decoder built from the run's config, and its state as plain tensors.
+"""The model: built from the run's config (the legacy GPT-2 fields, or any causal-LM architecture
+and its config keys: ``architecture.py``) or loaded from the Hub, and its state as plain tensors.
 
 A model's *state* here is ``{parameter name: float32 tensor}`` from ``named_parameters()``: tied
 weights appear once (GPT-2 ties ``lm_head`` to ``transformer.wte``), and buffers are left out (the
-attention mask is rebuilt from the config). This dict is what rounds aggregate, what checkpoints
-store, and what the state CID hashes.
+attention mask, a rotary embedding's ``inv_freq``: rebuilt from the config). This dict is what
+rounds aggregate, what checkpoints store, and what the state CID hashes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedModel
 
 from .._config import ModelConfig, TrainingConfig, parse_pretrained
 from .._exceptions import TrainingConfigError
+from .architecture import build_config, resolve_architecture
 
 __all__ = ["build_model", "load_state", "model_state"]
 
@@ -33,6 +35,14 @@ def build_model(config: TrainingConfig) -> PreTrainedModel:
             raise TrainingConfigError(
                 f"cannot load model {model_config.pretrained!r} from the Hub: {exc}"
             ) from exc
+    elif model_config.architecture:
+        from transformers import AutoModelForCausalLM
+
+        arch = model_config.architecture
+        resolved = resolve_architecture(arch, model_config.architecture_kwargs())
+        hf = build_config(arch, resolved.kwargs_json)
+        torch.manual_seed(config.seed)
+        model = AutoModelForCausalLM.from_config(hf)
     else:
         torch.manual_seed(config.seed)
         model = GPT2LMHeadModel(GPT2Config(**model_config.to_gpt2_kwargs()))

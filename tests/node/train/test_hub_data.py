@@ -84,7 +84,8 @@ def test_an_unpinned_or_malformed_hub_corpus_is_refused_before_any_download() ->
         with pytest.raises(TrainingConfigError, match="pin a commit") as caught:
             _config(corpus)
         assert corpus in str(caught.value)
-    for corpus in ("hf://acme/tiny-text/corpus.txt", f"hf://datasets/{DATASET}@{'0' * 40}"):
+    # (hf://datasets/OWNER/NAME@COMMIT, without a path, is a whole dataset: test_datasets.py.)
+    for corpus in ("hf://acme/tiny-text/corpus.txt", f"hf://datasets/{DATASET}"):
         with pytest.raises(TrainingConfigError, match="hf://datasets/OWNER/NAME/PATH@COMMIT"):
             _config(corpus)
     with pytest.raises(TrainingConfigError, match="not a dataset repo id and file path"):
