@@ -88,6 +88,8 @@ async def open_p2p_node(
             try:
                 yield node
             finally:
+                # Where this node's exchange spent its time (bench/swarm_size.py reads it).
+                log.info("exchange_totals", **node.traffic.exchange.summary())
                 if settings.run_id is not None:
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
                         try:
@@ -148,7 +150,8 @@ def _build_host(
         async def handle_admit(raw: INetStream) -> None:
             stream = Libp2pStream(raw, str(raw.muxed_conn.peer_id))
             try:
-                await serve_admit(stream, stream.peer, admission)
+                if await serve_admit(stream, stream.peer, admission):
+                    server.traffic.exchange.admitted(stream.peer)
                 await stream.close()
             except StreamBroken:
                 await stream.reset()
@@ -157,6 +160,7 @@ def _build_host(
             TProtocol(ADMIT_PROTOCOL_ID), _defects.guard_handler(ADMIT_PROTOCOL_ID, handle_admit)
         )
     router = _defects.gossipsub_router()
+    _defects.back_off_pruned_peers(router)  # defect 18
     pubsub = Pubsub(host, router, strict_signing=True)
     _defects.guard_pubsub_handlers(host, pubsub, router)  # defect 17
     try:

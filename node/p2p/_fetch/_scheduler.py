@@ -4,12 +4,18 @@ A :class:`Transfer` spreads a list of missing CIDs over the holders it was given
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
 has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
 fast holders take more work and nobody idles while work is left. A request that makes no
-progress for NO_PROGRESS_TIMEOUT_S is abandoned; a holder whose request fails (timeout, broken
-stream, protocol error, refusal) is dropped for this transfer and its unfinished CIDs go back to
-the queue. A holder that delivers under MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it has a
-request in flight (a trickle, which resets the no-progress timer forever) is dropped too, its
-requests cancelled and their CIDs put back (``_source_rate``). A holder that sends bytes not
-matching their CID is dropped and reported with the evidence. A CID is requested from a
+progress for NO_PROGRESS_TIMEOUT_S (not a byte from its holder, on any of this transfer's
+streams to it) is given back: its CIDs return to the queue and the holder is kept, since a slow
+holder is not a dead one (issue 41: at 16 members 1,722 live holders were dropped so while the
+CPU sat idle). A holder is dropped for the transfer only on evidence: a refusal (not BUSY, which
+is backpressure: the request goes back and the worker waits), bytes that do not match their
+CID, a protocol error, a broken stream or failed dial; or on a measured rate: one that delivers
+under MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it owes data (a request in flight, or
+given back stalled) is dropped, its requests cancelled and their CIDs put back
+(``_source_rate``); a silent holder is so dropped after one window. Requests to one holder wait
+for one of its ``slots`` (the node's, shared by all its transfers), so that several transfers
+at once queue here instead of flooding the holder; the wait is not the holder's time. Bad bytes
+are reported with the evidence. A CID is requested from a
 second holder only if the first did not deliver it, so nothing is fetched twice unless its
 first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
 slower holder's request to its own holder (the slower request stops once only moved CIDs are
@@ -48,11 +54,14 @@ from .._exceptions import (
     RemoteRefusedError,
     StreamBroken,
 )
+from .._traffic import ExchangeStats
 from ._fetch_types import (
     DirectHolder,
     FetchProgress,
     FetchReport,
+    OnBlock,
     OpenStream,
+    RequestStream,
     Reveal,
 )
 from ._holders import Abandoned, HolderState, InFlight
@@ -62,6 +71,12 @@ log = structlog.get_logger(__name__)
 
 
 ProgressFn = Callable[[FetchProgress], None]
+# slot(peer) -> the semaphore a request to that holder holds while it runs.
+HolderSlots = Callable[[str], trio.Semaphore]
+
+
+class _Stalled(Exception):
+    """Internal: no byte from the holder for NO_PROGRESS_TIMEOUT_S; the request goes back."""
 
 
 class Transfer:
@@ -80,6 +95,9 @@ class Transfer:
             manifest is fetched in one pass as its nodes arrive.
         batch: an open ``store.begin_unsynced()`` batch: blocks are then stored without a
             per-block fsync, and the caller commits the batch (specs/blocks.md#durability).
+        slots: ``slots(peer)``, the node's semaphore per holder (MAX_STREAMS_PER_HOLDER):
+            every request holds one of its holder's while it runs. None: this transfer's own.
+        stats: where request timings and drops are counted (the node's ExchangeStats).
     """
 
     def __init__(
@@ -91,8 +109,15 @@ class Transfer:
         direct: Iterable[DirectHolder] = (),
         reveal: Reveal | None = None,
         batch: UnsyncedBatch | None = None,
+        slots: HolderSlots | None = None,
+        stats: ExchangeStats | None = None,
     ) -> None:
         self.store = store
+        self.stats = stats if stats is not None else ExchangeStats()
+        own: dict[str, trio.Semaphore] = {}
+        self.slots = slots or (
+            lambda peer: own.setdefault(peer, trio.Semaphore(limits.MAX_IN_FLIGHT_PER_HOLDER))
+        )
         self.reveal = reveal
         self.batch = batch
         self.open_stream = open_stream
@@ -227,59 +252,80 @@ class Transfer:
 
     async def _worker(self, holder: HolderState) -> None:
         while holder.dropped is None:
-            batch = self._take_batch(holder) or self._steal(holder)
-            if not batch:
-                # Nothing this holder can take now; only a request in flight elsewhere can
-                # put work back (a failure or a lack), so wait for one to finish, or stop.
-                if not self._in_flight:
-                    return
-                await self._changed.wait()
-                continue
-            request = InFlight(holder, batch)
-            self._requests.add(request)
-            holder.in_flight += 1
-            holder.window.busy()
-            if holder.first_request is None:
-                holder.first_request = trio.current_time()
-            lacked: set[CID] = set()
-            try:
-                lacked = await self._request(request)
-            except Abandoned:
-                pass  # its remaining blocks now belong to faster holders
-            except BadBlockError as exc:
-                self._drop(holder, f"bad bytes: {exc}")
-                log.error(
-                    "holder_sent_bad_block",
-                    holder=holder.peer,
-                    claimed=exc.claimed,
-                    computed=exc.computed,
-                    evidence="bytes received for the claimed CID hash to the computed CID",
-                )
-            except (RemoteRefusedError, NotAdmittedError) as exc:
+            # The holder's slot first, then the work: CIDs are never held by a worker that
+            # waits, and the wait for a slot (our own queue) is not counted against the holder.
+            async with self.slots(holder.peer):
+                batch = [] if holder.dropped else self._take_batch(holder) or self._steal(holder)
+                if batch:
+                    await self._one_request(holder, batch)
+                    continue
+            # Nothing this holder can take now; only a request in flight elsewhere can put
+            # work back (a failure or a lack), so wait for one to finish, or stop.
+            if not self._in_flight:
+                return
+            await self._changed.wait()
+
+    async def _one_request(self, holder: HolderState, batch: list[CID]) -> None:
+        request = InFlight(holder, batch)
+        self._requests.add(request)
+        holder.in_flight += 1
+        holder.window.busy()
+        if holder.first_request is None:
+            holder.first_request = trio.current_time()
+        lacked: set[CID] = set()
+        owed = False  # given back unfinished: the holder still owes it (its window runs on)
+        try:
+            lacked = await self._request(request)
+        except Abandoned:
+            pass  # its remaining blocks now belong to faster holders
+        except _Stalled:
+            owed = True
+            self.stats.stalls += 1
+            log.info("request_stalled", holder=holder.peer[-8:], blocks=len(batch))
+        except BadBlockError as exc:
+            self._drop(holder, f"bad bytes: {exc}", "bad_bytes")
+            log.error(
+                "holder_sent_bad_block",
+                holder=holder.peer,
+                claimed=exc.claimed,
+                computed=exc.computed,
+                evidence="bytes received for the claimed CID hash to the computed CID",
+            )
+        except (RemoteRefusedError, NotAdmittedError) as exc:
+            if isinstance(exc, RemoteRefusedError) and exc.status == int(Status.BUSY):
+                # Backpressure, not a fault: the holder serves as much as it can for us.
+                owed = True
+                log.info("holder_busy", holder=holder.peer[-8:])
+                await trio.sleep(limits.BUSY_RETRY_S)
+            else:
                 holder.refused = isinstance(exc, NotAdmittedError) or exc.status == int(
                     Status.FORBIDDEN
                 )
-                self._drop(holder, f"{type(exc).__name__}: {exc}")
-            except (
-                PeerProtocolError,
-                StreamBroken,
-                DialError,
-                trio.TooSlowError,
-            ) as exc:
-                self._drop(holder, f"{type(exc).__name__}: {exc}")
-            finally:
-                self._requests.discard(request)
-                holder.in_flight -= 1
-                if not holder.in_flight:
-                    holder.window.idle()
-                holder.lacks |= lacked
-                # Taken CIDs are the taker's now, skipped ones went back to the queue already:
-                # neither is done nor returned here.
-                mine = [c for c in batch if c not in request.stolen and c not in request.skipped]
-                self._in_flight.difference_update(mine)
-                back = [cid for cid in mine if cid not in self._stored]
-                self._pending.extendleft(reversed(back))
-                self._notify()
+                self._drop(holder, f"{type(exc).__name__}: {exc}", "refused")
+        except (PeerProtocolError, StreamBroken, DialError, trio.TooSlowError) as exc:
+            kind = (
+                "protocol"
+                if isinstance(exc, PeerProtocolError)
+                else "stream_broken"
+                if isinstance(exc, StreamBroken)
+                else "dial"
+                if isinstance(exc, DialError)
+                else "too_slow"
+            )
+            self._drop(holder, f"{type(exc).__name__}: {exc}", kind)
+        finally:
+            self._requests.discard(request)
+            holder.in_flight -= 1
+            if not holder.in_flight and not owed:
+                holder.window.idle()
+            holder.lacks |= lacked
+            # Taken CIDs are the taker's now, skipped ones went back to the queue already:
+            # neither is done nor returned here.
+            mine = [c for c in batch if c not in request.stolen and c not in request.skipped]
+            self._in_flight.difference_update(mine)
+            back = [cid for cid in mine if cid not in self._stored]
+            self._pending.extendleft(reversed(back))
+            self._notify()
 
     def _keep(self, block: VerifiedBlock) -> tuple[list[CID], list[CID]]:
         """Store one verified block and say what it reveals (runs in a worker thread)."""
@@ -306,16 +352,27 @@ class Transfer:
                 reason = holder.window.too_slow() if holder.dropped is None else None
                 if reason is None:
                     continue
-                self._drop(holder, reason)
+                self._drop(holder, reason, "below_min_rate")
                 # Its requests end now (TooSlowError in each worker) and their CIDs go back.
                 for request in self._requests:
                     if request.holder is holder and request.scope is not None:
                         request.scope.cancel()
 
-    def _drop(self, holder: HolderState, reason: str) -> None:
+    def _drop(self, holder: HolderState, reason: str, kind: str) -> None:
         if holder.dropped is None:
             holder.dropped = reason
-            log.warning("holder_dropped", holder=holder.peer, reason=reason)
+            self.stats.holder_dropped(kind)
+            log.warning("holder_dropped", holder=holder.peer, reason=reason, kind=kind)
+
+    def _progress(self, holder: HolderState, received: int) -> None:
+        """Bytes (or a frame) arrived from ``holder``: every request of this transfer to it is
+        alive, not only the one whose stream they came on (its other stream may be waiting its
+        turn at the holder, behind this one)."""
+        holder.window.add(received)
+        deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
+        for request in self._requests:
+            if request.holder is holder and request.scope is not None:
+                request.scope.deadline = deadline
 
     def _skip(self, request: InFlight, index: int) -> None:
         """The holder began the block at ``index``: what it passed over goes back at once."""
@@ -362,39 +419,77 @@ class Transfer:
             if request.stolen and request.only_stolen_left():
                 raise Abandoned
 
-        with trio.CancelScope() as scope:
-            request.scope = scope
+        began = trio.current_time()
+        opened = began
+        first_byte: float | None = None
+        received = 0
 
-            def on_frame(received: int = 0) -> None:
-                scope.deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
-                holder.window.add(received)
+        def on_bytes(n: int) -> None:
+            # Progress is bytes, not whole frames: a 1 MiB block arriving slowly is progress.
+            nonlocal first_byte, received
+            if n and first_byte is None:
+                first_byte = trio.current_time()
+            received += n
+            self._progress(holder, n)
 
-            on_frame()
-            direct = self.direct.get(holder.peer)
-            if direct is not None:
-                return await direct.request(request.cids, on_block, on_frame, on_block_start)
-            stream = await self.open_stream(holder.peer)
-            try:
-                lacked = await request_blocks(
-                    CountedStream(stream, holder.window.add),
-                    request.cids,
-                    on_block,
-                    on_frame,
-                    on_block_start,
-                    request.arrived.add,
+        def on_frame(n: int = 0) -> None:
+            self._progress(holder, n)
+
+        try:
+            with trio.CancelScope() as scope:
+                request.scope = scope
+                scope.deadline = began + limits.NO_PROGRESS_TIMEOUT_S
+                direct = self.direct.get(holder.peer)
+                if direct is not None:
+
+                    def on_piece(n: int) -> None:
+                        if n:
+                            on_bytes(n)
+                        else:
+                            on_frame()
+
+                    return await direct.request(request.cids, on_block, on_piece, on_block_start)
+                stream = await self.open_stream(holder.peer)
+                opened = trio.current_time()
+                return await self._exchange(
+                    request, stream, on_bytes, on_frame, on_block, on_block_start
                 )
-            except BaseException:
-                # Also on cancellation: tell the holder to stop sending (bounded, shielded).
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await stream.reset()
-                raise
-            await stream.close()
-            return lacked
+        finally:
+            now = trio.current_time()
+            ttfb = None if first_byte is None else first_byte - opened
+            self.stats.request_done(opened - began, ttfb, now - began, received)
         if request.abandoned:
             raise Abandoned
         if holder.dropped is not None:
             raise trio.TooSlowError(holder.dropped)
-        raise trio.TooSlowError(f"no progress for {limits.NO_PROGRESS_TIMEOUT_S} s")
+        raise _Stalled(f"no byte for {limits.NO_PROGRESS_TIMEOUT_S} s")
+
+    async def _exchange(
+        self,
+        request: InFlight,
+        stream: RequestStream,
+        on_bytes: Callable[[int], None],
+        on_frame: Callable[[], None],
+        on_block: OnBlock,
+        on_block_start: Callable[[CID], None],
+    ) -> set[CID]:
+        """One request on an open stream; the stream is closed, or reset on any error."""
+        try:
+            lacked = await request_blocks(
+                CountedStream(stream, on_bytes),
+                request.cids,
+                on_block,
+                on_frame,
+                on_block_start,
+                request.arrived.add,
+            )
+        except BaseException:
+            # Also on cancellation: tell the holder to stop sending (bounded, shielded).
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await stream.reset()
+            raise
+        await stream.close()
+        return lacked
 
     def report(self, root: CID) -> FetchReport:
         return FetchReport(

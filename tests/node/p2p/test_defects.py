@@ -298,6 +298,49 @@ def test_gossipsub_router_settings() -> None:
     assert router.heartbeat_interval == limits.GOSSIP_HEARTBEAT_S  # library default: 120 s
     assert router.max_messages_per_topic_per_second >= 2 * limits.PUBLISH_MAX_PER_S
     assert router._pending_messages_ttl == limits.GOSSIP_PENDING_TTL_S  # library default: 30 s
+    # A fixed mesh (specs/announce.md#gossipsub-mesh): the library's adaptive bounds are off.
+    assert (router.degree, router.degree_low, router.degree_high) == (
+        limits.GOSSIP_D,
+        limits.GOSSIP_D_LOW,
+        limits.GOSSIP_D_HIGH,
+    )
+    assert router.adaptive_gossip_enabled is False
+    assert limits.GOSSIP_D_LOW <= limits.GOSSIP_D <= limits.GOSSIP_D_HIGH
+
+
+@pytest.mark.parametrize("mended", [False, True])
+def test_defect_18_a_pruned_peer_is_backed_off_so_it_is_not_grafted_again(mended: bool) -> None:
+    """The heartbeat prunes an oversubscribed mesh to D; without a backoff on our side the
+    next heartbeat that finds the mesh under D_low may graft a peer it just pruned, which that
+    peer calls a GRAFT flood (issue 41: 426 warnings at 16 members)."""
+    router = defects.gossipsub_router()
+    if mended:
+        defects.back_off_pruned_peers(router)
+    topic = "/cnode/test/mesh"
+    peers = [
+        ID(create_new_key_pair().public_key.to_bytes()) for _ in range(limits.GOSSIP_D_HIGH + 4)
+    ]
+
+    class _Pubsub:  # what mesh_heartbeat reads of pubsub: who is subscribed to the topic
+        peer_topics = {topic: set(peers)}
+
+    router.pubsub = _Pubsub()  # type: ignore[assignment]
+    router.peer_protocol = dict.fromkeys(peers, PROTOCOL_ID_V11)
+    router.mesh = {topic: set(peers)}
+    _graft, prune = router.mesh_heartbeat()
+    pruned = [p for p, topics in prune.items() if topic in topics]
+    assert len(pruned) == len(peers) - limits.GOSSIP_D
+    # Under D_low now (the others pruned us meanwhile): the next heartbeat grafts D peers, of
+    # the 20 subscribed, 12 of them pruned a second ago (the library picks at random: that it
+    # picks none of the 12 has odds of 1 in 125,970).
+    router.mesh[topic] = set()
+    graft, _prune = router.mesh_heartbeat()
+    regrafted = [p for p in graft if p in pruned]
+    if mended:
+        assert all(router._check_back_off(p, topic) for p in pruned)
+        assert regrafted == []
+    else:
+        assert regrafted  # the library grafts peers it pruned a heartbeat ago
 
 
 def test_a_peer_that_never_subscribes_collects_no_queue(tmp_path: Path) -> None:
