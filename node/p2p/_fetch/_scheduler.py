@@ -3,31 +3,26 @@
 A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
 has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
-fast holders take more work and nobody idles while work is left. A request that makes no
-progress for NO_PROGRESS_TIMEOUT_S (not a byte from its holder, on any of this transfer's
-streams to it) is given back: its CIDs return to the queue and the holder is kept, since a slow
-holder is not a dead one (issue 41: at 16 members 1,722 live holders were dropped so while the
-CPU sat idle). A holder is dropped for the transfer only on evidence: a refusal (not BUSY, which
-is backpressure: the request goes back and the worker waits), bytes that do not match their
-CID, a protocol error, a broken stream or failed dial; or on a measured rate: one that delivers
-under MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it owes data (a request in flight, or
-given back stalled) is dropped, its requests cancelled and their CIDs put back
-(``_source_rate``); a silent holder is so dropped after one window. Requests to one holder wait
-for one of its ``slots`` (the node's, shared by all its transfers), so that several transfers
-at once queue here instead of flooding the holder; the wait is not the holder's time. Bad bytes
-are reported with the evidence. A CID is requested from a
-second holder only if the first did not deliver it, so nothing is fetched twice unless its
-first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
-slower holder's request to its own holder (the slower request stops once only moved CIDs are
-left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower once that one
-has had STEAL_MIN_OBSERVED_S to show its rate (cancelling its request, partial block
-included): one slow holder cannot hold up the end.
+fast holders take more work and nobody idles while work is left. A request holds one of its
+holder's ``slots`` (the node's, shared by all its transfers) while it runs: several transfers
+queue here, not at the holder, and that wait is not the holder's time.
 
-Holders answer in request order (specs/blocks.md#interaction), and each BLOCK's CID is seen
-before its bytes: so the scheduler knows which block is on the wire, and that every CID passed
-over before it is lacked (those go back to the queue at once). A holder that starts sending a
-CID already moved to another holder (it lacked the ones before) has its request abandoned
-before the bytes arrive, so no block is received whole twice.
+A slow holder is not a dead one (issue 41: at 16 members 1,722 live holders were dropped for
+"no progress" while the CPU sat idle). Progress is bytes from the holder on any of the
+transfer's streams to it; a request with none for NO_PROGRESS_TIMEOUT_S is given back (its CIDs
+re-queued, the holder kept). A holder is dropped for the transfer only on evidence (a refusal
+other than BUSY, which is backpressure; bytes not matching their CID, reported with the
+evidence; a protocol error, a broken stream, a failed dial) or on its measured rate: under
+MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it owes data (``_source_rate``; a trickle resets
+the no-progress timer forever, and a silent holder's window runs on across its stalls).
+
+A CID is requested from a second holder only if the first did not deliver it, so nothing is
+fetched twice unless its first copy was bad. End game: a worker with nothing left to take moves
+the unsent tail of a slower holder's request to its own holder, or everything from one
+STEAL_SLOWER_FACTOR times slower (``_holders.steal_from``): one slow holder cannot hold up the
+end. Holders answer in request order and each BLOCK's CID is seen before its bytes, so every
+CID passed over is lacked (back to the queue at once), and a request that starts sending a CID
+already moved elsewhere is abandoned before the bytes arrive.
 
 Times come from ``trio.current_time()`` (tests run it under a MockClock).
 """
@@ -43,7 +38,7 @@ import trio
 from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
 
 from .. import limits
-from .._blocks._exchange import request_blocks
+from .._blocks._exchange import request_then_close
 from .._blocks._wire import Status
 from .._exceptions import (
     BadBlockError,
@@ -59,12 +54,10 @@ from ._fetch_types import (
     DirectHolder,
     FetchProgress,
     FetchReport,
-    OnBlock,
     OpenStream,
-    RequestStream,
     Reveal,
 )
-from ._holders import Abandoned, HolderState, InFlight
+from ._holders import Abandoned, HolderState, InFlight, drop_kind, steal_from
 from ._source_rate import CountedStream
 
 log = structlog.get_logger(__name__)
@@ -157,38 +150,11 @@ class Transfer:
         return batch
 
     def _steal(self, thief: HolderState) -> list[CID]:
-        """End game: move work that a slower holder has not delivered yet to ``thief``.
-
-        From a holder not faster than ``thief``: the back half of its request's unsent CIDs but
-        the next one (it may be on its way already; the victim stops once only moved CIDs are
-        left, so nothing is fetched twice). From a holder STEAL_SLOWER_FACTOR times slower:
-        everything it has not delivered, the block on the wire included unless it arrived
-        whole; its request is cancelled at once (that one partial block is wasted, and nothing
-        is stored twice). Should the victim start sending a moved CID after all (it lacked the
-        ones before), its request is abandoned at that block's header (see ``_request``).
-        """
-        best: InFlight | None = None
-        take: list[CID] = []
-        thief_rate = thief.rate()
-        for request in self._requests:
-            victim = request.holder
-            if victim is thief or victim.dropped is not None or victim.rate() > thief_rate:
-                continue
-            much_slower = (
-                victim.observed_s() >= limits.STEAL_MIN_OBSERVED_S
-                and victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
-            )
-            left = request.unsent()
-            if not much_slower:
-                left = left[1:]
-            else:
-                current = request.on_wire()
-                if current is not None and current not in request.stolen:
-                    left = [current, *left]
-            left = [c for c in left if c not in thief.lacks]
-            tail = left if much_slower else left[len(left) // 2 :]
-            if len(tail) > len(take):
-                best, take = request, tail
+        """End game: move work that a slower holder has not delivered yet to ``thief``
+        (``_holders.steal_from`` says which). Should the victim start sending a moved CID after
+        all (it lacked the ones before), its request is abandoned at that block's header (see
+        ``_request``)."""
+        best, take = steal_from(self._requests, thief)
         if best is not None:
             best.stolen.update(take)
             log.debug("work_moved", blocks=len(take), src=best.holder.peer, dst=thief.peer)
@@ -303,15 +269,7 @@ class Transfer:
                 )
                 self._drop(holder, f"{type(exc).__name__}: {exc}", "refused")
         except (PeerProtocolError, StreamBroken, DialError, trio.TooSlowError) as exc:
-            kind = (
-                "protocol"
-                if isinstance(exc, PeerProtocolError)
-                else "stream_broken"
-                if isinstance(exc, StreamBroken)
-                else "dial"
-                if isinstance(exc, DialError)
-                else "too_slow"
-            )
+            kind = drop_kind(exc)
             self._drop(holder, f"{type(exc).__name__}: {exc}", kind)
         finally:
             self._requests.discard(request)
@@ -451,8 +409,14 @@ class Transfer:
                     return await direct.request(request.cids, on_block, on_piece, on_block_start)
                 stream = await self.open_stream(holder.peer)
                 opened = trio.current_time()
-                return await self._exchange(
-                    request, stream, on_bytes, on_frame, on_block, on_block_start
+                return await request_then_close(
+                    stream,
+                    CountedStream(stream, on_bytes),
+                    request.cids,
+                    on_block,
+                    on_frame,
+                    on_block_start,
+                    request.arrived.add,
                 )
         finally:
             now = trio.current_time()
@@ -463,33 +427,6 @@ class Transfer:
         if holder.dropped is not None:
             raise trio.TooSlowError(holder.dropped)
         raise _Stalled(f"no byte for {limits.NO_PROGRESS_TIMEOUT_S} s")
-
-    async def _exchange(
-        self,
-        request: InFlight,
-        stream: RequestStream,
-        on_bytes: Callable[[int], None],
-        on_frame: Callable[[], None],
-        on_block: OnBlock,
-        on_block_start: Callable[[CID], None],
-    ) -> set[CID]:
-        """One request on an open stream; the stream is closed, or reset on any error."""
-        try:
-            lacked = await request_blocks(
-                CountedStream(stream, on_bytes),
-                request.cids,
-                on_block,
-                on_frame,
-                on_block_start,
-                request.arrived.add,
-            )
-        except BaseException:
-            # Also on cancellation: tell the holder to stop sending (bounded, shielded).
-            with trio.CancelScope(shield=True), trio.move_on_after(1):
-                await stream.reset()
-            raise
-        await stream.close()
-        return lacked
 
     def report(self, root: CID) -> FetchReport:
         return FetchReport(

@@ -153,9 +153,10 @@ def test_a_silent_holders_work_goes_back_after_the_no_progress_timeout(tmp_path:
     asked_silent = {c for r in silent.requests for c in r}
     assert asked_silent  # it was given work, which moved to the others
     assert silent.max_open == limits.MAX_IN_FLIGHT_PER_HOLDER
+    # Every block came from the good holders, each sent whole once (_assert_fetched_once);
+    # with the silent one kept, the end game may move a block between the good ones.
     requested_good = _requested(good)
-    for cid in cids:
-        assert requested_good[cid] == 1, cid
+    assert all(requested_good[cid] >= 1 for cid in cids)
 
 
 def test_only_silent_holders_are_dropped_on_their_rate_and_keep_nothing(tmp_path: Path) -> None:
