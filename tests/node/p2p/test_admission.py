@@ -262,7 +262,9 @@ def test_a_token_is_shown_once_per_connection_however_many_requests(tmp_path: Pa
     holder_id, fetcher_id = Identity.generate(), Identity.generate()
     holder_store, fetcher_store = BlockStore(tmp_path / "h"), BlockStore(tmp_path / "f")
     roots = [
-        save_checkpoint(holder_store, {"w": torch.full((300_000,), float(i))}, CheckpointMeta(run_id=RUN))
+        save_checkpoint(
+            holder_store, {"w": torch.full((300_000,), float(i))}, CheckpointMeta(run_id=RUN)
+        )
         for i in range(3)
     ]
 

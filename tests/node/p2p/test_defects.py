@@ -322,7 +322,8 @@ def test_defect_18_a_pruned_peer_is_backed_off_so_it_is_not_grafted_again(mended
     ]
 
     class _Pubsub:  # what mesh_heartbeat reads of pubsub: who is subscribed to the topic
-        peer_topics = {topic: set(peers)}
+        def __init__(self) -> None:
+            self.peer_topics = {topic: set(peers)}
 
     router.pubsub = _Pubsub()  # type: ignore[assignment]
     router.peer_protocol = dict.fromkeys(peers, PROTOCOL_ID_V11)
