@@ -125,6 +125,7 @@ def _build_host(
     _defects.buffer_tcp_reads()
     _defects.batch_window_updates()
     _defects.pipeline_protocol_select()
+    _defects.atomic_frame_writes()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,

@@ -137,6 +137,10 @@ SUBSCRIBER_BUFFER = 1024
 # Inbound connections a listener keeps open at once (live ones; closed ones free their slot).
 MAX_INBOUND_CONNECTIONS = 512
 
+# Seconds one yamux frame's write to the connection may take once started (defect 19): it runs
+# shielded, whole or not at all, so a cancellation cannot cut a Noise message; a write still
+# unfinished then means a wedged connection, which is closed.
+CONN_WRITE_BOUND_S = 30.0
 # Seconds a stream reset may spend sending its frame (defect 11: on a wedged connection it would
 # wait forever, inside a shielded scope that no caller's timeout can cancel).
 STREAM_RESET_S = 2.0

@@ -947,3 +947,57 @@ def test_bad_pubsub_frame_canary() -> None:
 
 def test_bad_pubsub_frame_guarded() -> None:
     assert trio.run(_survives_bad_pubsub_frame, True) is True
+
+
+# -- 19. a cancelled frame write breaks the whole connection ------------------------------------
+
+
+async def _echo_after_a_cut_write(monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Cancel a stream's write while its frame is being encrypted (the moment a request given
+    back or stolen can hit), then echo on a new stream: True if the same connection still
+    carries it."""
+    from libp2p.security.noise.io import NoiseTransportReadWriter
+
+    armed: list[trio.CancelScope] = []
+    encrypt = NoiseTransportReadWriter.encrypt
+
+    def cancelling(self: NoiseTransportReadWriter, data: bytes) -> bytes:
+        if armed:
+            armed.pop().cancel()  # delivered at the write's next checkpoint
+        return encrypt(self, data)
+
+    monkeypatch.setattr(NoiseTransportReadWriter, "encrypt", cancelling)
+    server, client = _host(), _host()
+    server.set_stream_handler(ECHO, _echo)
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        with trio.fail_after(20):
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            await client.connect(info)
+            first = await client.new_stream(info.peer_id, [ECHO])
+            with trio.CancelScope() as scope:
+                armed.append(scope)
+                await first.write(b"cut")
+            try:
+                with trio.fail_after(5):
+                    second = await client.new_stream(info.peer_id, [ECHO])
+                    await second.write(b"ping")
+                    echoed = await second.read(100) == b"ping"
+                # On the same connection: a broken one may be replaced by a fresh dial.
+                return echoed and second.muxed_conn is first.muxed_conn
+            except (trio.TooSlowError, BaseLibp2pError):
+                return False
+
+
+def test_defect_19_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """py-libp2p 0.8.1: a write cancelled after Noise spent its nonce breaks the connection."""
+    from libp2p.stream_muxer.yamux.yamux import Yamux
+
+    original = getattr(Yamux._write_frame, "__wrapped__", Yamux._write_frame)
+    monkeypatch.setattr(Yamux, "_write_frame", original)
+    assert trio.run(_echo_after_a_cut_write, monkeypatch) is False
+
+
+def test_defect_19_frame_writes_are_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    defects.atomic_frame_writes()
+    defects.atomic_frame_writes()  # idempotent
+    assert trio.run(_echo_after_a_cut_write, monkeypatch) is True
