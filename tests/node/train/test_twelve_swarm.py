@@ -48,7 +48,7 @@ def test_twelve_members_apply_every_round_and_agree(tmp_path: Path, swarms: list
     swarms.append(swarm)
     nodes = [swarm.start(name, rounds=ROUNDS, checkpointer=name == names[0]) for name in names]
     for node in nodes:
-        assert swarm.wait_exit(node, timeout=300) == 0, swarm.describe()
+        assert swarm.wait_exit(node, timeout=240) == 0, swarm.describe()
 
     finals = final_states(nodes)
     assert {r for r, _ in finals.values()} == {ROUNDS}, finals
