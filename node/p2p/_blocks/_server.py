@@ -101,8 +101,14 @@ class BlockServer:
         except PeerProtocolError as exc:
             await self._refuse(stream, peer, Status.BAD_REQUEST, str(exc))
             return
+        if frame is None:
+            # The requester closed before asking: it gave the request up while its stream was
+            # opening (its blocks moved to a faster holder, or its no-progress timer ran out).
+            # Not a fault, and nobody is left to read an ERROR.
+            log.info("request_withdrawn", requester=peer[-8:])
+            return
         if not isinstance(frame, Request):
-            what = "end of stream" if frame is None else type(frame).__name__
+            what = type(frame).__name__
             await self._refuse(stream, peer, Status.BAD_REQUEST, f"expected REQUEST, got {what}")
             return
         lacking = []
