@@ -36,7 +36,7 @@ from cnode.storage import (
     manifest_closure,
     save_checkpoint,
 )
-from tests.node.p2p.fake_holders import CountingStore, FakeHolder, blocks_of, opener
+from tests.node.p2p.fake_holders import PIECES, CountingStore, FakeHolder, blocks_of, opener
 from tests.storage.conftest import meta
 
 pytestmark = pytest.mark.usefixtures("threads_inline")
@@ -394,3 +394,22 @@ def test_a_paged_manifest_is_fetched_in_one_pass(tmp_path: Path) -> None:
     assert _requested(holders) == dict.fromkeys(closure, 1)
     assert store.gets == 0
     assert walk.nodes_read == sum(1 for c in closure if c.codec == root.codec) > 3
+
+
+def test_a_slow_holder_whose_bytes_keep_coming_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: progress is bytes, not whole frames. A holder whose every block takes longer
+    than NO_PROGRESS_TIMEOUT_S (shared with many others), its bytes arriving all along, is slow,
+    not dead: every block arrives from it, nothing is dropped or given back (it used to be
+    dropped as "no progress for 10.0 s")."""
+    monkeypatch.setattr(limits, "MIN_SOURCE_RATE", 1)  # its rate is not what is judged here
+    blocks = blocks_of(3)
+    cids = list(blocks)
+    block_s = 1.6 * limits.NO_PROGRESS_TIMEOUT_S  # a piece every block_s / PIECES
+    assert block_s / PIECES < limits.NO_PROGRESS_TIMEOUT_S
+    holder = FakeHolder("slow", blocks, block_s=block_s)
+    out = _run(tmp_path, [holder], cids)
+    _assert_fetched_once(out, [holder], cids)
+    assert out.report.dropped == {}
+    assert out.stats.stalls == 0
