@@ -146,17 +146,23 @@ class P2PNode:
             began = trio.current_time()
             self.traffic.exchange.tokens_shown += 1
             stream = await self._new_stream(holder, ADMIT_PROTOCOL_ID)
-            try:
-                expires_at = await present_token(stream, holder, token)
-                await stream.close()
-            except (RemoteRefusedError, PeerProtocolError, StreamBroken) as exc:
-                await stream.reset()
-                raise NotAdmittedError(f"{holder[-8:]} did not admit us: {exc}") from exc
-            except trio.TooSlowError as exc:
-                await stream.reset()
-                raise DialError(f"{holder[-8:]} did not answer our access token") from exc
-            admission.shown(holder, expires_at, stream.raw.muxed_conn)
-            self.traffic.exchange.admit_s += trio.current_time() - began
+            # Once the token is on its way, its answer is awaited and remembered even if the
+            # request that needed it is given back meanwhile (bounded by ADMIT_TIMEOUT_S):
+            # cut off, the holder admitted us for nothing and the next request showed the token
+            # again (up to 8 times for one pair at 16 members).
+            with trio.CancelScope(shield=True):
+                try:
+                    expires_at = await present_token(stream, holder, token)
+                    await stream.close()
+                except (RemoteRefusedError, PeerProtocolError, StreamBroken) as exc:
+                    await stream.reset()
+                    raise NotAdmittedError(f"{holder[-8:]} did not admit us: {exc}") from exc
+                except trio.TooSlowError as exc:
+                    await stream.reset()
+                    raise DialError(f"{holder[-8:]} did not answer our access token") from exc
+                admission.shown(holder, expires_at, stream.raw.muxed_conn)
+                self.traffic.exchange.admit_s += trio.current_time() - began
+            await trio.lowlevel.checkpoint()  # a cancel that arrived meanwhile, now
 
     def _slot(self, holder: str) -> trio.Semaphore:
         """The semaphore every request to ``holder`` holds while it runs (all transfers)."""

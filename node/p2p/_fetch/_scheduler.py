@@ -235,7 +235,6 @@ class Transfer:
         request = InFlight(holder, batch)
         self._requests.add(request)
         holder.in_flight += 1
-        holder.window.busy()
         if holder.first_request is None:
             holder.first_request = trio.current_time()
         lacked: set[CID] = set()
@@ -396,9 +395,15 @@ class Transfer:
         try:
             with trio.CancelScope() as scope:
                 request.scope = scope
-                scope.deadline = began + limits.NO_PROGRESS_TIMEOUT_S
+                # Opening the stream (and showing our token) has its own, longer bound: the
+                # holder owes nothing until the REQUEST is on the wire, so neither the
+                # no-progress timer nor its rate window runs before (issue 41: at 16 members
+                # busy holders were dropped for "0 bytes in 20 s" still opening streams).
+                scope.deadline = began + limits.OPEN_TIMEOUT_S
                 direct = self.direct.get(holder.peer)
                 if direct is not None:
+                    scope.deadline = began + limits.NO_PROGRESS_TIMEOUT_S
+                    holder.window.busy()
 
                     def on_piece(n: int) -> None:
                         if n:
@@ -409,6 +414,8 @@ class Transfer:
                     return await direct.request(request.cids, on_block, on_piece, on_block_start)
                 stream = await self.open_stream(holder.peer)
                 opened = trio.current_time()
+                scope.deadline = opened + limits.NO_PROGRESS_TIMEOUT_S
+                holder.window.busy()
                 return await request_then_close(
                     stream,
                     CountedStream(stream, on_bytes),
