@@ -10,7 +10,16 @@ run's defaults otherwise (int8-blockwise, partitioned from 3 members, scores on)
 - verified bytes in per peer per round (the median of every node's ``bytes_in``), and its ratio
   to the smallest size in the same run (the baseline: flat in *n* is the goal);
 - the coordinator's HTTP requests per round and CPU seconds per round (its ``/metrics``);
-- whether every node ended on one state CID.
+- whether every node ended on one state CID;
+- the machine's idle CPU (``/proc/stat``, sampled every IDLE_SAMPLE_S) in each phase of each
+  round, beside the phase's seconds: *train* (from the round's start, the last state assembled
+  the round before, to the first member's publish) and *exchange* (from the first publish to
+  the last assembled state: the window issue 41 judges, where an idle CPU means the exchange
+  waits on itself); both over the whole run too;
+- from the nodes' logs: ``holder_dropped`` by kind, ``request_stalled``, the admissions each
+  holder answered per requester per round (at most one per connection per round is the goal),
+  and the exchange's own figures (``exchange_totals``: time to first byte, a request's wait at
+  its holder, throughput).
 
 A size whose swarm does not finish in ``--timeout-s`` is reported as broken, with where it was.
 Every process is stopped at the end of its size. ``python bench/swarm_size.py --sizes 4,8,16``.
@@ -24,6 +33,7 @@ import json
 import re
 import statistics
 import subprocess
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -57,6 +67,149 @@ def _metrics(url: str) -> tuple[dict[str, float], float]:
     return requests, float(cpu.group(1)) if cpu else float("nan")
 
 
+IDLE_SAMPLE_S = 0.5
+
+
+def _cpu_times() -> tuple[float, float]:
+    """(idle, total) jiffies of the whole machine so far (iowait counts as idle)."""
+    with open("/proc/stat", encoding="ascii") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    return fields[3] + fields[4], sum(fields[:8])
+
+
+class IdleSampler:
+    """The machine's idle CPU fraction over each IDLE_SAMPLE_S, with the wall time it ended."""
+
+    def __init__(self) -> None:
+        self.samples: list[tuple[float, float]] = []  # (wall end, idle fraction)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> IdleSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        idle, total = _cpu_times()
+        while not self._stop.wait(IDLE_SAMPLE_S):
+            idle2, total2 = _cpu_times()
+            if total2 > total:
+                self.samples.append((time.time(), (idle2 - idle) / (total2 - total)))
+            idle, total = idle2, total2
+
+    def idle(self, start: float, end: float) -> float | None:
+        """Mean idle fraction of the samples ending in (start, end]; None if none did."""
+        got = [f for t, f in self.samples if start < t <= end]
+        return round(statistics.mean(got), 3) if got else None
+
+
+def _log_events(home: Path, names: set[str]) -> list[dict[str, Any]]:
+    """The node's JSON log lines whose event is one of ``names``."""
+    out = []
+    log = home / "node.log"
+    if not log.exists():
+        return out
+    for line in log.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError:
+            continue
+        if e.get("event") in names:
+            out.append(e)
+    return out
+
+
+def _exchange_counts(nodes: list[tuple[Path, str]], played: int) -> dict[str, Any]:
+    """What the nodes' logs say of the block exchange (issue 41's counts)."""
+    dropped: dict[str, int] = {}
+    stalls = 0
+    per_pair: dict[tuple[str, str], int] = {}
+    totals: list[dict[str, Any]] = []
+    for home, _peer in nodes:
+        events = _log_events(
+            home, {"holder_dropped", "request_stalled", "admitted", "exchange_totals"}
+        )
+        for e in events:
+            kind = e["event"]
+            if kind == "holder_dropped":
+                why = str(e.get("kind") or str(e.get("reason", "?")).split(":")[0])
+                dropped[why] = dropped.get(why, 0) + 1
+            elif kind == "request_stalled":
+                stalls += 1
+            elif kind == "admitted":
+                key = (str(home), str(e.get("requester")))
+                per_pair[key] = per_pair.get(key, 0) + 1
+            else:
+                totals.append(e)
+    pairs = list(per_pair.values())
+
+    def mean(key: str) -> float | None:
+        xs = [float(t[key]) for t in totals if t.get(key) is not None and t.get("requests", 1)]
+        return round(statistics.mean(xs), 3) if xs else None
+
+    return {
+        "holder_dropped": dropped,
+        "request_stalled": stalls,
+        "admissions": sum(pairs),
+        "admissions_per_connection_per_round_max": round(max(pairs, default=0) / played, 2),
+        "admissions_per_connection_per_round_mean": round(
+            sum(pairs) / max(len(pairs), 1) / played, 2
+        ),
+        "ttfb_mean_s": mean("ttfb_mean_s"),
+        "ttfb_max_s": max((float(t.get("ttfb_max_s", 0)) for t in totals), default=None),
+        "open_mean_s": mean("open_mean_s"),
+        "serve_wait_mean_s": mean("serve_wait_mean_s"),
+        "serve_wait_max_s": max(
+            (float(t.get("serve_wait_max_s", 0)) for t in totals), default=None
+        ),
+        "request_mb_per_s": mean("request_mb_per_s"),
+        "nodes_reporting_totals": len(totals),
+    }
+
+
+def _idle_by_phase(
+    events: dict[Path, list[dict[str, Any]]], began: float, sampler: IdleSampler
+) -> dict[str, Any]:
+    """Idle CPU in each round's train and exchange windows (swarm-wide), and overall."""
+    published: dict[int, list[float]] = {}
+    assembled: dict[int, list[float]] = {}
+    for evs in events.values():
+        for e in evs:
+            if e.get("published_at") is not None:
+                published.setdefault(e["round"], []).append(float(e["published_at"]))
+            if e.get("assembled_at") is not None:
+                assembled.setdefault(e["round"], []).append(float(e["assembled_at"]))
+    rounds = []
+    start = began
+    spans: dict[str, list[tuple[float, float]]] = {"train": [], "exchange": []}
+    for r in sorted(set(published) & set(assembled)):
+        first_pub, last_asm = min(published[r]), max(assembled[r])
+        rounds.append(
+            {
+                "round": r,
+                "train_s": round(first_pub - start, 1),
+                "train_idle": sampler.idle(start, first_pub),
+                "exchange_s": round(last_asm - first_pub, 1),
+                "exchange_idle": sampler.idle(first_pub, last_asm),
+            }
+        )
+        spans["train"].append((start, first_pub))
+        spans["exchange"].append((first_pub, last_asm))
+        start = last_asm
+
+    def overall(kind: str) -> float | None:
+        got = [f for t, f in sampler.samples for a, b in spans[kind] if a < t <= b]
+        return round(statistics.mean(got), 3) if got else None
+
+    return {"rounds": rounds, "train_idle": overall("train"), "exchange_idle": overall("exchange")}
+
+
 def _init_homes(work: Path, n: int) -> list[tuple[Path, str]]:
     """n node homes as users make them; (home, peer id) each."""
     homes = [work / f"node-{i:02d}" for i in range(n)]
@@ -77,18 +230,24 @@ def run_size(n: int, rounds: int, timeout_s: float, keep: Path | None = None) ->
         coordinator = start_coordinator(work, RUN, peers, training, collect_timeout_s=120.0)
         procs: list[subprocess.Popen[bytes]] = []
         began = time.monotonic()
-        try:
-            start_requests, start_cpu = _metrics(coordinator.url)
-            homes = [home for home, _ in nodes]
-            procs = start_nodes(homes, RUN, work / "run.toml", coordinator.url, rounds)
-            wait_all(procs, timeout_s)
-            broken = any(p.poll() is None for p in procs)
-            end_requests, end_cpu = _metrics(coordinator.url)
-        finally:
-            stop_all(procs)
-            coordinator.stop()
-        return _figures(n, rounds, nodes, procs, began, broken, (start_requests, start_cpu),
-                        (end_requests, end_cpu))  # fmt: skip
+        wall_began = time.time()
+        with IdleSampler() as sampler:
+            try:
+                start_requests, start_cpu = _metrics(coordinator.url)
+                homes = [home for home, _ in nodes]
+                procs = start_nodes(homes, RUN, work / "run.toml", coordinator.url, rounds)
+                wait_all(procs, timeout_s)
+                broken = any(p.poll() is None for p in procs)
+                end_requests, end_cpu = _metrics(coordinator.url)
+            finally:
+                stop_all(procs)
+                coordinator.stop()
+        figures = _figures(n, rounds, nodes, procs, began, broken, (start_requests, start_cpu),
+                           (end_requests, end_cpu))  # fmt: skip
+        events = {home: report_events(home, "round") for home, _ in nodes}
+        figures["idle"] = _idle_by_phase(events, wall_began, sampler)
+        figures["exchange"] = _exchange_counts(nodes, max(figures["rounds_done"], 1))
+        return figures
 
 
 def _figures(
@@ -162,15 +321,30 @@ def main() -> int:
             break
     base = results[0].get("bytes_in_per_peer_round") if results else None
     print("\nn | s/round | bytes in/peer/round (x smallest n) | coord req/round | coord CPU s/round"
-          " | one CID")  # fmt: skip
+          " | one CID | idle: train / exchange | holder_dropped | stalls | admissions/conn/round"
+          " (max)")  # fmt: skip
     for r in results:
         mine = r["bytes_in_per_peer_round"]
         ratio = mine / base if base and mine else None
+        ex = r["exchange"]
         print(
             f"{r['n']} | {r['s_per_round']} | {r['bytes_in_per_peer_round']} "
             f"({ratio and round(ratio, 2)}x) | {r['coordinator_requests_per_round']} | "
-            f"{r['coordinator_cpu_s_per_round']} | {r['one_state_cid_at_the_end']}"
+            f"{r['coordinator_cpu_s_per_round']} | {r['one_state_cid_at_the_end']} | "
+            f"{r['idle']['train_idle']} / {r['idle']['exchange_idle']} | "
+            f"{sum(ex['holder_dropped'].values())} {ex['holder_dropped'] or ''} | "
+            f"{ex['request_stalled']} | {ex['admissions_per_connection_per_round_mean']} "
+            f"({ex['admissions_per_connection_per_round_max']})"
         )
+    print(
+        "\nper round: n | round | train s (idle) | exchange s, first publish to last state (idle)"
+    )
+    for r in results:
+        for x in r["idle"]["rounds"]:
+            print(
+                f"{r['n']} | {x['round']} | {x['train_s']} ({x['train_idle']}) | "
+                f"{x['exchange_s']} ({x['exchange_idle']})"
+            )
     return 0 if results and not results[-1]["broken"] else 1
 
 

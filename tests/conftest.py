@@ -32,6 +32,7 @@ ONE_SWARM_AT_A_TIME = frozenset(
         "test_score_edges_swarm",
         "test_scored_swarm",
         "test_swarm",
+        "test_twelve_swarm",
         "test_unreachable_swarm",
         "test_user_flow",
     )

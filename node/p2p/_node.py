@@ -87,6 +87,8 @@ class P2PNode:
         self._holding: collections.OrderedDict[CID, tuple[str, ...] | None] = (
             collections.OrderedDict()
         )
+        # One semaphore per holder, shared by every transfer (MAX_STREAMS_PER_HOLDER).
+        self._holder_slots: dict[str, trio.Semaphore] = {}
         self.peer_id: str = identity.peer_id_str
         self.listen_addrs: list[str] = [str(a) for a in host.get_addrs()]
 
@@ -131,21 +133,46 @@ class P2PNode:
         scheduler then treats the holder as unreachable for this transfer).
         """
         async with admission.lock(holder):
-            live = self._host.get_network().get_connections(ID.from_base58(holder))
+            # The muxed connections, as ``shown`` records them (a stream's ``muxed_conn``): the
+            # swarm's own connection objects wrap them, and never matched, so every request
+            # showed the token again (11,341 admissions at 16 members, issue 41).
+            live = [
+                getattr(conn, "muxed_conn", conn)
+                for conn in self._host.get_network().get_connections(ID.from_base58(holder))
+            ]
             token = admission.to_show(holder, live)
             if token is None:
                 return
+            began = trio.current_time()
+            self.traffic.exchange.tokens_shown += 1
             stream = await self._new_stream(holder, ADMIT_PROTOCOL_ID)
-            try:
-                expires_at = await present_token(stream, holder, token)
-                await stream.close()
-            except (RemoteRefusedError, PeerProtocolError, StreamBroken) as exc:
-                await stream.reset()
-                raise NotAdmittedError(f"{holder[-8:]} did not admit us: {exc}") from exc
-            except trio.TooSlowError as exc:
-                await stream.reset()
-                raise DialError(f"{holder[-8:]} did not answer our access token") from exc
-            admission.shown(holder, expires_at, stream.raw.muxed_conn)
+            # Once the token is on its way, its answer is awaited and remembered even if the
+            # request that needed it is given back meanwhile (bounded by ADMIT_TIMEOUT_S):
+            # cut off, the holder admitted us for nothing and the next request showed the token
+            # again (up to 8 times for one pair at 16 members).
+            with trio.CancelScope(shield=True):
+                try:
+                    expires_at = await present_token(stream, holder, token)
+                    await stream.close()
+                except (RemoteRefusedError, PeerProtocolError, StreamBroken) as exc:
+                    await stream.reset()
+                    raise NotAdmittedError(f"{holder[-8:]} did not admit us: {exc}") from exc
+                except trio.TooSlowError as exc:
+                    await stream.reset()
+                    raise DialError(f"{holder[-8:]} did not answer our access token") from exc
+                admission.shown(holder, expires_at, stream.raw.muxed_conn)
+                self.traffic.exchange.admit_s += trio.current_time() - began
+            await trio.lowlevel.checkpoint()  # a cancel that arrived meanwhile, now
+
+    def _slot(self, holder: str) -> trio.Semaphore:
+        """The semaphore every request to ``holder`` holds while it runs (all transfers)."""
+        if len(self._holder_slots) >= limits.MAX_HOLDER_TABLE_CIDS:  # forget the idle ones
+            self._holder_slots = {
+                p: sem
+                for p, sem in self._holder_slots.items()
+                if sem.value < limits.MAX_STREAMS_PER_HOLDER
+            }
+        return self._holder_slots.setdefault(holder, trio.Semaphore(limits.MAX_STREAMS_PER_HOLDER))
 
     def holders(self, cid: CID, layer: str | None = None) -> set[str]:
         """Peers that announced they hold every block of ``cid`` (and have not departed);
@@ -187,6 +214,8 @@ class P2PNode:
             gateways,
             reveal=lambda block: walk.arrived(block.cid, block.data),
             batch=batch,
+            slots=self._slot,
+            stats=self.traffic.exchange,
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])
@@ -222,7 +251,13 @@ class P2PNode:
         # block (a header) keeps its own fsync, cheaper than a batch's marker and sync.
         batch = await trio.to_thread.run_sync(self.store.begin_unsynced) if wanted[1:] else None
         transfer = Transfer(
-            self.store, self._open_stream, self._sources(cids, holders), progress, batch=batch
+            self.store,
+            self._open_stream,
+            self._sources(cids, holders),
+            progress,
+            batch=batch,
+            slots=self._slot,
+            stats=self.traffic.exchange,
         )
         if wanted:
             await transfer.fetch_synced(wanted)

@@ -88,6 +88,8 @@ async def open_p2p_node(
             try:
                 yield node
             finally:
+                # Where this node's exchange spent its time (bench/swarm_size.py reads it).
+                log.info("exchange_totals", **node.traffic.exchange.summary())
                 if settings.run_id is not None:
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
                         try:
@@ -123,6 +125,7 @@ def _build_host(
     _defects.buffer_tcp_reads()
     _defects.batch_window_updates()
     _defects.pipeline_protocol_select()
+    _defects.atomic_frame_writes()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,
@@ -148,7 +151,8 @@ def _build_host(
         async def handle_admit(raw: INetStream) -> None:
             stream = Libp2pStream(raw, str(raw.muxed_conn.peer_id))
             try:
-                await serve_admit(stream, stream.peer, admission)
+                if await serve_admit(stream, stream.peer, admission):
+                    server.traffic.exchange.admitted(stream.peer)
                 await stream.close()
             except StreamBroken:
                 await stream.reset()
@@ -157,6 +161,7 @@ def _build_host(
             TProtocol(ADMIT_PROTOCOL_ID), _defects.guard_handler(ADMIT_PROTOCOL_ID, handle_admit)
         )
     router = _defects.gossipsub_router()
+    _defects.back_off_pruned_peers(router)  # defect 18
     pubsub = Pubsub(host, router, strict_signing=True)
     _defects.guard_pubsub_handlers(host, pubsub, router)  # defect 17
     try:

@@ -12,9 +12,87 @@ from dataclasses import dataclass, field
 from . import limits
 from ._fetch._fetch_types import FetchReport
 
-__all__ = ["OTHER_PEERS", "Traffic"]
+__all__ = ["OTHER_PEERS", "ExchangeStats", "Traffic"]
 
 OTHER_PEERS = "other"  # the label of peers past MAX_TRAFFIC_PEERS
+
+
+@dataclass
+class ExchangeStats:
+    """Where the block exchange spends its time (specs/blocks.md#instrumentation): running sums,
+    so a scrape or the node's ``exchange_totals`` log line gives means and totals.
+
+    Requesting side: ``tokens_shown`` ADMIT frames sent (at most one per connection to a holder
+    while the token is valid), ``open_s`` seconds from asking for a stream to having it (the
+    admission included), ``ttfb_s`` seconds from REQUEST written to the first frame back,
+    ``request_s`` / ``request_bytes`` each request's seconds and the bytes it received (their
+    ratio is the throughput), ``stalls`` requests given back after NO_PROGRESS_TIMEOUT_S
+    without a byte from their holder (re-queued, the holder kept), ``dropped`` holders dropped
+    for a transfer by kind of evidence. Serving side: ``admissions`` ADMIT frames answered
+    (``admissions_by_peer`` by requester), ``served`` requests answered, ``serve_wait_s``
+    seconds from a request's arrival to its first byte sent (its queueing at the holder).
+    """
+
+    tokens_shown: int = 0
+    admit_s: float = 0.0
+    requests: int = 0
+    open_s: float = 0.0
+    ttfb_s: float = 0.0
+    ttfb_max_s: float = 0.0
+    request_s: float = 0.0
+    request_bytes: int = 0
+    stalls: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)  # kind -> holders dropped
+    admissions: int = 0
+    admissions_by_peer: dict[str, int] = field(default_factory=dict)
+    served: int = 0
+    serve_wait_s: float = 0.0
+    serve_wait_max_s: float = 0.0
+
+    def request_done(
+        self, open_s: float, ttfb_s: float | None, seconds: float, nbytes: int
+    ) -> None:
+        self.requests += 1
+        self.open_s += open_s
+        if ttfb_s is not None:
+            self.ttfb_s += ttfb_s
+            self.ttfb_max_s = max(self.ttfb_max_s, ttfb_s)
+        self.request_s += seconds
+        self.request_bytes += nbytes
+
+    def holder_dropped(self, kind: str) -> None:
+        self.dropped[kind] = self.dropped.get(kind, 0) + 1
+
+    def admitted(self, peer: str) -> None:
+        self.admissions += 1
+        key = _key(self.admissions_by_peer, peer)
+        self.admissions_by_peer[key] = self.admissions_by_peer.get(key, 0) + 1
+
+    def serve_started(self, wait_s: float) -> None:
+        self.served += 1
+        self.serve_wait_s += wait_s
+        self.serve_wait_max_s = max(self.serve_wait_max_s, wait_s)
+
+    def summary(self) -> dict[str, float | int]:
+        """The figures a log line or a bench reads: counts, means and maxima."""
+        served, requests = max(self.served, 1), max(self.requests, 1)
+        return {
+            "admits_shown": self.tokens_shown,  # ("token" keys are redacted in logs)
+            "admit_mean_s": round(self.admit_s / max(self.tokens_shown, 1), 4),
+            "requests": self.requests,
+            "open_mean_s": round(self.open_s / requests, 4),
+            "ttfb_mean_s": round(self.ttfb_s / requests, 4),
+            "ttfb_max_s": round(self.ttfb_max_s, 3),
+            "request_mb_per_s": round(self.request_bytes / 1e6 / max(self.request_s, 1e-9), 2),
+            "stalls": self.stalls,
+            "holders_dropped": sum(self.dropped.values()),
+            "admissions": self.admissions,
+            "admitting_peers": len(self.admissions_by_peer),
+            "max_admissions_one_peer": max(self.admissions_by_peer.values(), default=0),
+            "served": self.served,
+            "serve_wait_mean_s": round(self.serve_wait_s / served, 4),
+            "serve_wait_max_s": round(self.serve_wait_max_s, 3),
+        }
 
 
 @dataclass
@@ -25,6 +103,7 @@ class Traffic:
     bytes_out: dict[str, int] = field(default_factory=dict)  # block bytes served to
     fetch_rate: dict[str, float] = field(default_factory=dict)  # bytes/s, its last fetch
     fetches: int = 0
+    exchange: ExchangeStats = field(default_factory=ExchangeStats)  # where the time goes
 
     def fetched(self, report: FetchReport) -> FetchReport:
         """Count one fetch: each holder's verified bytes and its rate over the fetch."""

@@ -30,6 +30,23 @@ RECEIVED_AHEAD = 2
 SERVE_READ_AHEAD = 1
 # Requests one holder serves at once for one peer; more are refused with BUSY.
 MAX_SERVED_STREAMS_PER_PEER = 8
+# Seconds a request may spend opening its stream to the holder (protocol selection and, once
+# per connection, showing our token) before it is given back like a stalled one: the holder owes
+# no bytes before the REQUEST is on the wire, so NO_PROGRESS_TIMEOUT_S and the rate window start
+# then (a busy holder answers a stream's opening late, without being dead). Over py-libp2p's own
+# 30 s protocol-selection timeout, whose DialError (evidence: the holder never answered) comes
+# first; this is the backstop.
+OPEN_TIMEOUT_S = 45.0
+# Requests one node keeps open to one holder at once, over all its transfers (each takes one
+# of the holder's slots; more wait in the node, queued, not at the holder): under
+# MAX_SERVED_STREAMS_PER_PEER, so an honest node is never answered BUSY. Several transfers run
+# at once in a round (one per member whose update a node fetches), each with
+# MAX_IN_FLIGHT_PER_HOLDER workers per holder: at 16 members they opened up to 30 streams to
+# one holder, and the holder's streams then shared its upload 30 ways.
+MAX_STREAMS_PER_HOLDER = 4
+# Seconds a worker waits after a holder answered BUSY before it asks again (backpressure: the
+# request goes back to the queue, the holder is kept).
+BUSY_RETRY_S = 0.5
 # Blocks asked for in one request by the scheduler (small: bounds the tail on a slow holder).
 BATCH_BLOCKS = 8
 # ... or, from a holder that has shown a rate, what it delivers in this many seconds (up to
@@ -41,7 +58,9 @@ STEAL_SLOWER_FACTOR = 4.0
 # ... but only once it has had this long since its first request: a holder whose first block is
 # still arriving has delivered nothing yet, which says nothing of its speed.
 STEAL_MIN_OBSERVED_S = 1.0
-# A request that yields no frame for this long is abandoned and its blocks go to other holders.
+# A request that receives no byte from its holder (on any of the transfer's streams to it) for
+# this long is given back: its blocks return to the queue, the holder is kept (a slow holder is
+# not a dead one; MIN_SOURCE_RATE decides, over SOURCE_RATE_WINDOW_S, whether it is too slow).
 NO_PROGRESS_TIMEOUT_S = 10.0
 # A source (a holder or a gateway) with a request in flight that delivers fewer than
 # MIN_SOURCE_RATE bytes per second over SOURCE_RATE_WINDOW_S (bytes received on the wire, block
@@ -101,6 +120,17 @@ MAX_HOLDERS_PER_CID = 256
 
 # Heartbeat interval; the library default of 120 s leaves a fresh mesh empty for two minutes.
 GOSSIP_HEARTBEAT_S = 1
+# The mesh (specs/announce.md#gossipsub-mesh): D peers per topic, grafted up to D when under
+# D_LOW, pruned down to D when over D_HIGH. A swarm of up to D_HIGH + 1 members (every member
+# connected to every other) keeps all of them in its mesh and never prunes; a larger one is
+# pruned to D, and any announcement still reaches every member in two hops at 64 members
+# (8 x 8). Announcements are small and few (a handful per member per round), so the extra
+# copies a wide mesh forwards cost nothing beside one block.
+GOSSIP_D = 8
+GOSSIP_D_LOW = 6
+GOSSIP_D_HIGH = 16
+# Seconds a pruned peer is not grafted again (by either side; defect 18), the spec's minute.
+GOSSIP_PRUNE_BACKOFF_S = 60
 # Per-topic message rate accepted from one peer (library default 10/s also throttles our own).
 GOSSIP_MAX_MSGS_PER_TOPIC_PER_S = 200.0
 # Our own publishes are paced to at most this many per second, under the per-peer outbound
@@ -114,6 +144,10 @@ SUBSCRIBER_BUFFER = 1024
 # Inbound connections a listener keeps open at once (live ones; closed ones free their slot).
 MAX_INBOUND_CONNECTIONS = 512
 
+# Seconds one yamux frame's write to the connection may take once started (defect 19): it runs
+# shielded, whole or not at all, so a cancellation cannot cut a Noise message; a write still
+# unfinished then means a wedged connection, which is closed.
+CONN_WRITE_BOUND_S = 30.0
 # Seconds a stream reset may spend sending its frame (defect 11: on a wedged connection it would
 # wait forever, inside a shielded scope that no caller's timeout can cancel).
 STREAM_RESET_S = 2.0

@@ -90,8 +90,10 @@ class PeerAdmission:
     def to_show(self, holder: str, connections: Iterable[object]) -> bytes | None:
         """The token to show ``holder`` before fetching, or None (shown and still valid).
 
-        ``connections``: the live connections to ``holder``; a token shown over none of them
-        (the holder restarted, or we reconnected) is shown again.
+        ``connections``: the live connections to ``holder`` (the objects ``shown`` was given:
+        the muxed connections streams run on); a token shown over none of them (the holder
+        restarted, or we reconnected) is shown again. So a token is shown once per connection
+        while it is valid, however many requests run over that connection.
         """
         token = self.credential()
         if token is None:
@@ -114,26 +116,28 @@ class PeerAdmission:
         return self._locks.setdefault(holder, trio.Lock())
 
 
-async def serve_admit(stream: ByteStream, peer: str, admission: PeerAdmission) -> None:
-    """The holder's end: read one ADMIT frame from ``peer``, answer ADMITTED or ERROR."""
+async def serve_admit(stream: ByteStream, peer: str, admission: PeerAdmission) -> bool:
+    """The holder's end: read one ADMIT frame from ``peer``, answer ADMITTED or ERROR; True
+    when it admitted the peer."""
     try:
         with trio.fail_after(limits.ADMIT_TIMEOUT_S):
             frame = await FrameReader(stream, read_size=4096).read_frame(limits.MAX_ADMIT_TOKEN)
     except (trio.TooSlowError, PeerProtocolError) as exc:
         await stream.write(Error(Status.BAD_REQUEST, f"no valid ADMIT frame: {exc}").encode())
-        return
+        return False
     if not isinstance(frame, Admit):
         what = "end of stream" if frame is None else type(frame).__name__
         await stream.write(Error(Status.BAD_REQUEST, f"expected ADMIT, got {what}").encode())
-        return
+        return False
     try:
         expires_at = admission.admit(peer, frame.token)
     except (TokenError, PermissionError) as exc:
         log.warning("admit_refused", requester=peer[-8:], reason=str(exc))
         await stream.write(Error(Status.FORBIDDEN, str(exc)).encode())
-        return
+        return False
     log.info("admitted", requester=peer[-8:], until=expires_at)
     await stream.write(Admitted(expires_at).encode())
+    return True
 
 
 async def present_token(stream: ByteStream, holder: str, token: bytes) -> int:

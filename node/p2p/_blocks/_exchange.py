@@ -11,6 +11,7 @@ _scheduler.py).
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
 
 import trio
 
@@ -165,3 +166,32 @@ async def _read_answer(
             )
         else:
             raise PeerProtocolError(f"unexpected {type(frame).__name__} frame from holder")
+
+
+class Resettable(Protocol):
+    async def close(self) -> None: ...
+    async def reset(self) -> None: ...
+
+
+async def request_then_close(
+    stream: Resettable,
+    counted: ByteStream,
+    cids: Sequence[CID],
+    on_block: OnBlock,
+    on_frame: Callable[[], None],
+    on_block_start: Callable[[CID], None],
+    on_block_arrived: Callable[[CID], None],
+) -> set[CID]:
+    """:func:`request_blocks` on ``counted`` (``stream`` as read through a byte counter), then
+    ``stream`` closed; reset instead on any error or cancellation (bounded, shielded), so the
+    holder stops sending."""
+    try:
+        lacked = await request_blocks(
+            counted, cids, on_block, on_frame, on_block_start, on_block_arrived
+        )
+    except BaseException:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await stream.reset()
+        raise
+    await stream.close()
+    return lacked

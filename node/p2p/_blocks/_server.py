@@ -66,7 +66,7 @@ class BlockServer:
         stream = Libp2pStream(raw, peer)
         self._open[peer] += 1
         try:
-            await self._serve(stream, peer)
+            await self._serve(stream, peer, trio.current_time())
             await stream.close()
         except StreamBroken as exc:
             log.info("serve_stream_broken", requester=peer[-8:], error=str(exc))
@@ -80,7 +80,7 @@ class BlockServer:
         log.warning("serve_refused", requester=peer[-8:], status=status.name, reason=text)
         await stream.write(Error(status, text).encode())
 
-    async def _serve(self, stream: Libp2pStream, peer: str) -> None:
+    async def _serve(self, stream: Libp2pStream, peer: str, arrived: float) -> None:
         if not self.allow(peer):
             await self._refuse(stream, peer, Status.FORBIDDEN, "peer is not allowed to fetch")
             return
@@ -101,11 +101,26 @@ class BlockServer:
         except PeerProtocolError as exc:
             await self._refuse(stream, peer, Status.BAD_REQUEST, str(exc))
             return
+        if frame is None:
+            # The requester closed before asking: it gave the request up while its stream was
+            # opening (its blocks moved to a faster holder, or its no-progress timer ran out).
+            # Not a fault, and nobody is left to read an ERROR.
+            log.info("request_withdrawn", requester=peer[-8:])
+            return
         if not isinstance(frame, Request):
-            what = "end of stream" if frame is None else type(frame).__name__
+            what = type(frame).__name__
             await self._refuse(stream, peer, Status.BAD_REQUEST, f"expected REQUEST, got {what}")
             return
         lacking = []
+        waited: list[float] = []  # the request's wait for its first byte, once known
+
+        def first_byte() -> None:
+            # From the stream's arrival to its first answer frame: the request's queueing at
+            # this holder (the request's own bytes, the disk read, the other streams' turns).
+            if not waited:
+                waited.append(trio.current_time() - arrived)
+                self.traffic.exchange.serve_started(waited[0])
+
         # The next block is read (and verified) from disk while this one is sent, so the
         # stream never waits on our disk between blocks. The reader holds the one block it has
         # read until the sender takes it: SERVE_READ_AHEAD blocks ahead, beyond the channel.
@@ -122,9 +137,11 @@ class BlockServer:
                             continue
                         if self.corrupt_for_tests and data:
                             data = bytes([data[0] ^ 0xFF]) + data[1:]
+                        first_byte()
                         await self._send_block(stream, Block.header(cid, len(data)), data)
         except BaseExceptionGroup as group:
             raise first_error(group) from None
+        first_byte()
         if lacking:
             await stream.write(Lacking(tuple(lacking)).encode())
         await stream.write(End().encode())

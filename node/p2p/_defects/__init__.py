@@ -93,6 +93,19 @@ workarounds for the host (1-10, 16) are in ``_host.py``; those for a stream's sp
     frame from any peer), which kills the host as in 3 (found by bench/soak.py: nodes that
     joined while members were killed stopped "internal"). :func:`guard_pubsub_handlers`
     (``_pubsub.py``) registers pubsub's handler again through :func:`guard_handler`.
+18. The gossipsub heartbeat prunes an oversubscribed mesh without recording a backoff for the
+    pruned peers on its own side (the spec and go-libp2p do), so it may graft one of them
+    again a heartbeat later; the peer, which recorded the PRUNE, calls a GRAFT within 10 s a
+    flood, penalises us and prunes back: the mesh churns every second at 16 members (426
+    "GRAFT flood detected" warnings). :func:`back_off_pruned_peers` (``_pubsub.py``) adds the
+    backoff. Its mesh sizes and why are in specs/announce.md#gossipsub-mesh.
+19. ``Yamux._write_frame`` lets a cancellation in between Noise's encryption (a nonce spent)
+    and the end of the TCP ``send_all``: a frame write cut so leaves the peer unable to decrypt
+    the next message, and it closes the connection, every stream on it broken. At 8 members
+    every request given back or stolen could cut one (connections reset, re-admissions,
+    "failed to open a stream"). :func:`atomic_frame_writes` (``_throughput.py``) shields each
+    frame's write once the lock is held, bounded by CONN_WRITE_BOUND_S (then the connection is
+    closed: it can carry nothing after half a message).
 """
 
 from __future__ import annotations
@@ -112,7 +125,9 @@ from ._host import release_inbound_slots as release_inbound_slots
 from ._host import remove_dial_delay as remove_dial_delay
 from ._host import secure_transports as secure_transports
 from ._host import switch_off_auto_connector as switch_off_auto_connector
+from ._pubsub import back_off_pruned_peers as back_off_pruned_peers
 from ._pubsub import guard_pubsub_handlers as guard_pubsub_handlers
+from ._throughput import atomic_frame_writes as atomic_frame_writes
 from ._throughput import batch_window_updates as batch_window_updates
 from ._throughput import bound_stream_resets as bound_stream_resets
 from ._throughput import buffer_tcp_reads as buffer_tcp_reads
@@ -121,6 +136,8 @@ from ._throughput import pipeline_protocol_select as pipeline_protocol_select
 
 __all__ = [
     "StreamHandler",
+    "atomic_frame_writes",
+    "back_off_pruned_peers",
     "batch_window_updates",
     "bound_stream_resets",
     "buffer_tcp_reads",

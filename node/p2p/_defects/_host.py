@@ -210,12 +210,16 @@ def guard_handler(protocol: str, handler: StreamHandler) -> StreamHandler:
 
 
 def gossipsub_router() -> GossipSub:
-    """A gossipsub router with a 1 s heartbeat and a per-topic rate that does not throttle us."""
+    """A gossipsub router with a 1 s heartbeat, a per-topic rate that does not throttle us, and
+    a fixed mesh sized for a run's swarm (specs/announce.md#gossipsub-mesh): the library's
+    adaptive bounds, which move D_low, D_high and the heartbeat with a "health" score, are off."""
     return GossipSub(
         protocols=[GOSSIPSUB_V11, GOSSIPSUB_V10],
-        degree=6,
-        degree_low=4,
-        degree_high=12,
+        degree=limits.GOSSIP_D,
+        degree_low=limits.GOSSIP_D_LOW,
+        degree_high=limits.GOSSIP_D_HIGH,
+        prune_back_off=limits.GOSSIP_PRUNE_BACKOFF_S,
+        adaptive_gossip_enabled=False,
         heartbeat_initial_delay=0.1,
         heartbeat_interval=limits.GOSSIP_HEARTBEAT_S,
         max_messages_per_topic_per_second=limits.GOSSIP_MAX_MSGS_PER_TOPIC_PER_S,

@@ -1,6 +1,6 @@
-"""Workarounds for the defects that slow or hang a stream: resets on a wedged connection, yamux
-frames and window updates, TCP reads under Noise, and protocol selection (defects 11-15 of
-``cnode.node.p2p._defects``, which lists them all)."""
+"""Workarounds for the defects that slow, hang or break a stream: resets on a wedged connection,
+yamux frames and window updates, TCP reads under Noise, protocol selection, and writes cut by a
+cancellation (defects 11-15 and 19 of ``cnode.node.p2p._defects``, which lists them all)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 import structlog
 import trio
+from libp2p.io.exceptions import ConnectionClosedError
 from libp2p.io.trio import TrioTCPStream
 from libp2p.network.stream.net_stream import NetStream, StreamState
 from libp2p.protocol_muxer import multiselect_client as _multiselect_client
@@ -141,3 +142,47 @@ def pipeline_protocol_select() -> None:
     select_one_of._cnode_pipelined = True  # type: ignore[attr-defined]
     select_one_of.__wrapped__ = original  # type: ignore[attr-defined]
     client.select_one_of = select_one_of  # type: ignore[method-assign]
+
+
+# -- 19. a cancelled frame write breaks the whole connection -------------------------------------
+
+
+def atomic_frame_writes() -> None:
+    """Make each yamux frame's write to the secured connection whole or nothing (idempotent).
+
+    ``Yamux._write_frame`` takes the connection's write lock, then Noise encrypts the frame
+    (spending a nonce) and writes it, with checkpoints in between (the TCP stream's own lock,
+    ``send_all``). A cancellation delivered there (a request given back, a stolen request, a
+    shielded reset's bound) leaves a nonce spent on a message never sent, or half a message on
+    the wire: the peer's next decryption fails and it closes the connection, breaking every
+    stream on it ("TCP connection reset", "failed to open a stream", a re-admission). The write
+    now runs shielded once the lock is held, bounded by CONN_WRITE_BOUND_S; a write that
+    cannot finish in that time (a wedged connection) closes the connection, which can carry no
+    other frame after a partial one. The caller's cancellation arrives right after the write.
+    """
+    cls = _yamux_module.Yamux
+    if getattr(cls._write_frame, "_cnode_atomic", False):
+        return
+
+    async def _write_frame(self: Any, data: bytes) -> None:
+        async with self._write_lock:  # waiting for the lock stays cancellable: nothing sent yet
+            with trio.CancelScope(shield=True) as scope:
+                scope.deadline = trio.current_time() + limits.CONN_WRITE_BOUND_S
+                await self.secured_conn.write(data)
+            if scope.cancelled_caught:
+                log.warning("connection_write_timed_out", peer=str(self.peer_id)[-8:])
+                with (
+                    trio.CancelScope(shield=True),
+                    trio.move_on_after(limits.STREAM_RESET_S),
+                    contextlib.suppress(Exception),
+                ):
+                    await self.secured_conn.close()
+                raise ConnectionClosedError(
+                    f"a frame write took over {limits.CONN_WRITE_BOUND_S} s; connection closed",
+                    transport="tcp",
+                )
+        await trio.lowlevel.checkpoint()
+
+    _write_frame._cnode_atomic = True  # type: ignore[attr-defined]
+    _write_frame.__wrapped__ = cls._write_frame  # type: ignore[attr-defined]
+    cls._write_frame = _write_frame  # type: ignore[method-assign]

@@ -4,6 +4,7 @@ and a request's CIDs with what became of each (delivered, moved, skipped, on the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import trio
@@ -12,9 +13,10 @@ from cnode.storage import CID
 from cnode.storage import limits as storage_limits
 
 from .. import limits
+from .._exceptions import DialError, PeerProtocolError, StreamBroken
 from ._source_rate import RateWindow
 
-__all__ = ["Abandoned", "HolderState", "InFlight"]
+__all__ = ["Abandoned", "HolderState", "InFlight", "drop_kind", "steal_from"]
 
 
 @dataclass
@@ -84,3 +86,51 @@ class InFlight:
 
 class Abandoned(Exception):
     """Internal: every CID this request still waits for was moved to a faster holder."""
+
+
+def steal_from(
+    requests: Iterable[InFlight], thief: HolderState
+) -> tuple[InFlight | None, list[CID]]:
+    """End game: the request whose undelivered work ``thief`` should take, and that work.
+
+    From a holder not faster than ``thief``: the back half of its request's unsent CIDs but
+    the next one (it may be on its way already; the victim stops once only moved CIDs are
+    left, so nothing is fetched twice). From a holder STEAL_SLOWER_FACTOR times slower:
+    everything it has not delivered, the block on the wire included unless it arrived
+    whole; its request is cancelled at once (that one partial block is wasted, and nothing
+    is stored twice).
+    """
+    best: InFlight | None = None
+    take: list[CID] = []
+    thief_rate = thief.rate()
+    for request in requests:
+        victim = request.holder
+        if victim is thief or victim.dropped is not None or victim.rate() > thief_rate:
+            continue
+        much_slower = (
+            victim.observed_s() >= limits.STEAL_MIN_OBSERVED_S
+            and victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
+        )
+        left = request.unsent()
+        if not much_slower:
+            left = left[1:]
+        else:
+            current = request.on_wire()
+            if current is not None and current not in request.stolen:
+                left = [current, *left]
+        left = [c for c in left if c not in thief.lacks]
+        tail = left if much_slower else left[len(left) // 2 :]
+        if len(tail) > len(take):
+            best, take = request, tail
+    return best, take
+
+
+def drop_kind(exc: BaseException) -> str:
+    """The kind of evidence a request's error is, as ExchangeStats and the logs name it."""
+    if isinstance(exc, PeerProtocolError):
+        return "protocol"
+    if isinstance(exc, StreamBroken):
+        return "stream_broken"
+    if isinstance(exc, DialError):
+        return "dial"
+    return "too_slow"

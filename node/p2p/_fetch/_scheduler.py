@@ -3,25 +3,26 @@
 A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
 has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
-fast holders take more work and nobody idles while work is left. A request that makes no
-progress for NO_PROGRESS_TIMEOUT_S is abandoned; a holder whose request fails (timeout, broken
-stream, protocol error, refusal) is dropped for this transfer and its unfinished CIDs go back to
-the queue. A holder that delivers under MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it has a
-request in flight (a trickle, which resets the no-progress timer forever) is dropped too, its
-requests cancelled and their CIDs put back (``_source_rate``). A holder that sends bytes not
-matching their CID is dropped and reported with the evidence. A CID is requested from a
-second holder only if the first did not deliver it, so nothing is fetched twice unless its
-first copy was bad. End game: a worker with nothing left to take moves the unsent tail of a
-slower holder's request to its own holder (the slower request stops once only moved CIDs are
-left), and takes over everything from a holder STEAL_SLOWER_FACTOR times slower once that one
-has had STEAL_MIN_OBSERVED_S to show its rate (cancelling its request, partial block
-included): one slow holder cannot hold up the end.
+fast holders take more work and nobody idles while work is left. A request holds one of its
+holder's ``slots`` (the node's, shared by all its transfers) while it runs: several transfers
+queue here, not at the holder, and that wait is not the holder's time.
 
-Holders answer in request order (specs/blocks.md#interaction), and each BLOCK's CID is seen
-before its bytes: so the scheduler knows which block is on the wire, and that every CID passed
-over before it is lacked (those go back to the queue at once). A holder that starts sending a
-CID already moved to another holder (it lacked the ones before) has its request abandoned
-before the bytes arrive, so no block is received whole twice.
+A slow holder is not a dead one (issue 41: at 16 members 1,722 live holders were dropped for
+"no progress" while the CPU sat idle). Progress is bytes from the holder on any of the
+transfer's streams to it; a request with none for NO_PROGRESS_TIMEOUT_S is given back (its CIDs
+re-queued, the holder kept). A holder is dropped for the transfer only on evidence (a refusal
+other than BUSY, which is backpressure; bytes not matching their CID, reported with the
+evidence; a protocol error, a broken stream, a failed dial) or on its measured rate: under
+MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it owes data (``_source_rate``; a trickle resets
+the no-progress timer forever, and a silent holder's window runs on across its stalls).
+
+A CID is requested from a second holder only if the first did not deliver it, so nothing is
+fetched twice unless its first copy was bad. End game: a worker with nothing left to take moves
+the unsent tail of a slower holder's request to its own holder, or everything from one
+STEAL_SLOWER_FACTOR times slower (``_holders.steal_from``): one slow holder cannot hold up the
+end. Holders answer in request order and each BLOCK's CID is seen before its bytes, so every
+CID passed over is lacked (back to the queue at once), and a request that starts sending a CID
+already moved elsewhere is abandoned before the bytes arrive.
 
 Times come from ``trio.current_time()`` (tests run it under a MockClock).
 """
@@ -37,7 +38,7 @@ import trio
 from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
 
 from .. import limits
-from .._blocks._exchange import request_blocks
+from .._blocks._exchange import request_then_close
 from .._blocks._wire import Status
 from .._exceptions import (
     BadBlockError,
@@ -48,6 +49,7 @@ from .._exceptions import (
     RemoteRefusedError,
     StreamBroken,
 )
+from .._traffic import ExchangeStats
 from ._fetch_types import (
     DirectHolder,
     FetchProgress,
@@ -55,13 +57,19 @@ from ._fetch_types import (
     OpenStream,
     Reveal,
 )
-from ._holders import Abandoned, HolderState, InFlight
+from ._holders import Abandoned, HolderState, InFlight, drop_kind, steal_from
 from ._source_rate import CountedStream
 
 log = structlog.get_logger(__name__)
 
 
 ProgressFn = Callable[[FetchProgress], None]
+# slot(peer) -> the semaphore a request to that holder holds while it runs.
+HolderSlots = Callable[[str], trio.Semaphore]
+
+
+class _Stalled(Exception):
+    """Internal: no byte from the holder for NO_PROGRESS_TIMEOUT_S; the request goes back."""
 
 
 class Transfer:
@@ -80,6 +88,9 @@ class Transfer:
             manifest is fetched in one pass as its nodes arrive.
         batch: an open ``store.begin_unsynced()`` batch: blocks are then stored without a
             per-block fsync, and the caller commits the batch (specs/blocks.md#durability).
+        slots: ``slots(peer)``, the node's semaphore per holder (MAX_STREAMS_PER_HOLDER):
+            every request holds one of its holder's while it runs. None: this transfer's own.
+        stats: where request timings and drops are counted (the node's ExchangeStats).
     """
 
     def __init__(
@@ -91,8 +102,15 @@ class Transfer:
         direct: Iterable[DirectHolder] = (),
         reveal: Reveal | None = None,
         batch: UnsyncedBatch | None = None,
+        slots: HolderSlots | None = None,
+        stats: ExchangeStats | None = None,
     ) -> None:
         self.store = store
+        self.stats = stats if stats is not None else ExchangeStats()
+        own: dict[str, trio.Semaphore] = {}
+        self.slots = slots or (
+            lambda peer: own.setdefault(peer, trio.Semaphore(limits.MAX_IN_FLIGHT_PER_HOLDER))
+        )
         self.reveal = reveal
         self.batch = batch
         self.open_stream = open_stream
@@ -132,38 +150,11 @@ class Transfer:
         return batch
 
     def _steal(self, thief: HolderState) -> list[CID]:
-        """End game: move work that a slower holder has not delivered yet to ``thief``.
-
-        From a holder not faster than ``thief``: the back half of its request's unsent CIDs but
-        the next one (it may be on its way already; the victim stops once only moved CIDs are
-        left, so nothing is fetched twice). From a holder STEAL_SLOWER_FACTOR times slower:
-        everything it has not delivered, the block on the wire included unless it arrived
-        whole; its request is cancelled at once (that one partial block is wasted, and nothing
-        is stored twice). Should the victim start sending a moved CID after all (it lacked the
-        ones before), its request is abandoned at that block's header (see ``_request``).
-        """
-        best: InFlight | None = None
-        take: list[CID] = []
-        thief_rate = thief.rate()
-        for request in self._requests:
-            victim = request.holder
-            if victim is thief or victim.dropped is not None or victim.rate() > thief_rate:
-                continue
-            much_slower = (
-                victim.observed_s() >= limits.STEAL_MIN_OBSERVED_S
-                and victim.rate() * limits.STEAL_SLOWER_FACTOR < thief_rate
-            )
-            left = request.unsent()
-            if not much_slower:
-                left = left[1:]
-            else:
-                current = request.on_wire()
-                if current is not None and current not in request.stolen:
-                    left = [current, *left]
-            left = [c for c in left if c not in thief.lacks]
-            tail = left if much_slower else left[len(left) // 2 :]
-            if len(tail) > len(take):
-                best, take = request, tail
+        """End game: move work that a slower holder has not delivered yet to ``thief``
+        (``_holders.steal_from`` says which). Should the victim start sending a moved CID after
+        all (it lacked the ones before), its request is abandoned at that block's header (see
+        ``_request``)."""
+        best, take = steal_from(self._requests, thief)
         if best is not None:
             best.stolen.update(take)
             log.debug("work_moved", blocks=len(take), src=best.holder.peer, dst=thief.peer)
@@ -227,59 +218,71 @@ class Transfer:
 
     async def _worker(self, holder: HolderState) -> None:
         while holder.dropped is None:
-            batch = self._take_batch(holder) or self._steal(holder)
-            if not batch:
-                # Nothing this holder can take now; only a request in flight elsewhere can
-                # put work back (a failure or a lack), so wait for one to finish, or stop.
-                if not self._in_flight:
-                    return
-                await self._changed.wait()
-                continue
-            request = InFlight(holder, batch)
-            self._requests.add(request)
-            holder.in_flight += 1
-            holder.window.busy()
-            if holder.first_request is None:
-                holder.first_request = trio.current_time()
-            lacked: set[CID] = set()
-            try:
-                lacked = await self._request(request)
-            except Abandoned:
-                pass  # its remaining blocks now belong to faster holders
-            except BadBlockError as exc:
-                self._drop(holder, f"bad bytes: {exc}")
-                log.error(
-                    "holder_sent_bad_block",
-                    holder=holder.peer,
-                    claimed=exc.claimed,
-                    computed=exc.computed,
-                    evidence="bytes received for the claimed CID hash to the computed CID",
-                )
-            except (RemoteRefusedError, NotAdmittedError) as exc:
+            # The holder's slot first, then the work: CIDs are never held by a worker that
+            # waits, and the wait for a slot (our own queue) is not counted against the holder.
+            async with self.slots(holder.peer):
+                batch = [] if holder.dropped else self._take_batch(holder) or self._steal(holder)
+                if batch:
+                    await self._one_request(holder, batch)
+                    continue
+            # Nothing this holder can take now; only a request in flight elsewhere can put
+            # work back (a failure or a lack), so wait for one to finish, or stop.
+            if not self._in_flight:
+                return
+            await self._changed.wait()
+
+    async def _one_request(self, holder: HolderState, batch: list[CID]) -> None:
+        request = InFlight(holder, batch)
+        self._requests.add(request)
+        holder.in_flight += 1
+        if holder.first_request is None:
+            holder.first_request = trio.current_time()
+        lacked: set[CID] = set()
+        owed = False  # given back unfinished: the holder still owes it (its window runs on)
+        try:
+            lacked = await self._request(request)
+        except Abandoned:
+            pass  # its remaining blocks now belong to faster holders
+        except _Stalled:
+            owed = True
+            self.stats.stalls += 1
+            log.info("request_stalled", holder=holder.peer[-8:], blocks=len(batch))
+        except BadBlockError as exc:
+            self._drop(holder, f"bad bytes: {exc}", "bad_bytes")
+            log.error(
+                "holder_sent_bad_block",
+                holder=holder.peer,
+                claimed=exc.claimed,
+                computed=exc.computed,
+                evidence="bytes received for the claimed CID hash to the computed CID",
+            )
+        except (RemoteRefusedError, NotAdmittedError) as exc:
+            if isinstance(exc, RemoteRefusedError) and exc.status == int(Status.BUSY):
+                # Backpressure, not a fault: the holder serves as much as it can for us.
+                owed = True
+                log.info("holder_busy", holder=holder.peer[-8:])
+                await trio.sleep(limits.BUSY_RETRY_S)
+            else:
                 holder.refused = isinstance(exc, NotAdmittedError) or exc.status == int(
                     Status.FORBIDDEN
                 )
-                self._drop(holder, f"{type(exc).__name__}: {exc}")
-            except (
-                PeerProtocolError,
-                StreamBroken,
-                DialError,
-                trio.TooSlowError,
-            ) as exc:
-                self._drop(holder, f"{type(exc).__name__}: {exc}")
-            finally:
-                self._requests.discard(request)
-                holder.in_flight -= 1
-                if not holder.in_flight:
-                    holder.window.idle()
-                holder.lacks |= lacked
-                # Taken CIDs are the taker's now, skipped ones went back to the queue already:
-                # neither is done nor returned here.
-                mine = [c for c in batch if c not in request.stolen and c not in request.skipped]
-                self._in_flight.difference_update(mine)
-                back = [cid for cid in mine if cid not in self._stored]
-                self._pending.extendleft(reversed(back))
-                self._notify()
+                self._drop(holder, f"{type(exc).__name__}: {exc}", "refused")
+        except (PeerProtocolError, StreamBroken, DialError, trio.TooSlowError) as exc:
+            kind = drop_kind(exc)
+            self._drop(holder, f"{type(exc).__name__}: {exc}", kind)
+        finally:
+            self._requests.discard(request)
+            holder.in_flight -= 1
+            if not holder.in_flight and not owed:
+                holder.window.idle()
+            holder.lacks |= lacked
+            # Taken CIDs are the taker's now, skipped ones went back to the queue already:
+            # neither is done nor returned here.
+            mine = [c for c in batch if c not in request.stolen and c not in request.skipped]
+            self._in_flight.difference_update(mine)
+            back = [cid for cid in mine if cid not in self._stored]
+            self._pending.extendleft(reversed(back))
+            self._notify()
 
     def _keep(self, block: VerifiedBlock) -> tuple[list[CID], list[CID]]:
         """Store one verified block and say what it reveals (runs in a worker thread)."""
@@ -306,16 +309,27 @@ class Transfer:
                 reason = holder.window.too_slow() if holder.dropped is None else None
                 if reason is None:
                     continue
-                self._drop(holder, reason)
+                self._drop(holder, reason, "below_min_rate")
                 # Its requests end now (TooSlowError in each worker) and their CIDs go back.
                 for request in self._requests:
                     if request.holder is holder and request.scope is not None:
                         request.scope.cancel()
 
-    def _drop(self, holder: HolderState, reason: str) -> None:
+    def _drop(self, holder: HolderState, reason: str, kind: str) -> None:
         if holder.dropped is None:
             holder.dropped = reason
-            log.warning("holder_dropped", holder=holder.peer, reason=reason)
+            self.stats.holder_dropped(kind)
+            log.warning("holder_dropped", holder=holder.peer, reason=reason, kind=kind)
+
+    def _progress(self, holder: HolderState, received: int) -> None:
+        """Bytes (or a frame) arrived from ``holder``: every request of this transfer to it is
+        alive, not only the one whose stream they came on (its other stream may be waiting its
+        turn at the holder, behind this one)."""
+        holder.window.add(received)
+        deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
+        for request in self._requests:
+            if request.holder is holder and request.scope is not None:
+                request.scope.deadline = deadline
 
     def _skip(self, request: InFlight, index: int) -> None:
         """The holder began the block at ``index``: what it passed over goes back at once."""
@@ -362,39 +376,64 @@ class Transfer:
             if request.stolen and request.only_stolen_left():
                 raise Abandoned
 
-        with trio.CancelScope() as scope:
-            request.scope = scope
+        began = trio.current_time()
+        opened = began
+        first_byte: float | None = None
+        received = 0
 
-            def on_frame(received: int = 0) -> None:
-                scope.deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
-                holder.window.add(received)
+        def on_bytes(n: int) -> None:
+            # Progress is bytes, not whole frames: a 1 MiB block arriving slowly is progress.
+            nonlocal first_byte, received
+            if n and first_byte is None:
+                first_byte = trio.current_time()
+            received += n
+            self._progress(holder, n)
 
-            on_frame()
-            direct = self.direct.get(holder.peer)
-            if direct is not None:
-                return await direct.request(request.cids, on_block, on_frame, on_block_start)
-            stream = await self.open_stream(holder.peer)
-            try:
-                lacked = await request_blocks(
-                    CountedStream(stream, holder.window.add),
+        def on_frame(n: int = 0) -> None:
+            self._progress(holder, n)
+
+        try:
+            with trio.CancelScope() as scope:
+                request.scope = scope
+                # Opening the stream (and showing our token) has its own, longer bound: the
+                # holder owes nothing until the REQUEST is on the wire, so neither the
+                # no-progress timer nor its rate window runs before (issue 41: at 16 members
+                # busy holders were dropped for "0 bytes in 20 s" still opening streams).
+                scope.deadline = began + limits.OPEN_TIMEOUT_S
+                direct = self.direct.get(holder.peer)
+                if direct is not None:
+                    scope.deadline = began + limits.NO_PROGRESS_TIMEOUT_S
+                    holder.window.busy()
+
+                    def on_piece(n: int) -> None:
+                        if n:
+                            on_bytes(n)
+                        else:
+                            on_frame()
+
+                    return await direct.request(request.cids, on_block, on_piece, on_block_start)
+                stream = await self.open_stream(holder.peer)
+                opened = trio.current_time()
+                scope.deadline = opened + limits.NO_PROGRESS_TIMEOUT_S
+                holder.window.busy()
+                return await request_then_close(
+                    stream,
+                    CountedStream(stream, on_bytes),
                     request.cids,
                     on_block,
                     on_frame,
                     on_block_start,
                     request.arrived.add,
                 )
-            except BaseException:
-                # Also on cancellation: tell the holder to stop sending (bounded, shielded).
-                with trio.CancelScope(shield=True), trio.move_on_after(1):
-                    await stream.reset()
-                raise
-            await stream.close()
-            return lacked
+        finally:
+            now = trio.current_time()
+            ttfb = None if first_byte is None else first_byte - opened
+            self.stats.request_done(opened - began, ttfb, now - began, received)
         if request.abandoned:
             raise Abandoned
         if holder.dropped is not None:
             raise trio.TooSlowError(holder.dropped)
-        raise trio.TooSlowError(f"no progress for {limits.NO_PROGRESS_TIMEOUT_S} s")
+        raise _Stalled(f"no byte for {limits.NO_PROGRESS_TIMEOUT_S} s")
 
     def report(self, root: CID) -> FetchReport:
         return FetchReport(

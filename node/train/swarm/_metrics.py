@@ -156,6 +156,34 @@ class _TrafficCollector(Collector):
             rate.add_metric([peer], value)
         yield rate
         yield CounterMetricFamily("cnode_node_fetches", "Fetches this node made", value=t.fetches)
+        yield from _exchange_series(t)
+
+
+def _exchange_series(t: Traffic) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """Where the block exchange spends its time (specs/blocks.md#instrumentation)."""
+    x = t.exchange
+    for name, doc, value in (
+        ("tokens_shown", "Access tokens this node showed holders (ADMIT sent)", x.tokens_shown),
+        ("admit_seconds", "Seconds spent showing access tokens", x.admit_s),
+        ("requests", "Block requests this node made", x.requests),
+        ("open_seconds", "Seconds from asking for a request's stream to having it", x.open_s),
+        ("ttfb_seconds", "Seconds from a request's stream to its first byte back", x.ttfb_s),
+        ("request_seconds", "Seconds block requests ran", x.request_s),
+        ("request_bytes", "Bytes block requests received on the wire", x.request_bytes),
+        ("stalls", "Requests given back after no byte for NO_PROGRESS_TIMEOUT_S", x.stalls),
+        ("admissions", "Access tokens this node's holder admitted", x.admissions),
+        ("served", "Block requests this node answered", x.served),
+        ("serve_wait_seconds", "Seconds requests waited here for their first byte", x.serve_wait_s),
+    ):
+        yield CounterMetricFamily(f"cnode_node_exchange_{name}", doc, value=value)
+    dropped = CounterMetricFamily(
+        "cnode_node_exchange_holders_dropped",
+        "Holders dropped for a fetch, by kind",
+        labels=["kind"],
+    )
+    for kind, count in sorted(dict(x.dropped).items()):
+        dropped.add_metric([kind], count)
+    yield dropped
 
 
 @contextmanager

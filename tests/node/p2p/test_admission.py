@@ -255,3 +255,44 @@ def test_a_holder_that_restarted_is_shown_the_token_again(tmp_path: Path) -> Non
                         await trio.sleep(0.05)
 
     trio.run(main)
+
+
+def test_a_token_is_shown_once_per_connection_however_many_requests(tmp_path: Path) -> None:
+    """Issue 41: every request showed the token again (11,341 admissions at 16 members)."""
+    holder_id, fetcher_id = Identity.generate(), Identity.generate()
+    holder_store, fetcher_store = BlockStore(tmp_path / "h"), BlockStore(tmp_path / "f")
+    roots = [
+        save_checkpoint(
+            holder_store, {"w": torch.full((300_000,), float(i))}, CheckpointMeta(run_id=RUN)
+        )
+        for i in range(3)
+    ]
+
+    def policy(me: Identity) -> PeerAdmission:
+        return PeerAdmission(
+            coordinator=COORDINATOR.peer_id_str,
+            run=RUN,
+            credential=lambda: _token(me, expires_at=2**40),
+        )
+
+    async def main() -> None:
+        async with (
+            open_p2p_node(
+                holder_id, holder_store, P2PSettings(), allow=bool, admission=policy(holder_id)
+            ) as holder,
+            open_p2p_node(
+                fetcher_id, fetcher_store, P2PSettings(), allow=bool, admission=policy(fetcher_id)
+            ) as fetcher,
+        ):
+            with trio.fail_after(30):
+                peer = await fetcher.connect(holder.listen_addrs[0])
+                for root in roots:
+                    await fetcher.fetch(root, [peer])
+                    assert missing_blocks(fetcher_store, root) == []
+            stats = fetcher.traffic.exchange
+            assert stats.requests >= 3
+            assert stats.tokens_shown == 1
+            assert holder.traffic.exchange.admissions == 1
+            assert holder.traffic.exchange.admissions_by_peer == {fetcher_id.peer_id_str: 1}
+
+    trio.run(main)

@@ -298,6 +298,50 @@ def test_gossipsub_router_settings() -> None:
     assert router.heartbeat_interval == limits.GOSSIP_HEARTBEAT_S  # library default: 120 s
     assert router.max_messages_per_topic_per_second >= 2 * limits.PUBLISH_MAX_PER_S
     assert router._pending_messages_ttl == limits.GOSSIP_PENDING_TTL_S  # library default: 30 s
+    # A fixed mesh (specs/announce.md#gossipsub-mesh): the library's adaptive bounds are off.
+    assert (router.degree, router.degree_low, router.degree_high) == (
+        limits.GOSSIP_D,
+        limits.GOSSIP_D_LOW,
+        limits.GOSSIP_D_HIGH,
+    )
+    assert router.adaptive_gossip_enabled is False
+    assert limits.GOSSIP_D_LOW <= limits.GOSSIP_D <= limits.GOSSIP_D_HIGH
+
+
+@pytest.mark.parametrize("mended", [False, True])
+def test_defect_18_a_pruned_peer_is_backed_off_so_it_is_not_grafted_again(mended: bool) -> None:
+    """The heartbeat prunes an oversubscribed mesh to D; without a backoff on our side the
+    next heartbeat that finds the mesh under D_low may graft a peer it just pruned, which that
+    peer calls a GRAFT flood (issue 41: 426 warnings at 16 members)."""
+    router = defects.gossipsub_router()
+    if mended:
+        defects.back_off_pruned_peers(router)
+    topic = "/cnode/test/mesh"
+    peers = [
+        ID(create_new_key_pair().public_key.to_bytes()) for _ in range(limits.GOSSIP_D_HIGH + 4)
+    ]
+
+    class _Pubsub:  # what mesh_heartbeat reads of pubsub: who is subscribed to the topic
+        def __init__(self) -> None:
+            self.peer_topics = {topic: set(peers)}
+
+    router.pubsub = _Pubsub()  # type: ignore[assignment]
+    router.peer_protocol = dict.fromkeys(peers, PROTOCOL_ID_V11)
+    router.mesh = {topic: set(peers)}
+    _graft, prune = router.mesh_heartbeat()
+    pruned = [p for p, topics in prune.items() if topic in topics]
+    assert len(pruned) == len(peers) - limits.GOSSIP_D
+    # Under D_low now (the others pruned us meanwhile): the next heartbeat grafts D peers, of
+    # the 20 subscribed, 12 of them pruned a second ago (the library picks at random: that it
+    # picks none of the 12 has odds of 1 in 125,970).
+    router.mesh[topic] = set()
+    graft, _prune = router.mesh_heartbeat()
+    regrafted = [p for p in graft if p in pruned]
+    if mended:
+        assert all(router._check_back_off(p, topic) for p in pruned)
+        assert regrafted == []
+    else:
+        assert regrafted  # the library grafts peers it pruned a heartbeat ago
 
 
 def test_a_peer_that_never_subscribes_collects_no_queue(tmp_path: Path) -> None:
@@ -903,3 +947,57 @@ def test_bad_pubsub_frame_canary() -> None:
 
 def test_bad_pubsub_frame_guarded() -> None:
     assert trio.run(_survives_bad_pubsub_frame, True) is True
+
+
+# -- 19. a cancelled frame write breaks the whole connection ------------------------------------
+
+
+async def _echo_after_a_cut_write(monkeypatch: pytest.MonkeyPatch) -> bool:
+    """Cancel a stream's write while its frame is being encrypted (the moment a request given
+    back or stolen can hit), then echo on a new stream: True if the same connection still
+    carries it."""
+    from libp2p.security.noise.io import NoiseTransportReadWriter
+
+    armed: list[trio.CancelScope] = []
+    encrypt = NoiseTransportReadWriter.encrypt
+
+    def cancelling(self: NoiseTransportReadWriter, data: bytes) -> bytes:
+        if armed:
+            armed.pop().cancel()  # delivered at the write's next checkpoint
+        return encrypt(self, data)
+
+    monkeypatch.setattr(NoiseTransportReadWriter, "encrypt", cancelling)
+    server, client = _host(), _host()
+    server.set_stream_handler(ECHO, _echo)
+    async with server.run(LOOPBACK), client.run(LOOPBACK):
+        with trio.fail_after(20):
+            info = info_from_p2p_addr(server.get_addrs()[0])
+            await client.connect(info)
+            first = await client.new_stream(info.peer_id, [ECHO])
+            with trio.CancelScope() as scope:
+                armed.append(scope)
+                await first.write(b"cut")
+            try:
+                with trio.fail_after(5):
+                    second = await client.new_stream(info.peer_id, [ECHO])
+                    await second.write(b"ping")
+                    echoed = await second.read(100) == b"ping"
+                # On the same connection: a broken one may be replaced by a fresh dial.
+                return echoed and second.muxed_conn is first.muxed_conn
+            except (trio.TooSlowError, BaseLibp2pError):
+                return False
+
+
+def test_defect_19_canary(monkeypatch: pytest.MonkeyPatch) -> None:
+    """py-libp2p 0.8.1: a write cancelled after Noise spent its nonce breaks the connection."""
+    from libp2p.stream_muxer.yamux.yamux import Yamux
+
+    original = getattr(Yamux._write_frame, "__wrapped__", Yamux._write_frame)
+    monkeypatch.setattr(Yamux, "_write_frame", original)
+    assert trio.run(_echo_after_a_cut_write, monkeypatch) is False
+
+
+def test_defect_19_frame_writes_are_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    defects.atomic_frame_writes()
+    defects.atomic_frame_writes()  # idempotent
+    assert trio.run(_echo_after_a_cut_write, monkeypatch) is True

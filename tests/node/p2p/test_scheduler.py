@@ -27,6 +27,7 @@ from cnode.node.p2p import (
     limits,
 )
 from cnode.node.p2p._fetch._scheduler import Transfer
+from cnode.node.p2p._traffic import ExchangeStats
 from cnode.storage import (
     CID,
     BlockStore,
@@ -35,7 +36,7 @@ from cnode.storage import (
     manifest_closure,
     save_checkpoint,
 )
-from tests.node.p2p.fake_holders import CountingStore, FakeHolder, blocks_of, opener
+from tests.node.p2p.fake_holders import PIECES, CountingStore, FakeHolder, blocks_of, opener
 from tests.storage.conftest import meta
 
 pytestmark = pytest.mark.usefixtures("threads_inline")
@@ -47,6 +48,7 @@ class Outcome:
     report: FetchReport
     seconds: float  # virtual
     error: FetchError | None
+    stats: ExchangeStats
 
 
 def _run(tmp_path: Path, holders: list[FakeHolder], cids: list[CID]) -> Outcome:
@@ -61,7 +63,9 @@ def _run(tmp_path: Path, holders: list[FakeHolder], cids: list[CID]) -> Outcome:
                 await transfer.fetch(cids)
             except FetchError as exc:
                 error = exc
-        return Outcome(store, transfer.report(cids[0]), trio.current_time() - start, error)
+        return Outcome(
+            store, transfer.report(cids[0]), trio.current_time() - start, error, transfer.stats
+        )
 
     return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
 
@@ -132,7 +136,10 @@ def test_a_fast_holder_gets_longer_requests(
     assert max(sizes) <= limits.MAX_REQUEST_CIDS
 
 
-def test_silent_holder_dropped_after_no_progress_timeout(tmp_path: Path) -> None:
+def test_a_silent_holders_work_goes_back_after_the_no_progress_timeout(tmp_path: Path) -> None:
+    """No byte for NO_PROGRESS_TIMEOUT_S: the request's blocks go to the others, the holder is
+    kept (a slow holder is not a dead one; issue 41). Here the others finish before a whole
+    rate window has passed, so nothing is dropped at all."""
     blocks = blocks_of(24)
     cids = list(blocks)
     silent = FakeHolder("silent", blocks, silent=True)
@@ -140,24 +147,30 @@ def test_silent_holder_dropped_after_no_progress_timeout(tmp_path: Path) -> None
     holders = [silent, *good]
     out = _run(tmp_path, holders, cids)
     _assert_fetched_once(out, holders, cids)
-    dropped = out.report.dropped
-    assert list(dropped) == ["silent"] and "TooSlowError" in dropped["silent"]
+    assert out.report.dropped == {}
+    assert out.stats.stalls >= 1
     assert out.seconds >= limits.NO_PROGRESS_TIMEOUT_S
     asked_silent = {c for r in silent.requests for c in r}
     assert asked_silent  # it was given work, which moved to the others
     assert silent.max_open == limits.MAX_IN_FLIGHT_PER_HOLDER
+    # Every block came from the good holders, each sent whole once (_assert_fetched_once);
+    # with the silent one kept, the end game may move a block between the good ones.
     requested_good = _requested(good)
-    for cid in cids:
-        assert requested_good[cid] == 1, cid
+    assert all(requested_good[cid] >= 1 for cid in cids)
 
 
-def test_only_silent_holders_fail_after_timeout_and_keep_nothing(tmp_path: Path) -> None:
+def test_only_silent_holders_are_dropped_on_their_rate_and_keep_nothing(tmp_path: Path) -> None:
+    """Stalled requests are asked again; what drops a holder that never sends is its rate: no
+    byte over a whole SOURCE_RATE_WINDOW_S (checked every quarter window)."""
     blocks = blocks_of(4)
     cids = list(blocks)
     holders = [FakeHolder("s", blocks, silent=True)]
     out = _run(tmp_path, holders, cids)
     assert out.error is not None and out.error.missing == len(cids)
-    assert out.seconds == pytest.approx(limits.NO_PROGRESS_TIMEOUT_S)
+    assert out.report.dropped["s"].startswith("too slow: 0 bytes")
+    assert out.stats.dropped == {"below_min_rate": 1}
+    window = limits.SOURCE_RATE_WINDOW_S
+    assert window <= out.seconds <= window * 1.25 + limits.NO_PROGRESS_TIMEOUT_S
     assert not list(out.store.iter_cids())
 
 
@@ -381,3 +394,22 @@ def test_a_paged_manifest_is_fetched_in_one_pass(tmp_path: Path) -> None:
     assert _requested(holders) == dict.fromkeys(closure, 1)
     assert store.gets == 0
     assert walk.nodes_read == sum(1 for c in closure if c.codec == root.codec) > 3
+
+
+def test_a_slow_holder_whose_bytes_keep_coming_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 41: progress is bytes, not whole frames. A holder whose every block takes longer
+    than NO_PROGRESS_TIMEOUT_S (shared with many others), its bytes arriving all along, is slow,
+    not dead: every block arrives from it, nothing is dropped or given back (it used to be
+    dropped as "no progress for 10.0 s")."""
+    monkeypatch.setattr(limits, "MIN_SOURCE_RATE", 1)  # its rate is not what is judged here
+    blocks = blocks_of(3)
+    cids = list(blocks)
+    block_s = 1.6 * limits.NO_PROGRESS_TIMEOUT_S  # a piece every block_s / PIECES
+    assert block_s / PIECES < limits.NO_PROGRESS_TIMEOUT_S
+    holder = FakeHolder("slow", blocks, block_s=block_s)
+    out = _run(tmp_path, [holder], cids)
+    _assert_fetched_once(out, [holder], cids)
+    assert out.report.dropped == {}
+    assert out.stats.stalls == 0
