@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 # (round, member -> its listed update header CID, scorer -> its signed score record's bytes):
-# one round of score records as the coordinator holds them (not node/train's ScoredRound).
+# one round of score records as the coordinator holds them (not node/train's SpreadRecords).
 RecordedRound = tuple[int, Mapping[str, str], Mapping[str, bytes]]
 
 

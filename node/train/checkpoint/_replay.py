@@ -48,8 +48,8 @@ from ..partition import (
 )
 from ..scores import (
     RoundScoring,
-    ScoredRound,
     ScoreRecord,
+    SpreadRecords,
     SpreadScores,
     TargetLosses,
     check_recorded_scores,
@@ -221,7 +221,7 @@ def _replay_spread(
             )
         cids = recorded
     seed = score_seed(str(c) for c in cids.values())
-    common = ScoredRound(
+    common = SpreadRecords(
         run=run, round_=number, members=sorted(cids), headers=cids,
         base=state_cid(parent), seed=seed, records=records,
     )  # fmt: skip

@@ -41,8 +41,8 @@ from ..model import State
 from ..scores import (
     INVALID_PREFIX,
     BadScoreRecordError,
-    ScoredRound,
     ScoreRecord,
+    SpreadRecords,
     SpreadScores,
     TargetLosses,
     disputed_targets,
@@ -281,7 +281,7 @@ class PartitionScores:
             await self._fetch_header(closed, member)
         seed = score_seed(str(c) for c in headers.values())
         # The members are those with a header: what a replay sees in the checkpoint.
-        common = ScoredRound(
+        common = SpreadRecords(
             run=self.trainer.run, round_=info.round, members=sorted(headers), headers=headers,
             base=self.trainer.state_cid, seed=seed, records=records,
         )  # fmt: skip

@@ -23,7 +23,7 @@ from ._settle import near_boundary as near_boundary
 from ._settle import settle_needed as settle_needed
 from ._spread import BAD_RECORD_REASON as BAD_RECORD_REASON
 from ._spread import INVALID_PREFIX as INVALID_PREFIX
-from ._spread import ScoredRound as ScoredRound
+from ._spread import SpreadRecords as SpreadRecords
 from ._spread import SpreadScores as SpreadScores
 from ._spread import disputed_targets as disputed_targets
 from ._spread import resolve_scores as resolve_scores

@@ -39,7 +39,7 @@ from ._records import (
     open_score_record,
     score_record_cid,
 )
-from ._spread import ScoredRound, disputed_targets, resolve_scores
+from ._spread import SpreadRecords, disputed_targets, resolve_scores
 
 __all__ = ["check_reputation_evidence"]
 
@@ -107,7 +107,7 @@ def _replay(
             raise _Undecidable(f"round {n}: the score records name {len(bases)} parent states")
         if not bases:
             continue
-        common = ScoredRound(
+        common = SpreadRecords(
             run=run, round_=n, members=sorted(headers), headers=headers,
             base=bases.pop(), seed=seed, records=records,
         )  # fmt: skip

@@ -49,7 +49,7 @@ from ._records import ScoreRecord, TargetLosses
 __all__ = [
     "BAD_RECORD_REASON",
     "INVALID_PREFIX",
-    "ScoredRound",
+    "SpreadRecords",
     "SpreadScores",
     "disputed_targets",
     "resolve_scores",
@@ -65,7 +65,7 @@ BAD_RECORD_REASON = "signed a score record that does not decode: "
 
 
 @dataclass(frozen=True)
-class ScoredRound:
+class SpreadRecords:
     """What every node agrees a partitioned round's scores come from: the run and round, its
     members and their header CIDs as the round record listed them, the state scored from, the
     seed, and the closed score records (scorer -> (record CID, opened record))."""
@@ -145,7 +145,7 @@ class SpreadScores:
         }
 
 
-def _claims(s: ScoredRound) -> dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]]:
+def _claims(s: SpreadRecords) -> dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]]:
     """target -> (claims of its assigned scorers, their unscored reasons), in scorer order."""
     round_, headers, base, seed, records = s.round_, s.headers, s.base, s.seed, s.records
     out: dict[str, tuple[list[tuple[str, TargetLosses]], list[str]]] = {}
@@ -171,7 +171,7 @@ def _ints(target: str, losses: TargetLosses) -> tuple[int, int]:
     return s.own, s.held
 
 
-def disputed_targets(s: ScoredRound) -> list[str]:
+def disputed_targets(s: SpreadRecords) -> list[str]:
     """The targets whose scorers' claims give different integer scores (sorted): each must be
     recomputed before :func:`resolve_scores`."""
     claims = _claims(s)
@@ -179,7 +179,7 @@ def disputed_targets(s: ScoredRound) -> list[str]:
 
 
 def resolve_scores(
-    s: ScoredRound,
+    s: SpreadRecords,
     *,
     reputation: Mapping[str, int],
     recompute: Callable[[str], TargetLosses],

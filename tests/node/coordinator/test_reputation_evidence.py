@@ -17,7 +17,7 @@ from cnode.auth import Identity, seal
 from cnode.node.cli._coordinator import check_reputation
 from cnode.node.coordinator import BanKind, CoordinatorClient, CoordinatorRejected, limits
 from cnode.node.train import ScoreRecord, open_score_record, seal_score_record
-from cnode.node.train.scores import SCORE_RECORD_TYPE, BadScoreRecordError, ScoredRound
+from cnode.node.train.scores import SCORE_RECORD_TYPE, BadScoreRecordError, SpreadRecords
 from cnode.node.train.scores._records import TargetLosses
 from cnode.node.train.scores._spread import bad_record, resolve_scores, targets_of
 from cnode.storage import CID, compute_cid
@@ -97,7 +97,7 @@ def _evidence(all_records: list[dict[str, bytes]], attacker: str) -> BanRecommen
             for p, b in data.items()
         }
         resolved = resolve_scores(
-            ScoredRound(RUN, n, members, headers, BASE,
+            SpreadRecords(RUN, n, members, headers, BASE,
                         score_seed(str(c) for c in headers.values()), records),
             reputation=reputation, recompute=lambda t, n=n: _losses(t, attacker, n),
         )  # fmt: skip

@@ -26,7 +26,7 @@ from cnode.node.train.scores._records import (
     seal_score_record,
 )
 from cnode.node.train.scores._spread import (
-    ScoredRound,
+    SpreadRecords,
     SpreadScores,
     disputed_targets,
     resolve_scores,
@@ -81,7 +81,7 @@ def _records(
 def _agree(node: NodeTrainer, headers: dict, seed: bytes, records: dict) -> SpreadScores:
     members = sorted(headers)
     cids = {m: c for m, (c, _) in headers.items()}
-    common = ScoredRound(RUN, 1, members, cids, node.state_cid, seed, records)
+    common = SpreadRecords(RUN, 1, members, cids, node.state_cid, seed, records)
     assert node.scoring is not None
     recomputed = {}
     for target in disputed_targets(common):
@@ -198,7 +198,7 @@ def test_a_member_whose_header_nobody_has_is_left_out_and_the_checkpoint_still_v
             other.store.put(cid, envelope)
         records[node.peer] = (cid, open_score_record(envelope, run=RUN))
     spread = resolve_scores(
-        ScoredRound(run=RUN, round_=1, members=members, headers=header_cids,
+        SpreadRecords(run=RUN, round_=1, members=members, headers=header_cids,
                     base=nodes[0].state_cid, seed=seed, records=records),
         reputation={}, recompute=lambda t: pytest.fail(t),
     )  # fmt: skip

@@ -32,7 +32,12 @@ from cnode.node.train.scores._records import (
     score_record_cid,
     seal_score_record,
 )
-from cnode.node.train.scores._spread import INVALID_PREFIX, ScoredRound, resolve_scores, targets_of
+from cnode.node.train.scores._spread import (
+    INVALID_PREFIX,
+    SpreadRecords,
+    resolve_scores,
+    targets_of,
+)
 
 from .test_partition_scores import CONFIG
 from .test_partitioned import RUN, _copy_all, _node, _share
@@ -83,7 +88,7 @@ def test_full_partitioned_and_bench_rounds_decide_alike(tmp_path: Path) -> None:
 
     # The node's partitioned round: spread scores, one aggregator per partition, assembly.
     seed = score_seed(str(c) for c, _ in headers.values())
-    common = ScoredRound(RUN, 1, members, {m: c for m, (c, _) in headers.items()},
+    common = SpreadRecords(RUN, 1, members, {m: c for m, (c, _) in headers.items()},
                          nodes[2].state_cid, seed, _records(nodes, headers, seed))  # fmt: skip
     spread = resolve_scores(common, reputation={}, recompute=lambda t: pytest.fail(t))
     parts = len(members)

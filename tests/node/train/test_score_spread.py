@@ -9,7 +9,7 @@ import pytest
 from cnode.aggregation import AggregationInputError, EvidenceKind, score_assignment, score_seed
 from cnode.auth import Identity
 from cnode.node.train import limits
-from cnode.node.train.scores import ScoredRound
+from cnode.node.train.scores import SpreadRecords
 from cnode.node.train.scores._records import ScoreRecord, TargetLosses
 from cnode.node.train.scores._spread import (
     INVALID_PREFIX,
@@ -57,7 +57,7 @@ def _resolve(records: dict[str, tuple[CID, ScoreRecord]], recompute=None, reputa
         raise AssertionError(f"recomputed {target} without a dispute")
 
     return resolve_scores(
-        ScoredRound(RUN, ROUND, MEMBERS, HEADERS, BASE, SEED, records),
+        SpreadRecords(RUN, ROUND, MEMBERS, HEADERS, BASE, SEED, records),
         reputation=reputation or {}, recompute=recompute or never,
     )  # fmt: skip
 
@@ -97,7 +97,7 @@ def test_a_dispute_is_recomputed_and_the_wrong_scorer_named() -> None:
     target = MEMBERS[0]
     liar, honest = scorers_of(RUN, ROUND, MEMBERS)[target]
     records = _records({liar: {target: BAD}})
-    common = ScoredRound(RUN, ROUND, MEMBERS, HEADERS, BASE, SEED, records)
+    common = SpreadRecords(RUN, ROUND, MEMBERS, HEADERS, BASE, SEED, records)
     assert disputed_targets(common) == [target]
     asked: list[str] = []
 
@@ -170,7 +170,7 @@ def test_a_refused_record_says_nothing_and_its_signer_is_named() -> None:
     cid = records.pop(bad)[0]
     why = "losses of x: value 2 is not a loss in [0, MAX_SCORE_LOSS] or 'inf' / 'nan': '-1e308'"
     spread = resolve_scores(
-        ScoredRound(RUN, ROUND, MEMBERS, HEADERS, BASE, SEED, records),
+        SpreadRecords(RUN, ROUND, MEMBERS, HEADERS, BASE, SEED, records),
         reputation={}, recompute=lambda t: _losses(t, GOOD),
         refused={bad: (cid, why)},
     )  # fmt: skip

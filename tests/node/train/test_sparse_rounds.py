@@ -24,7 +24,7 @@ from cnode.node.train.scores._records import (
     score_record_cid,
     seal_score_record,
 )
-from cnode.node.train.scores._spread import ScoredRound, resolve_scores, targets_of
+from cnode.node.train.scores._spread import SpreadRecords, resolve_scores, targets_of
 from cnode.storage import BlockStore, read_manifest
 from tests.support.trainers import exchange_updates
 
@@ -123,7 +123,7 @@ def test_partitioned_sparse_round_with_scores_agrees_and_replays(tmp_path: Path)
             other.store.put(cid, envelope)
         records[node.peer] = (cid, open_score_record(envelope, run=RUN))
     spread = resolve_scores(
-        ScoredRound(RUN, 1, members, {m: c for m, (c, _) in headers.items()},  # type: ignore[misc]
+        SpreadRecords(RUN, 1, members, {m: c for m, (c, _) in headers.items()},  # type: ignore[misc]
                     nodes[0].state_cid, seed, records),
         reputation={}, recompute=lambda t: pytest.fail(t),
     )  # fmt: skip
