@@ -347,6 +347,25 @@ class Transfer:
         self._pending.extendleft(reversed([c for c in passed if c not in self._stored]))
         self._notify()
 
+    async def _delivered(self, request: InFlight, block: VerifiedBlock) -> None:
+        """One verified block of ``request`` arrived: store it and count it."""
+        cid, data = block.cid, block.data
+        if cid in request.stolen:  # moved while its last bytes were being checked
+            raise Abandoned
+        request.arrived.add(cid)  # (a gateway has no arrival hook: marked here too)
+        # Hashed once on receipt (request_blocks): the store does not hash it again.
+        nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
+        self._enqueue(nodes, leaves)  # before cid leaves _in_flight: no worker stops early
+        request.delivered.add(cid)
+        self._stored.add(cid)
+        self._in_flight.discard(cid)  # done: no longer pending anywhere
+        request.holder.bytes += len(data)
+        self.bytes += len(data)
+        self.blocks += 1
+        self._report()
+        if request.stolen and request.only_stolen_left():
+            raise Abandoned
+
     async def _request(self, request: InFlight) -> set[CID]:
         holder = request.holder
         index = {cid: i for i, cid in enumerate(request.cids)}
@@ -359,22 +378,7 @@ class Transfer:
                 raise Abandoned
 
         async def on_block(block: VerifiedBlock) -> None:
-            cid, data = block.cid, block.data
-            if cid in request.stolen:  # moved while its last bytes were being checked
-                raise Abandoned
-            request.arrived.add(cid)  # (a gateway has no arrival hook: marked here too)
-            # Hashed once on receipt (request_blocks): the store does not hash it again.
-            nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
-            self._enqueue(nodes, leaves)  # before cid leaves _in_flight: no worker stops early
-            request.delivered.add(cid)
-            self._stored.add(cid)
-            self._in_flight.discard(cid)  # done: no longer pending anywhere
-            holder.bytes += len(data)
-            self.bytes += len(data)
-            self.blocks += 1
-            self._report()
-            if request.stolen and request.only_stolen_left():
-                raise Abandoned
+            await self._delivered(request, block)
 
         began = trio.current_time()
         opened = began

@@ -958,12 +958,13 @@ async def _echo_after_a_cut_write(monkeypatch: pytest.MonkeyPatch) -> bool:
     carries it."""
     from libp2p.security.noise.io import NoiseTransportReadWriter
 
-    armed: list[trio.CancelScope] = []
+    armed: list[tuple[trio.CancelScope, object]] = []
     encrypt = NoiseTransportReadWriter.encrypt
 
     def cancelling(self: NoiseTransportReadWriter, data: bytes) -> bytes:
-        if armed:
-            armed.pop().cancel()  # delivered at the write's next checkpoint
+        # Only our own write's encryption (background tasks encrypt too), once.
+        if armed and armed[0][1] is trio.lowlevel.current_task():
+            armed.pop()[0].cancel()  # delivered at the write's next checkpoint
         return encrypt(self, data)
 
     monkeypatch.setattr(NoiseTransportReadWriter, "encrypt", cancelling)
@@ -975,8 +976,9 @@ async def _echo_after_a_cut_write(monkeypatch: pytest.MonkeyPatch) -> bool:
             await client.connect(info)
             first = await client.new_stream(info.peer_id, [ECHO])
             with trio.CancelScope() as scope:
-                armed.append(scope)
+                armed.append((scope, trio.lowlevel.current_task()))
                 await first.write(b"cut")
+            assert not armed  # the cancel came during our write's encryption
             try:
                 with trio.fail_after(5):
                     second = await client.new_stream(info.peer_id, [ECHO])
