@@ -29,11 +29,13 @@ Score = Callable[
 # batches it draws itself, with cnode.aggregation.left_out_reason: every bar, the own floor too)
 # admits; "alie": within the honest spread (cnode.aggregation's alie);
 # "inflate": its own delta plus INFLATE x its distance from the honest mean, to drag the centre;
-# "stall" (issue 36, stall_update): each attacker sends STALL_SCALE x its own honest delta, an
-# update that helps its own data a little (no harm, so no reputation ban) and is left out every
-# round: before issue 36 rejected updates froze partitioned rounds, and it only costs the swarm.
+# "stall" (issue 36, stall_update): each attacker sends -STALL_SCALE x its own honest delta, a
+# small update that the scores leave out every round (it makes its own data a little worse)
+# without the blatant harm of a sign flip: before issue 36 such rejected updates froze the
+# partitioned rounds of a default swarm. (An update that helps its own data, however little,
+# is admitted: 1 % of the own delta was, in 96 % of rounds, and then stalls nothing.)
 ADAPTIVE = ("blind", "bar", "alie_adaptive", "inflate", "stall")
-STALL_SCALE = 0.01
+STALL_SCALE = 0.25
 K_GRID = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)
 INFLATE = 10.0
 
@@ -107,5 +109,5 @@ def adaptive_update(
 
 
 def stall_update(mine: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The stall attacker's update: STALL_SCALE x its own honest delta (see ADAPTIVE)."""
-    return {k: STALL_SCALE * v for k, v in mine.items()}
+    """The stall attacker's update: -STALL_SCALE x its own honest delta (see ADAPTIVE)."""
+    return {k: -STALL_SCALE * v for k, v in mine.items()}

@@ -380,7 +380,8 @@ def report(outcomes: list[Outcome], rows: list[str], attacks: list[str], splits:
             tot = sum(o.attacker_scored for o in of)
             # The round by which all of a run's attackers were banned (None: not all were).
             every = [max((b[1] for b in o.bans if b[3]), default=None)
-                     if sum(b[3] for b in o.bans) == o.setting.f else None for o in of]  # fmt: skip
+                     if len({b[0] for b in o.bans if b[3]}) == o.setting.f else None
+                     for o in of]  # fmt: skip
             banned = [r for r in every if r is not None]
             left = sum(o.honest_left_out for o in of)
             hs = sum(o.honest_scored for o in of)

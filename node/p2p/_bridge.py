@@ -79,7 +79,8 @@ async def trio_portal(
     def thread_main() -> None:
         try:
             trio.run(trio_main)
-        # Whatever ended the trio side is handed to the asyncio side, which raises it.
+        # A catch-all at a thread boundary: whatever ended the trio side is handed to the
+        # asyncio side, which raises it (nothing is swallowed; cancellation is not an Exception).
         except Exception as exc:
             failure.append(exc)
             loop.call_soon_threadsafe(reject, exc)

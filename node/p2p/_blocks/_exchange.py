@@ -86,6 +86,8 @@ async def request_blocks(
                 lacking = await _read_answer(
                     stream, cids, keeper.keep, on_frame, on_block_start, on_block_arrived
                 )
+            # Held, not swallowed: re-raised below once the keeper has checked and stored the
+            # blocks that arrived whole before the fault (a bad block still goes first).
             except Exception as exc:
                 fault = exc
     except BaseExceptionGroup as group:
