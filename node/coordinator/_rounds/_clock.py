@@ -13,7 +13,7 @@ from .._store._facts import RoundFacts
 from .._store._rows import RoundRow
 from .._wire._protocol import RoundStatus
 
-__all__ = ["PartitionClock"]
+__all__ = ["PartitionClock", "listed_row", "set_time"]
 
 
 class PartitionClock:
@@ -41,7 +41,7 @@ class PartitionClock:
         before it, when that is shorter): the moment aggregators stop fetching. A loaded
         machine or slow link delays the scores (and the ban they may carry), it does not
         change them."""
-        row = _row(f)
+        row = listed_row(f)
         end, start = row.collect_deadline, row.published_at
         if end is None or start is None:
             return None
@@ -55,7 +55,7 @@ class PartitionClock:
     def results_open_at(self, f: RoundFacts) -> float:
         """When the round's result window opens: at the collect deadline, or when the score
         records close if that is later (every aggregator waits for them)."""
-        opens = _set(_row(f).collect_deadline)
+        opens = set_time(listed_row(f).collect_deadline)
         closes = self.scores_close_at(f) if self.config.scored else None
         if closes is not None:
             opens = max(opens, closes)
@@ -66,30 +66,30 @@ class PartitionClock:
         when longer (publish -> score record: fetching and scoring two updates; a partition is
         about one update to fetch and aggregate), at most BACKUP_STEP_MAX_S."""
         step = self.config.rounds.backup_step_s
-        row = _row(f)
+        row = listed_row(f)
         if self.config.scored:
             members = row.members
             times = f.report_times("scored_at", members)
-            median = median_time(_set(row.published_at), times, len(members))
+            median = median_time(set_time(row.published_at), times, len(members))
             if median is not None:
                 step = max(step, min(median, limits.BACKUP_STEP_MAX_S))
         return step
 
     def due(self, f: RoundFacts) -> list[float]:
         """When a published partitioned round next has something to do without a request."""
-        row = _row(f)
+        row = listed_row(f)
         if row.verify_deadline is not None:
             return [self.verify_closes_at(f)]
         if row.results_open is None:
             return [self.results_open_at(f)]
         steps = min(row.backup_steps, limits.MAX_PARTITION_BACKUPS) + 1
-        return [row.results_open + steps * _set(row.backup_step)]
+        return [row.results_open + steps * set_time(row.backup_step)]
 
     def verify_closes_at(self, f: RoundFacts) -> float:
         """When the round is agreed without the members that have not reported `checked`: by
         the pace rule from the verify deadline (the phase started when every result was in)."""
-        row = _row(f)
-        deadline = _set(row.verify_deadline)
+        row = listed_row(f)
+        deadline = set_time(row.verify_deadline)
         voters = [p for p in row.members if p not in f.banned]
         times = f.report_times("checked_at", voters)
         start = deadline - self.config.rounds.verify_timeout_s
@@ -97,14 +97,14 @@ class PartitionClock:
         return phase_closes_at(start, deadline, times, len(voters), late)
 
 
-def _set(at: float | None) -> float:
+def set_time(at: float | None) -> float:
     """A time the round's status guarantees is set (a published round's publish time and
     collect deadline; a backup step once the result window opened)."""
     assert at is not None, "set by the transition that entered this status"
     return at
 
 
-def _row(f: RoundFacts) -> RoundRow:
+def listed_row(f: RoundFacts) -> RoundRow:
     """The row of a round the caller knows is listed."""
     assert f.row is not None, "a listed round has a row"
     return f.row

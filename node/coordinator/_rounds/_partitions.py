@@ -32,7 +32,7 @@ from .._store._rows import ResultRow, RoundRow
 from .._store._writes import Log, PutResult, ReplaceResult, SetMember, SetRound, Write
 from .._wire._ban_records import BanKind
 from .._wire._protocol import PartitionResultEntry, RoundStatus, ms
-from ._clock import PartitionClock
+from ._clock import PartitionClock, listed_row, set_time
 
 __all__ = ["PartitionRules"]
 
@@ -75,7 +75,7 @@ class PartitionRules:
 
     def info(self, f: RoundFacts, now: float) -> dict[str, Any]:
         """The RoundInfo keyword arguments of a listed round's partitioned fields."""
-        row = _row(f)
+        row = listed_row(f)
         n, parts = row.round, row.parts
         if parts == 0:
             return {}
@@ -231,7 +231,7 @@ class PartitionRules:
 
     def step(self, f: RoundFacts, now: float) -> list[Write]:
         """The writes of one due transition of a published partitioned round; [] when none."""
-        r, row = self.config.rounds, _row(f)
+        r, row = self.config.rounds, listed_row(f)
         n, parts = row.round, row.parts
         results = f.results
         if len(results) == parts:
@@ -254,7 +254,7 @@ class PartitionRules:
                 _log(now, "results_window", round=n, step=step),
             ]
         steps = row.backup_steps
-        start, step = row.results_open, _set(row.backup_step)
+        start, step = row.results_open, set_time(row.backup_step)
         if now < start + (steps + 1) * step:
             return []
         if steps < limits.MAX_PARTITION_BACKUPS:
@@ -273,7 +273,7 @@ class PartitionRules:
     def _agree(self, f: RoundFacts, now: float, *, silent: list[str]) -> list[Write]:
         """Agree the partitioned round: every member listed, ``excluded`` says who did not
         deliver a partition and who is banned; partitions without a result keep the parent."""
-        row, results = _row(f), f.results
+        row, results = listed_row(f), f.results
         n, parts = row.round, row.parts
         members = row.members
         aggregators = self.aggregators(n, members, parts)
@@ -382,16 +382,3 @@ class PartitionRules:
                 },
             )
         return writes
-
-
-def _set(at: float | None) -> float:
-    """A time the round's status guarantees is set (a published round's publish time and
-    collect deadline; a backup step once the result window opened)."""
-    assert at is not None, "set by the transition that entered this status"
-    return at
-
-
-def _row(f: RoundFacts) -> RoundRow:
-    """The row of a round the caller knows is listed."""
-    assert f.row is not None, "a listed round has a row"
-    return f.row
