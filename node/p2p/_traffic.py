@@ -27,10 +27,12 @@ class ExchangeStats:
     admission included), ``ttfb_s`` seconds from REQUEST written to the first frame back,
     ``request_s`` / ``request_bytes`` each request's seconds and the bytes it received (their
     ratio is the throughput), ``stalls`` requests given back after NO_PROGRESS_TIMEOUT_S
-    without a byte from their holder (re-queued, the holder kept), ``dropped`` holders dropped
-    for a transfer by kind of evidence. Serving side: ``admissions`` ADMIT frames answered
-    (``admissions_by_peer`` by requester), ``served`` requests answered, ``serve_wait_s``
-    seconds from a request's arrival to its first byte sent (its queueing at the holder).
+    without a byte from their holder (re-queued, the holder kept), ``slow_kept`` rate windows a
+    holder spent under MIN_SOURCE_RATE and was kept (no other source did better), ``dropped``
+    holders dropped for a transfer by kind of evidence. Serving side: ``admissions`` ADMIT
+    frames answered (``admissions_by_peer`` by requester), ``served`` requests answered,
+    ``serve_wait_s`` seconds from a request's arrival to its first byte sent (its queueing at
+    the holder).
     """
 
     tokens_shown: int = 0
@@ -42,6 +44,7 @@ class ExchangeStats:
     request_s: float = 0.0
     request_bytes: int = 0
     stalls: int = 0
+    slow_kept: int = 0
     dropped: dict[str, int] = field(default_factory=dict)  # kind -> holders dropped
     admissions: int = 0
     admissions_by_peer: dict[str, int] = field(default_factory=dict)
@@ -85,6 +88,7 @@ class ExchangeStats:
             "ttfb_max_s": round(self.ttfb_max_s, 3),
             "request_mb_per_s": round(self.request_bytes / 1e6 / max(self.request_s, 1e-9), 2),
             "stalls": self.stalls,
+            "slow_kept": self.slow_kept,
             "holders_dropped": sum(self.dropped.values()),
             "admissions": self.admissions,
             "admitting_peers": len(self.admissions_by_peer),

@@ -70,8 +70,18 @@ NO_PROGRESS_TIMEOUT_S = 10.0
 # rate, a slow dial and admission fit. Rates are checked every SOURCE_RATE_WINDOW_S / 4.
 MIN_SOURCE_RATE = 16 * 1024
 SOURCE_RATE_WINDOW_S = 20.0
-# A requester that sends no complete REQUEST frame within this time has its stream reset.
-REQUEST_READ_TIMEOUT_S = 10.0
+# ... but a source under the rate is dropped at once only when another source of the transfer
+# met MIN_SOURCE_RATE over the same window (its work has somewhere better to go). When none did,
+# it is kept (a slow holder is not a dead one: at 16 members on one machine every holder of an
+# update was busy scoring for 20 s and dropped, and the update was never scored) and dropped
+# only after this many slow windows in a row: 60 s, the longest a round's phase waits for a
+# fetch (ROUND_FETCH_S), so a lone trickler still cannot hold a fetch for longer than that.
+LONE_SLOW_WINDOWS = 3
+# A requester that sends no complete REQUEST frame within this time is answered BUSY and its
+# stream closed (it frees a slot of MAX_SERVED_STREAMS_PER_PEER). Long: an honest requester's
+# REQUEST can wait behind its own block data on the connection, and on a loaded machine that
+# took over 10 s (issue 41, 12 members).
+REQUEST_READ_TIMEOUT_S = 30.0
 # Largest yamux frame we send, its 12-byte header included (defect 12): one Noise transport
 # message (65535 bytes minus the 16-byte Poly1305 tag), so a frame is never split in two
 # messages. py-libp2p's own (65536) makes every full frame two Noise messages.

@@ -87,29 +87,8 @@ class BlockServer:
         if self._open[peer] > limits.MAX_SERVED_STREAMS_PER_PEER:
             await self._refuse(stream, peer, Status.BUSY, "too many open requests")
             return
-        try:
-            with trio.fail_after(limits.REQUEST_READ_TIMEOUT_S):
-                frame = await FrameReader(stream, read_size=4096).read_frame(
-                    limits.MAX_REQUEST_FRAME
-                )
-        except trio.TooSlowError:
-            await self._refuse(stream, peer, Status.BAD_REQUEST, "no request within timeout")
-            return
-        except FrameTooLargeError as exc:
-            await self._refuse(stream, peer, Status.TOO_LARGE, str(exc))
-            return
-        except PeerProtocolError as exc:
-            await self._refuse(stream, peer, Status.BAD_REQUEST, str(exc))
-            return
+        frame = await self._read_request(stream, peer)
         if frame is None:
-            # The requester closed before asking: it gave the request up while its stream was
-            # opening (its blocks moved to a faster holder, or its no-progress timer ran out).
-            # Not a fault, and nobody is left to read an ERROR.
-            log.info("request_withdrawn", requester=peer[-8:])
-            return
-        if not isinstance(frame, Request):
-            what = type(frame).__name__
-            await self._refuse(stream, peer, Status.BAD_REQUEST, f"expected REQUEST, got {what}")
             return
         lacking = []
         waited: list[float] = []  # the request's wait for its first byte, once known
@@ -152,6 +131,40 @@ class BlockServer:
             sent=len(frame.cids) - len(lacking),
             lacking=len(lacking),
         )
+
+    async def _read_request(self, stream: Libp2pStream, peer: str) -> Request | None:
+        """The stream's REQUEST, or None once it was refused (or withdrawn)."""
+        try:
+            with trio.fail_after(limits.REQUEST_READ_TIMEOUT_S):
+                frame = await FrameReader(stream, read_size=4096).read_frame(
+                    limits.MAX_REQUEST_FRAME
+                )
+        except trio.TooSlowError:
+            # BUSY, not BAD_REQUEST: the REQUEST is most likely queued on the requester's side
+            # (behind block data on the same connection, or its loop starved: issue 41 saw it
+            # at 12 members), and a refusal would make it drop this holder as if it had
+            # refused. BUSY gives the request back to its queue; the stream slot is freed.
+            waited = f"{limits.REQUEST_READ_TIMEOUT_S:g} s"
+            text = f"no REQUEST within REQUEST_READ_TIMEOUT_S ({waited})"
+            await self._refuse(stream, peer, Status.BUSY, text)
+            return None
+        except FrameTooLargeError as exc:
+            await self._refuse(stream, peer, Status.TOO_LARGE, str(exc))
+            return None
+        except PeerProtocolError as exc:
+            await self._refuse(stream, peer, Status.BAD_REQUEST, str(exc))
+            return None
+        if frame is None:
+            # The requester closed before asking: it gave the request up while its stream was
+            # opening (its blocks moved to a faster holder, or its no-progress timer ran out).
+            # Not a fault, and nobody is left to read an ERROR.
+            log.info("request_withdrawn", requester=peer[-8:])
+            return None
+        if not isinstance(frame, Request):
+            what = type(frame).__name__
+            await self._refuse(stream, peer, Status.BAD_REQUEST, f"expected REQUEST, got {what}")
+            return None
+        return frame
 
     async def _read_blocks(
         self, cids: tuple[CID, ...], read: trio.MemorySendChannel[tuple[CID, bytes | None]]

@@ -44,7 +44,7 @@ class Status(enum.IntEnum):
     BAD_REQUEST = 1  # the request frame is malformed (bad kind, bad CID, truncated)
     TOO_LARGE = 2  # the request frame or its CID count is over the limits
     FORBIDDEN = 3  # the requester is not allowed to receive blocks from this holder
-    BUSY = 4  # the requester already has MAX_SERVED_STREAMS_PER_PEER requests open here
+    BUSY = 4  # MAX_SERVED_STREAMS_PER_PEER requests open here, or no REQUEST in time: ask again
     INTERNAL = 5  # the holder failed to read its own store
 
 

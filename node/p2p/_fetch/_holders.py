@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import structlog
 import trio
 
 from cnode.storage import CID
@@ -14,9 +15,12 @@ from cnode.storage import limits as storage_limits
 
 from .. import limits
 from .._exceptions import DialError, PeerProtocolError, StreamBroken
+from .._traffic import ExchangeStats
 from ._source_rate import RateWindow
 
-__all__ = ["Abandoned", "HolderState", "InFlight", "drop_kind", "steal_from"]
+__all__ = ["Abandoned", "HolderState", "InFlight", "drop_kind", "steal_from", "too_slow_to_keep"]
+
+log = structlog.get_logger(__name__)
 
 
 @dataclass
@@ -134,3 +138,43 @@ def drop_kind(exc: BaseException) -> str:
     if isinstance(exc, DialError):
         return "dial"
     return "too_slow"
+
+
+def too_slow_to_keep(
+    holders: Iterable[HolderState], stats: ExchangeStats
+) -> list[tuple[HolderState, str]]:
+    """The live holders to drop on their rate now, each with its reason (specs/blocks.md 13a).
+
+    A holder under MIN_SOURCE_RATE over a whole window is dropped when another live source of
+    the transfer met the rate over that window, or after LONE_SLOW_WINDOWS such windows in a
+    row; otherwise it is kept and its next window begins. A slow holder is not a dead one
+    (issue 41): at 16 members on one machine, holders busy scoring sent nothing for 20 s, were
+    dropped as "too slow", and their updates, which nobody else held yet, were never scored.
+    When every source is as slow, dropping one moves its work nowhere better: the wait is most
+    likely the machine's (the holder's or our own), and the caller's deadline bounds it.
+    """
+    holders = list(holders)
+    for holder in holders:
+        holder.window.sample()
+    now = trio.current_time()
+    out = []
+    for holder in holders:
+        slow = holder.window.too_slow() if holder.dropped is None else None
+        if slow is None:
+            continue
+        began, reason = slow
+        owed = limits.MIN_SOURCE_RATE * (now - began)
+        better = any(
+            h.window.received_since(began) >= owed
+            for h in holders
+            if h is not holder and h.dropped is None
+        )
+        if not better:
+            if holder.window.slow_windows + 1 < limits.LONE_SLOW_WINDOWS:
+                holder.window.kept_slow()
+                stats.slow_kept += 1
+                log.info("holder_slow_kept", holder=holder.peer[-8:], reason=reason)
+                continue
+            reason += f", {limits.LONE_SLOW_WINDOWS} windows in a row"
+        out.append((holder, reason))
+    return out

@@ -14,7 +14,8 @@ re-queued, the holder kept). A holder is dropped for the transfer only on eviden
 other than BUSY, which is backpressure; bytes not matching their CID, reported with the
 evidence; a protocol error, a broken stream, a failed dial) or on its measured rate: under
 MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it owes data (``_source_rate``; a trickle resets
-the no-progress timer forever, and a silent holder's window runs on across its stalls).
+the no-progress timer forever, and a silent holder's window runs on across its stalls), when
+another holder did better over that window or after LONE_SLOW_WINDOWS slow windows in a row.
 
 A CID is requested from a second holder only if the first did not deliver it, so nothing is
 fetched twice unless its first copy was bad. End game: a worker with nothing left to take moves
@@ -57,7 +58,7 @@ from ._fetch_types import (
     OpenStream,
     Reveal,
 )
-from ._holders import Abandoned, HolderState, InFlight, drop_kind, steal_from
+from ._holders import Abandoned, HolderState, InFlight, drop_kind, steal_from, too_slow_to_keep
 from ._source_rate import CountedStream
 
 log = structlog.get_logger(__name__)
@@ -302,13 +303,11 @@ class Transfer:
         self._notify()
 
     async def _watch_rates(self) -> None:
-        """Drop every holder under MIN_SOURCE_RATE over a window; runs until cancelled."""
+        """Drop the holders ``_holders.too_slow_to_keep`` names, every SOURCE_RATE_WINDOW_S /
+        4; runs until cancelled."""
         while True:
             await trio.sleep(limits.SOURCE_RATE_WINDOW_S / 4)
-            for holder in self.holders.values():
-                reason = holder.window.too_slow() if holder.dropped is None else None
-                if reason is None:
-                    continue
+            for holder, reason in too_slow_to_keep(self.holders.values(), self.stats):
                 self._drop(holder, reason, "below_min_rate")
                 # Its requests end now (TooSlowError in each worker) and their CIDs go back.
                 for request in self._requests:

@@ -171,6 +171,7 @@ def _exchange_series(t: Traffic) -> Iterator[CounterMetricFamily | GaugeMetricFa
         ("request_seconds", "Seconds block requests ran", x.request_s),
         ("request_bytes", "Bytes block requests received on the wire", x.request_bytes),
         ("stalls", "Requests given back after no byte for NO_PROGRESS_TIMEOUT_S", x.stalls),
+        ("slow_kept", "Rate windows a holder was under MIN_SOURCE_RATE and kept", x.slow_kept),
         ("admissions", "Access tokens this node's holder admitted", x.admissions),
         ("served", "Block requests this node answered", x.served),
         ("serve_wait_seconds", "Seconds requests waited here for their first byte", x.serve_wait_s),

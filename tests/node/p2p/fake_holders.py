@@ -66,6 +66,7 @@ class FakeHolder:
     blocks: dict[CID, bytes]
     block_s: float = 0.0  # virtual seconds to send one block
     silent: bool = False  # reads the request, never answers
+    busy_until: float = 0.0  # sends nothing before this (virtual) time: starved, not dead
     corrupt: bool = False  # flips the first byte of every block
     lacks: set[CID] = field(default_factory=set)
     lack_in_first: tuple[int, ...] = ()  # also lacks these positions of its first request
@@ -124,6 +125,7 @@ class FakeStream:
             raise StreamBroken("reset")
         if self.holder.silent:
             await trio.sleep_forever()
+        await trio.sleep_until(self.holder.busy_until)
         if not self.buffer:
             if not self.steps:
                 await trio.lowlevel.checkpoint()
