@@ -62,6 +62,9 @@ STEAL_MIN_OBSERVED_S = 1.0
 # this long is given back: its blocks return to the queue, the holder is kept (a slow holder is
 # not a dead one; MIN_SOURCE_RATE decides, over SOURCE_RATE_WINDOW_S, whether it is too slow).
 NO_PROGRESS_TIMEOUT_S = 10.0
+# ... checked this often, and only while another holder could take the work (idle, or sending):
+# with nowhere better to go a quiet request runs on, bounded by the holder's rate (issue 41).
+STALL_CHECK_S = 1.0
 # A source (a holder or a gateway) with a request in flight that delivers fewer than
 # MIN_SOURCE_RATE bytes per second over SOURCE_RATE_WINDOW_S (bytes received on the wire, block
 # bytes or not) is dropped for the transfer and its work moved, whether or not it sends bytes:

@@ -4,6 +4,7 @@ and a request's CIDs with what became of each (delivered, moved, skipped, on the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -18,7 +19,15 @@ from .._exceptions import DialError, PeerProtocolError, StreamBroken
 from .._traffic import ExchangeStats
 from ._source_rate import RateWindow
 
-__all__ = ["Abandoned", "HolderState", "InFlight", "drop_kind", "steal_from", "too_slow_to_keep"]
+__all__ = [
+    "Abandoned",
+    "HolderState",
+    "InFlight",
+    "drop_kind",
+    "stalled",
+    "steal_from",
+    "too_slow_to_keep",
+]
 
 log = structlog.get_logger(__name__)
 
@@ -33,6 +42,7 @@ class HolderState:
     refused: bool = False  # it refused this node outright (FORBIDDEN, or not admitted)
     first_request: float | None = None  # trio time its first request started
     window: RateWindow = field(default_factory=RateWindow)  # bytes on the wire, for the rate
+    last_byte: float = -math.inf  # trio time of its latest byte, on any stream of the transfer
 
     def observed_s(self) -> float:
         """Seconds since its first request (0 before any)."""
@@ -71,6 +81,7 @@ class InFlight:
     arrived: set[CID] = field(default_factory=set)  # received whole: being checked or stored
     scope: trio.CancelScope | None = None
     abandoned: bool = False
+    sent_at: float | None = None  # trio time its REQUEST went out (the stall watch starts)
 
     def on_wire(self) -> CID | None:
         """The CID whose BLOCK is arriving (header seen, not yet delivered), if any."""
@@ -177,4 +188,37 @@ def too_slow_to_keep(
                 continue
             reason += f", {limits.LONE_SLOW_WINDOWS} windows in a row"
         out.append((holder, reason))
+    return out
+
+
+def stalled(requests: Iterable[InFlight], holders: Iterable[HolderState]) -> list[InFlight]:
+    """The requests to give back now (specs/blocks.md 13): no byte from their holder, on any
+    stream of the transfer, for NO_PROGRESS_TIMEOUT_S since the REQUEST went out, while another
+    live holder that does not lack all of it could take the work (idle, or sending bytes).
+
+    With nowhere better to go, a request is left to run: given back, it would only be asked
+    of the same holder again, on a new stream, from its start (issue 41: at 12 members on one
+    machine, 852 requests were given back and 1,081 streams withdrawn, every holder starved
+    alike). Its holder's rate (``too_slow_to_keep``) still bounds it.
+    """
+    now = trio.current_time()
+    live = [h for h in holders if h.dropped is None]
+    out = []
+    for request in requests:
+        holder = request.holder
+        if request.scope is None or request.sent_at is None or request.abandoned:
+            continue
+        if now - max(request.sent_at, holder.last_byte) < limits.NO_PROGRESS_TIMEOUT_S:
+            continue
+        wanted = set(request.cids) - request.delivered - request.stolen - request.skipped
+        if any(
+            h is not holder
+            and not wanted <= h.lacks
+            and (
+                h.in_flight < limits.MAX_IN_FLIGHT_PER_HOLDER
+                or now - h.last_byte < limits.NO_PROGRESS_TIMEOUT_S
+            )
+            for h in live
+        ):
+            out.append(request)
     return out

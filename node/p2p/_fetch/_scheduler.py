@@ -4,18 +4,11 @@ A :class:`Transfer` spreads a list of missing CIDs over the holders it was given
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
 has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
 fast holders take more work and nobody idles while work is left. A request holds one of its
-holder's ``slots`` (the node's, shared by all its transfers) while it runs: several transfers
-queue here, not at the holder, and that wait is not the holder's time.
+holder's ``slots`` (the node's, for all its transfers): the wait for one is not the holder's.
 
-A slow holder is not a dead one (issue 41: at 16 members 1,722 live holders were dropped for
-"no progress" while the CPU sat idle). Progress is bytes from the holder on any of the
-transfer's streams to it; a request with none for NO_PROGRESS_TIMEOUT_S is given back (its CIDs
-re-queued, the holder kept). A holder is dropped for the transfer only on evidence (a refusal
-other than BUSY, which is backpressure; bytes not matching their CID, reported with the
-evidence; a protocol error, a broken stream, a failed dial) or on its measured rate: under
-MIN_SOURCE_RATE over SOURCE_RATE_WINDOW_S while it owes data (``_source_rate``; a trickle resets
-the no-progress timer forever, and a silent holder's window runs on across its stalls), when
-another holder did better over that window or after LONE_SLOW_WINDOWS slow windows in a row.
+A slow holder is not a dead one (issue 41; specs/blocks.md 13, 13a; the rules in ``_holders``):
+a quiet request is given back while another holder could take its work, and a holder dropped
+only on evidence (a refusal other than BUSY, bad bytes, a broken stream...) or on its rate.
 
 A CID is requested from a second holder only if the first did not deliver it, so nothing is
 fetched twice unless its first copy was bad. End game: a worker with nothing left to take moves
@@ -31,6 +24,7 @@ Times come from ``trio.current_time()`` (tests run it under a MockClock).
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Iterable
 
 import structlog
@@ -58,7 +52,15 @@ from ._fetch_types import (
     OpenStream,
     Reveal,
 )
-from ._holders import Abandoned, HolderState, InFlight, drop_kind, steal_from, too_slow_to_keep
+from ._holders import (
+    Abandoned,
+    HolderState,
+    InFlight,
+    drop_kind,
+    stalled,
+    steal_from,
+    too_slow_to_keep,
+)
 from ._source_rate import CountedStream
 
 log = structlog.get_logger(__name__)
@@ -89,8 +91,8 @@ class Transfer:
             manifest is fetched in one pass as its nodes arrive.
         batch: an open ``store.begin_unsynced()`` batch: blocks are then stored without a
             per-block fsync, and the caller commits the batch (specs/blocks.md#durability).
-        slots: ``slots(peer)``, the node's semaphore per holder (MAX_STREAMS_PER_HOLDER):
-            every request holds one of its holder's while it runs. None: this transfer's own.
+        slots: ``slots(peer)``, the node's semaphore per holder (MAX_STREAMS_PER_HOLDER),
+            held by every request to it while it runs. None: this transfer's own.
         stats: where request timings and drops are counted (the node's ExchangeStats).
     """
 
@@ -151,10 +153,8 @@ class Transfer:
         return batch
 
     def _steal(self, thief: HolderState) -> list[CID]:
-        """End game: move work that a slower holder has not delivered yet to ``thief``
-        (``_holders.steal_from`` says which). Should the victim start sending a moved CID after
-        all (it lacked the ones before), its request is abandoned at that block's header (see
-        ``_request``)."""
+        """End game: move a slower holder's undelivered work to ``thief`` (``steal_from``);
+        a victim that starts sending a moved CID is abandoned at its header (``_request``)."""
         best, take = steal_from(self._requests, thief)
         if best is not None:
             best.stolen.update(take)
@@ -303,10 +303,12 @@ class Transfer:
         self._notify()
 
     async def _watch_rates(self) -> None:
-        """Drop the holders ``_holders.too_slow_to_keep`` names, every SOURCE_RATE_WINDOW_S /
-        4; runs until cancelled."""
+        """Give back the requests ``_holders.stalled`` names and drop the holders
+        ``too_slow_to_keep`` names, every STALL_CHECK_S (or quarter window); until cancelled."""
         while True:
-            await trio.sleep(limits.SOURCE_RATE_WINDOW_S / 4)
+            await trio.sleep(min(limits.STALL_CHECK_S, limits.SOURCE_RATE_WINDOW_S / 4))
+            for request in stalled(self._requests, self.holders.values()):
+                request.scope.cancel()  # type: ignore[union-attr]  # _Stalled: CIDs go back
             for holder, reason in too_slow_to_keep(self.holders.values(), self.stats):
                 self._drop(holder, reason, "below_min_rate")
                 # Its requests end now (TooSlowError in each worker) and their CIDs go back.
@@ -325,10 +327,7 @@ class Transfer:
         alive, not only the one whose stream they came on (its other stream may be waiting its
         turn at the holder, behind this one)."""
         holder.window.add(received)
-        deadline = trio.current_time() + limits.NO_PROGRESS_TIMEOUT_S
-        for request in self._requests:
-            if request.holder is holder and request.scope is not None:
-                request.scope.deadline = deadline
+        holder.last_byte = trio.current_time()
 
     def _skip(self, request: InFlight, index: int) -> None:
         """The holder began the block at ``index``: what it passed over goes back at once."""
@@ -405,7 +404,8 @@ class Transfer:
                 scope.deadline = began + limits.OPEN_TIMEOUT_S
                 direct = self.direct.get(holder.peer)
                 if direct is not None:
-                    scope.deadline = began + limits.NO_PROGRESS_TIMEOUT_S
+                    scope.deadline = math.inf
+                    request.sent_at = began
                     holder.window.busy()
 
                     def on_piece(n: int) -> None:
@@ -417,7 +417,8 @@ class Transfer:
                     return await direct.request(request.cids, on_block, on_piece, on_block_start)
                 stream = await self.open_stream(holder.peer)
                 opened = trio.current_time()
-                scope.deadline = opened + limits.NO_PROGRESS_TIMEOUT_S
+                scope.deadline = math.inf  # now the stall watch (``_holders.stalled``) rules
+                request.sent_at = opened
                 holder.window.busy()
                 return await request_then_close(
                     stream,

@@ -181,7 +181,8 @@ def test_a_lone_holder_that_is_busy_for_over_a_window_is_kept(tmp_path: Path) ->
     """Issue 41: the only holder of a member's update, busy scoring on a loaded machine, sends
     nothing for longer than a rate window, then serves. Nobody does better, so it is not
     dropped (before, it was, after one window: "0 bytes in 20 s", and the update was never
-    scored); its requests are given back and asked again, and every block arrives."""
+    scored). Nor are its requests given back after NO_PROGRESS_TIMEOUT_S: there is nowhere
+    else for them to go (before, each was, and asked of it again from the start)."""
     blocks = blocks_of(8)
     cids = list(blocks)
     busy_s = 1.75 * limits.SOURCE_RATE_WINDOW_S
@@ -190,6 +191,7 @@ def test_a_lone_holder_that_is_busy_for_over_a_window_is_kept(tmp_path: Path) ->
     _assert_fetched_once(out, [holder], cids)
     assert out.report.dropped == {}
     assert out.stats.slow_kept >= 1
+    assert out.stats.stalls == 0
     assert busy_s <= out.seconds <= busy_s + limits.NO_PROGRESS_TIMEOUT_S + 5
 
 
