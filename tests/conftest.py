@@ -19,6 +19,7 @@ import pytest
 ONE_SWARM_AT_A_TIME = frozenset(
     f"tests/node/train/{name}.py"
     for name in (
+        "test_busy_holder_swarm",
         "test_dashboard_browser",
         "test_dataset_swarm",
         "test_faults",

@@ -142,6 +142,7 @@ def _build_host(
         allow=may_fetch,
         bucket=TokenBucket(settings.upload_rate_bytes_per_s),
         corrupt_for_tests=settings.corrupt_uploads_for_tests,
+        busy_for_tests=settings.busy_for_tests,
     )
     host.set_stream_handler(
         TProtocol(PROTOCOL_ID), _defects.guard_handler(PROTOCOL_ID, server.handle)

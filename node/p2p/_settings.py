@@ -33,7 +33,8 @@ class NodeIdentity(Protocol):
 class P2PSettings:
     """How a node listens, whom it dials first, and how much it uploads.
 
-    ``corrupt_uploads_for_tests`` is a TESTING AID ONLY (see BlockServer).
+    ``corrupt_uploads_for_tests`` and ``busy_for_tests`` are TESTING AIDS ONLY (see
+    BlockServer).
     """
 
     listen: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
@@ -41,6 +42,7 @@ class P2PSettings:
     upload_rate_bytes_per_s: int = 0  # 0 = no cap
     run_id: str | None = None  # join this run's announcement topic
     corrupt_uploads_for_tests: bool = False
+    busy_for_tests: float = 0.0
 
     @classmethod
     def from_config(cls, config: NodeConfig, *, run_id: str | None = None) -> P2PSettings:

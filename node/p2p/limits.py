@@ -80,6 +80,11 @@ SOURCE_RATE_WINDOW_S = 20.0
 # only after this many slow windows in a row: 60 s, the longest a round's phase waits for a
 # fetch (ROUND_FETCH_S), so a lone trickler still cannot hold a fetch for longer than that.
 LONE_SLOW_WINDOWS = 3
+# TESTING AID ONLY (``cnode train --attack busy_holder``): seconds a holder sends nothing from
+# its first request on. Over SOURCE_RATE_WINDOW_S and its check interval (before issue 41 every
+# requester dropped such a holder, sole holder of its update), under LONE_SLOW_WINDOWS windows
+# and the round's ROUND_FETCH_S (a holder this busy is now waited for).
+BUSY_HOLDER_TEST_S = 30.0
 # A requester that sends no complete REQUEST frame within this time is answered BUSY and its
 # stream closed (it frees a slot of MAX_SERVED_STREAMS_PER_PEER). Long: an honest requester's
 # REQUEST can wait behind its own block data on the connection, and on a loaded machine that

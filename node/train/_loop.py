@@ -31,6 +31,7 @@ from cnode.node.p2p import (
     open_p2p_node,
     unwrap_node_errors,
 )
+from cnode.node.p2p import limits as p2p_limits
 from cnode.storage import BlockStore
 
 from . import limits
@@ -65,7 +66,7 @@ __all__ = ["NODE_ATTACKS", "TrainSettings", "run_node"]
 # "extreme_scores" signs score records with issue 29's finite but out-of-range losses (5.0,
 # -1e308, 5.0, 4.9: the record is refused and its signer banned on the coordinator's own check);
 # "zero_scores" signs in-range records that state every loss 0 (disputed, recomputed, named).
-NODE_ATTACKS = ("withhold", "wrong_partition", "extreme_scores", "zero_scores")
+NODE_ATTACKS = ("withhold", "wrong_partition", "extreme_scores", "zero_scores", "busy_holder")
 
 log = structlog.get_logger(__name__)
 
@@ -235,6 +236,8 @@ class _Session:
             bootstrap=settings.bootstrap,
             upload_rate_bytes_per_s=settings.upload_rate_bytes_per_s,
             run_id=run,
+            # Testing aid (issue 41): alive, but sending nothing for a while, as when busy.
+            busy_for_tests=p2p_limits.BUSY_HOLDER_TEST_S * (settings.attack == "busy_holder"),
         )
         # Blocks go only to peers that show an access token of this run's coordinator, and
         # this node shows its own to every holder it fetches from (specs/blocks.md#admission).

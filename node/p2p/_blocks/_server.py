@@ -37,6 +37,9 @@ class BlockServer:
         bucket: the node's upload token bucket (bytes).
         corrupt_for_tests: TESTING AID ONLY: flip one byte of every block sent, to exercise
             the fetcher's bad-holder handling. Never set outside tests.
+        busy_for_tests: TESTING AID ONLY: seconds this holder is busy from its first request
+            on: every request that arrives meanwhile gets its first byte only after (a holder
+            alive but busy scoring on a loaded machine, issue 41). Never set outside tests.
 
     Error handling: a bad request gets an ERROR frame and the stream is closed; a broken
     stream is logged and reset. Nothing escapes to the host (see _defects.guard_handler).
@@ -51,11 +54,14 @@ class BlockServer:
         allow: Callable[[str], bool],
         bucket: TokenBucket,
         corrupt_for_tests: bool = False,
+        busy_for_tests: float = 0.0,
     ) -> None:
         self.store = store
         self.allow = allow
         self.bucket = bucket
         self.corrupt_for_tests = corrupt_for_tests
+        self.busy_for_tests = busy_for_tests
+        self._busy_until: float | None = None
         self._open: collections.Counter[str] = collections.Counter()
         self.bytes_sent = 0
         self.requests_served = 0
@@ -90,6 +96,10 @@ class BlockServer:
         frame = await self._read_request(stream, peer)
         if frame is None:
             return
+        if self.busy_for_tests:
+            if self._busy_until is None:
+                self._busy_until = trio.current_time() + self.busy_for_tests
+            await trio.sleep_until(self._busy_until)
         lacking = []
         waited: list[float] = []  # the request's wait for its first byte, once known
 
