@@ -129,12 +129,12 @@ def _exchange_counts(nodes: list[tuple[Path, str]], played: int) -> dict[str, An
     """What the nodes' logs say of the block exchange (issue 41's counts)."""
     dropped: dict[str, int] = {}
     stalls = 0
+    slow_kept = 0
     per_pair: dict[tuple[str, str], int] = {}
     totals: list[dict[str, Any]] = []
     for home, _peer in nodes:
-        events = _log_events(
-            home, {"holder_dropped", "request_stalled", "admitted", "exchange_totals"}
-        )
+        names = {"holder_dropped", "request_stalled", "holder_slow_kept", "admitted"}
+        events = _log_events(home, names | {"exchange_totals"})
         for e in events:
             kind = e["event"]
             if kind == "holder_dropped":
@@ -142,6 +142,8 @@ def _exchange_counts(nodes: list[tuple[Path, str]], played: int) -> dict[str, An
                 dropped[why] = dropped.get(why, 0) + 1
             elif kind == "request_stalled":
                 stalls += 1
+            elif kind == "holder_slow_kept":
+                slow_kept += 1
             elif kind == "admitted":
                 key = (str(home), str(e.get("requester")))
                 per_pair[key] = per_pair.get(key, 0) + 1
@@ -156,6 +158,7 @@ def _exchange_counts(nodes: list[tuple[Path, str]], played: int) -> dict[str, An
     return {
         "holder_dropped": dropped,
         "request_stalled": stalls,
+        "holder_slow_kept": slow_kept,
         "admissions": sum(pairs),
         "admissions_per_connection_per_round_max": round(max(pairs, default=0) / played, 2),
         "admissions_per_connection_per_round_mean": round(
