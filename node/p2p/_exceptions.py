@@ -57,6 +57,12 @@ class DialError(P2PError):
     """Raised by connect when the peer cannot be reached or its handshake fails."""
 
 
+class StreamOpenTimeout(DialError):
+    """Raised when a holder whose connection is up did not answer a new stream's protocol
+    selection, or our access token, in time: busy, not unreachable (the scheduler gives the
+    request back and keeps the holder; issue 41)."""
+
+
 class StreamBroken(P2PError):
     """Raised when the remote side or the network resets or loses a stream (not our misuse)."""
 

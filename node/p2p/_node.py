@@ -16,6 +16,7 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
+from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
@@ -37,6 +38,7 @@ from ._exceptions import (
     RejectedMessage,
     RemoteRefusedError,
     StreamBroken,
+    StreamOpenTimeout,
 )
 from ._fetch._fetch_types import DirectHolder, FetchReport
 from ._fetch._scheduler import ProgressFn, Transfer
@@ -118,7 +120,11 @@ class P2PNode:
             _defects.forget_failed_dial(self._host.get_network(), peer_id)
             raw = await self._host.new_stream(peer_id, [TProtocol(protocol)])
         except (BaseLibp2pError, ValueError) as exc:
-            raise DialError(f"cannot open a {protocol} stream to {peer[-8:]}: {exc}") from exc
+            what = f"cannot open a {protocol} stream to {peer[-8:]}: {exc}"
+            if _selection_timed_out(exc) and self._host.get_network().get_connections(peer_id):
+                # Its connection is up; it did not answer in STREAM_NEGOTIATION_TIMEOUT_S: busy.
+                raise StreamOpenTimeout(f"{what} (protocol selection timed out)") from exc
+            raise DialError(what) from exc
         return Libp2pStream(raw, peer)
 
     async def _open_stream(self, peer: str) -> Libp2pStream:
@@ -159,7 +165,9 @@ class P2PNode:
                     raise NotAdmittedError(f"{holder[-8:]} did not admit us: {exc}") from exc
                 except trio.TooSlowError as exc:
                     await stream.reset()
-                    raise DialError(f"{holder[-8:]} did not answer our access token") from exc
+                    raise StreamOpenTimeout(
+                        f"{holder[-8:]} did not answer our access token in time"
+                    ) from exc
                 admission.shown(holder, expires_at, stream.raw.muxed_conn)
                 self.traffic.exchange.admit_s += trio.current_time() - began
             await trio.lowlevel.checkpoint()  # a cancel that arrived meanwhile, now
@@ -411,3 +419,14 @@ class P2PNode:
         async with self.subscribe(announce_topic(run), validator) as sub:
             async for opened in sub:
                 self._table.apply(opened.signer, Announcement.from_payload(opened.payload))
+
+
+def _selection_timed_out(exc: BaseException) -> bool:
+    """Did a new stream fail because its protocol selection timed out (py-libp2p's
+    MultiselectClientError "response timed out", under StreamFailure)?"""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, MultiselectClientError) and "timed out" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

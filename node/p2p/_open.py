@@ -134,6 +134,7 @@ def _build_host(
     )
     _defects.release_inbound_slots(host.get_network())
     _defects.switch_off_auto_connector(host.get_network())
+    _defects.patient_negotiation(host.get_network())
     may_fetch = allow
     if admission is not None:
         may_fetch = lambda peer: allow(peer) and admission.allow(peer)  # noqa: E731

@@ -30,12 +30,16 @@ RECEIVED_AHEAD = 2
 SERVE_READ_AHEAD = 1
 # Requests one holder serves at once for one peer; more are refused with BUSY.
 MAX_SERVED_STREAMS_PER_PEER = 8
+# Seconds a new stream's protocol selection may take, both ways (py-libp2p's ConnectionConfig:
+# 10 s). A holder busy on a loaded machine answered later than that at 8 and 16 members (384
+# "failed to open a stream" drops at 16): selection is one round trip through both event loops.
+STREAM_NEGOTIATION_TIMEOUT_S = 30.0
 # Seconds a request may spend opening its stream to the holder (protocol selection and, once
 # per connection, showing our token) before it is given back like a stalled one: the holder owes
 # no bytes before the REQUEST is on the wire, so NO_PROGRESS_TIMEOUT_S and the rate window start
-# then (a busy holder answers a stream's opening late, without being dead). Over py-libp2p's own
-# 30 s protocol-selection timeout, whose DialError (evidence: the holder never answered) comes
-# first; this is the backstop.
+# then (a busy holder answers a stream's opening late, without being dead). Over
+# STREAM_NEGOTIATION_TIMEOUT_S, whose StreamOpenTimeout (also given back, the holder kept: its
+# connection is up) comes first; this is the backstop.
 OPEN_TIMEOUT_S = 45.0
 # Requests one node keeps open to one holder at once, over all its transfers (each takes one
 # of the holder's slots; more wait in the node, queued, not at the holder): under

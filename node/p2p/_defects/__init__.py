@@ -106,6 +106,12 @@ workarounds for the host (1-10, 16) are in ``_host.py``; those for a stream's sp
     "failed to open a stream"). :func:`atomic_frame_writes` (``_throughput.py``) shields each
     frame's write once the lock is held, bounded by CONN_WRITE_BOUND_S (then the connection is
     closed: it can carry nothing after half a message).
+20. ``ConnectionConfig`` bounds a new stream's protocol selection at 10 s, both ways: one round
+    trip through both event loops, which a holder busy on a loaded machine did not make in time
+    (384 "failed to open a stream" drops at 16 members, issue 41), though its connection was up
+    and it was serving. :func:`patient_negotiation` (``_host.py``) sets
+    STREAM_NEGOTIATION_TIMEOUT_S (30 s); a selection that still times out is given back, the
+    holder kept (``StreamOpenTimeout``).
 """
 
 from __future__ import annotations
@@ -119,6 +125,7 @@ from ._host import gossipsub_router as gossipsub_router
 from ._host import guard_handler as guard_handler
 from ._host import is_teardown_race as is_teardown_race
 from ._host import muxers as muxers
+from ._host import patient_negotiation as patient_negotiation
 from ._host import publish_interval as publish_interval
 from ._host import refuse_shared_port as refuse_shared_port
 from ._host import release_inbound_slots as release_inbound_slots
@@ -151,6 +158,7 @@ __all__ = [
     "guard_pubsub_handlers",
     "is_teardown_race",
     "muxers",
+    "patient_negotiation",
     "pipeline_protocol_select",
     "publish_interval",
     "refuse_shared_port",

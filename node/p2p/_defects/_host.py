@@ -269,6 +269,14 @@ class _StoppedAutoConnector(AutoConnector):
         self._started = False
 
 
+def patient_negotiation(swarm: Any) -> None:
+    """Give a new stream's protocol selection STREAM_NEGOTIATION_TIMEOUT_S, both ways (20)."""
+    config = getattr(swarm, "connection_config", None)
+    if config is not None:
+        config.outbound_stream_protocol_negotiation_timeout = limits.STREAM_NEGOTIATION_TIMEOUT_S
+        config.inbound_stream_protocol_negotiation_timeout = limits.STREAM_NEGOTIATION_TIMEOUT_S
+
+
 def switch_off_auto_connector(swarm: Any) -> None:
     """Give ``swarm`` (not yet running) an auto-connector that never dials (idempotent)."""
     current = swarm.auto_connector

@@ -43,6 +43,7 @@ from .._exceptions import (
     PeerProtocolError,
     RemoteRefusedError,
     StreamBroken,
+    StreamOpenTimeout,
 )
 from .._traffic import ExchangeStats
 from ._fetch_types import (
@@ -179,8 +180,7 @@ class Transfer:
     # -- one round ---------------------------------------------------------------------------
 
     async def fetch_synced(self, cids: Iterable[CID]) -> None:
-        """:meth:`fetch`, then the batch (if any) committed, also after an error or a cancel
-        (specs/blocks.md#durability, D3)."""
+        """:meth:`fetch`, then the batch (if any) committed, even on error (blocks.md D3)."""
         try:
             await self.fetch(cids)
         finally:
@@ -206,8 +206,7 @@ class Transfer:
                             nursery.start_soon(self._worker, holder)
                 watching.cancel_scope.cancel()
         if self._pending:
-            # Keyed by the whole peer id or gateway URL: two gateways whose URLs end alike
-            # must not share a key.
+            # Keyed by the whole peer id or URL (two gateway URLs may end alike).
             reasons = {h.peer: h.dropped or "lacks them" for h in self.holders.values()}
             raise FetchError(
                 f"{len(self._pending)} blocks could not be fetched from any holder "
@@ -244,10 +243,11 @@ class Transfer:
             lacked = await self._request(request)
         except Abandoned:
             pass  # its remaining blocks now belong to faster holders
-        except _Stalled:
-            owed = True
+        except (_Stalled, StreamOpenTimeout) as exc:
+            # Quiet, or too busy to open a stream (its connection up): given back, kept.
+            owed = isinstance(exc, _Stalled)
             self.stats.stalls += 1
-            log.info("request_stalled", holder=holder.peer[-8:], blocks=len(batch))
+            log.info("request_stalled", holder=holder.peer[-8:], blocks=len(batch), why=str(exc))
         except BadBlockError as exc:
             self._drop(holder, f"bad bytes: {exc}", "bad_bytes")
             log.error(

@@ -1,4 +1,5 @@
-"""The holder's side when a REQUEST is late (node/p2p/_blocks/_server.py), under a MockClock.
+"""Timeouts of a busy holder, not a dead one (issue 41), under a MockClock: a REQUEST late at the
+holder (node/p2p/_blocks/_server.py), a stream whose protocol selection times out (_node.py).
 
 Issue 41: at 12 members a requester's REQUEST waited behind its own block data on the
 connection for over 10 s; the holder answered BAD_REQUEST ("no request within timeout") and the
@@ -14,12 +15,16 @@ from pathlib import Path
 import pytest
 import trio
 import trio.testing
+from libp2p.host.exceptions import StreamFailure
+from libp2p.protocol_muxer.exceptions import MultiselectClientError
 
 from cnode.node.p2p import FetchReport, limits
 from cnode.node.p2p._blocks._server import BlockServer
 from cnode.node.p2p._blocks._wire import Block, End, Error, FrameReader, Request, Status
 from cnode.node.p2p._bucket import TokenBucket
+from cnode.node.p2p._exceptions import StreamOpenTimeout
 from cnode.node.p2p._fetch._scheduler import Transfer
+from cnode.node.p2p._node import _selection_timed_out
 from cnode.storage import BlockStore
 from tests.node.p2p.fake_holders import blocks_of
 
@@ -110,3 +115,62 @@ def test_a_busy_answer_keeps_the_holder(tmp_path: Path) -> None:
     report = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
     assert report.blocks == len(blocks)
     assert report.dropped == {}
+
+
+def test_a_stream_that_times_out_opening_is_given_back_and_the_holder_kept(
+    tmp_path: Path,
+) -> None:
+    """A holder whose connection is up but which did not answer a stream's protocol selection
+    in time is busy, not unreachable (issue 41: 384 such drops at 16 members): the request
+    goes back to the queue and is asked again; the holder is not dropped."""
+    blocks = blocks_of(3)
+    failures = [StreamOpenTimeout("cannot open a stream to holder (protocol selection timed out)")]
+    stores: list[BlockStore] = []
+
+    class _Serving:
+        def __init__(self) -> None:
+            self.out = b""
+
+        async def write(self, data: bytes) -> None:
+            cids = Request.decode(data[5:]).cids
+            self.out = b"".join(Block(c, blocks[c]).encode() for c in cids) + End().encode()
+
+        async def read(self, max_bytes: int) -> bytes:
+            await trio.lowlevel.checkpoint()
+            out, self.out = self.out[:max_bytes], self.out[max_bytes:]
+            return out
+
+        async def close(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+        async def reset(self) -> None:
+            await trio.lowlevel.checkpoint()
+
+    async def open_stream(peer: str) -> _Serving:
+        await trio.sleep(1)
+        if failures:
+            raise failures.pop()
+        return _Serving()
+
+    async def main() -> tuple[FetchReport, int]:
+        stores.append(BlockStore(tmp_path / "c"))
+        transfer = Transfer(stores[0], open_stream, ["holder"])  # type: ignore[arg-type]
+        with trio.fail_after(60):
+            await transfer.fetch(list(blocks))
+        return transfer.report(next(iter(blocks))), transfer.stats.stalls
+
+    report, stalls = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert report.blocks == len(blocks)
+    assert report.dropped == {}
+    assert stalls == 1
+
+
+def test_only_a_timed_out_protocol_selection_counts_as_busy() -> None:
+    timed_out = MultiselectClientError("response timed out after 30s, protocols tried: [x]")
+    outer = StreamFailure("failed to open a stream to peer X")
+    outer.__cause__ = timed_out
+    assert _selection_timed_out(outer)
+    refused = StreamFailure("failed to open a stream to peer X")
+    refused.__cause__ = MultiselectClientError("protocols not supported: tried ['x']")
+    assert not _selection_timed_out(refused)
+    assert not _selection_timed_out(StreamFailure("no connection"))
