@@ -27,7 +27,7 @@ from . import _defects, limits
 from ._blocks._admission import PeerAdmission, present_token
 from ._blocks._server import BlockServer
 from ._blocks._stream import Libp2pStream
-from ._blocks._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID
+from ._blocks._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID, Status
 from ._bucket import TokenBucket
 from ._exceptions import (
     AnnouncementError,
@@ -162,6 +162,8 @@ class P2PNode:
                     await stream.close()
                 except (RemoteRefusedError, PeerProtocolError, StreamBroken) as exc:
                     await stream.reset()
+                    if isinstance(exc, RemoteRefusedError) and exc.status == int(Status.BUSY):
+                        raise StreamOpenTimeout(f"{holder[-8:]} was busy: {exc}") from exc
                     raise NotAdmittedError(f"{holder[-8:]} did not admit us: {exc}") from exc
                 except trio.TooSlowError as exc:
                     await stream.reset()

@@ -122,7 +122,13 @@ async def serve_admit(stream: ByteStream, peer: str, admission: PeerAdmission) -
     try:
         with trio.fail_after(limits.ADMIT_TIMEOUT_S):
             frame = await FrameReader(stream, read_size=4096).read_frame(limits.MAX_ADMIT_TOKEN)
-    except (trio.TooSlowError, PeerProtocolError) as exc:
+    except trio.TooSlowError:
+        # BUSY, not BAD_REQUEST: the ADMIT is most likely queued on a loaded requester (issue
+        # 41: at 16 members this refusal made requesters drop holders as if refused).
+        text = f"no ADMIT within ADMIT_TIMEOUT_S ({limits.ADMIT_TIMEOUT_S:g} s)"
+        await stream.write(Error(Status.BUSY, text).encode())
+        return False
+    except PeerProtocolError as exc:
         await stream.write(Error(Status.BAD_REQUEST, f"no valid ADMIT frame: {exc}").encode())
         return False
     if not isinstance(frame, Admit):

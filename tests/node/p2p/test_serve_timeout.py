@@ -19,6 +19,7 @@ from libp2p.host.exceptions import StreamFailure
 from libp2p.protocol_muxer.exceptions import MultiselectClientError
 
 from cnode.node.p2p import FetchReport, limits
+from cnode.node.p2p._blocks._admission import PeerAdmission, serve_admit
 from cnode.node.p2p._blocks._server import BlockServer
 from cnode.node.p2p._blocks._wire import Block, End, Error, FrameReader, Request, Status
 from cnode.node.p2p._bucket import TokenBucket
@@ -174,3 +175,22 @@ def test_only_a_timed_out_protocol_selection_counts_as_busy() -> None:
     refused.__cause__ = MultiselectClientError("protocols not supported: tried ['x']")
     assert not _selection_timed_out(refused)
     assert not _selection_timed_out(StreamFailure("no connection"))
+
+
+def test_a_late_access_token_is_answered_busy_after_the_admit_timeout() -> None:
+    """The same at admission: an ADMIT that has not arrived in ADMIT_TIMEOUT_S is BUSY (the
+    requester gives its request back and keeps the holder), not BAD_REQUEST (a refusal)."""
+    admission = PeerAdmission(coordinator="coordinator", run="r", credential=lambda: None)
+    stream = _SilentRequester()
+
+    async def main() -> tuple[float, bool, object]:
+        start = trio.current_time()
+        admitted = await serve_admit(stream, stream.peer, admission)  # type: ignore[arg-type]
+        took = trio.current_time() - start
+        return took, admitted, await FrameReader(_Written(stream.written)).read_frame(1024)
+
+    took, admitted, frame = trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    assert took == limits.ADMIT_TIMEOUT_S
+    assert not admitted
+    assert isinstance(frame, Error) and frame.status == Status.BUSY
+    assert "ADMIT_TIMEOUT_S" in frame.text
