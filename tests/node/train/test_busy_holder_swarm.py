@@ -7,10 +7,13 @@ normally: what a holder busy scoring on a loaded machine looked like at 12 and 1
 the only holder of its own update, so nobody else can serve it.
 
 Before issue 41's rate rule every requester dropped it after one SOURCE_RATE_WINDOW_S ("too
-slow: 0 bytes in 20 s"): its update went unscored and unaggregated, and the round left it out.
-This is the fault the 12-member run showed (see test_twelve_swarm.py, too heavy for the suite
-on two cores), here with four processes: now nobody drops it, since no other holder of its
-update does better, and the round uses every member's update.
+slow: 0 bytes in 24 s", 5 drops in the run on the old rules, 2026-11-29 13:00 UTC) and gave its
+requests back every 10 s: the fault the 12- and 16-member runs showed (see
+test_twelve_swarm.py, too heavy for the suite on two cores), where the fetches that followed
+came too late and every update was left out. Here, with four processes and a tiny model, the
+callers' later fetches still got the update in time, so the old rules fail this test on the
+drops, not on the round. Now nobody drops it, since no other holder of its update does better,
+and the round uses every member's update.
 """
 
 from __future__ import annotations
@@ -69,14 +72,13 @@ def test_a_busy_holder_is_waited_for_and_its_update_used(
         (report,) = [e for e in node.events("round") if e["round"] == 1]
         assert busy.peer in report["members"], (node.name, report["members"])
         assert report["dropped"] == {}, (node.name, report["dropped"])
-    # Not dropped while it owed its update (a transfer where another holder did better, such
-    # as a catch-up beside the checkpointer, may drop it within one window: that is the rule).
-    lone = [
-        e
-        for n in others
-        for e in _events(n.log, "holder_dropped")
-        if e.get("holder") == busy.peer and "in a row" in str(e.get("reason"))
+    # Nobody dropped it: nobody else held what it owed, so no other source did better (before,
+    # each requester dropped it after one window, "too slow: 0 bytes in 24 s", and asked it
+    # again in a fresh fetch once it was serving; with the tiny model's short transfers a
+    # legitimate drop, another holder faster over a whole 20 s window, cannot happen here).
+    dropped = [
+        e for n in others for e in _events(n.log, "holder_dropped") if e.get("holder") == busy.peer
     ]
-    assert lone == [], lone[:3]
+    assert dropped == [], dropped[:3]
     # The rule acted: someone waited a whole window on the busy holder and kept it.
     assert any(_events(n.log, "holder_slow_kept") for n in others), swarm.describe()
