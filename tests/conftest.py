@@ -25,6 +25,7 @@ ONE_SWARM_AT_A_TIME = frozenset(
         "test_gateway_catch_up",
         "test_hub_fallback",
         "test_late_join",
+        "test_nat_swarm",
         "test_netbed",
         "test_outer_swarm",
         "test_partitioned_swarm",
