@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -104,6 +105,8 @@ def one_swarm(model: str, natted: int, rounds: int, mbit: int, keep: Path | None
     finally:
         swarm.close()
         bed.down()
+        if keep is None:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _all_rounds(swarm: NatSwarm, names: list[str]) -> list[dict[str, Any]]:
