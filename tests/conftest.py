@@ -24,6 +24,7 @@ ONE_SWARM_AT_A_TIME = frozenset(
         "test_gateway_catch_up",
         "test_hub_fallback",
         "test_late_join",
+        "test_nat_swarm",
         "test_netbed",
         "test_partitioned_swarm",
         "test_rejected_swarm",

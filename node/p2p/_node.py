@@ -50,6 +50,7 @@ from ._gossip._announce import (
     announcement_validator,
 )
 from ._gossip._subscription import Subscription
+from ._reach import DialMemory
 from ._settings import NodeIdentity, P2PSettings, peer_info
 
 log = structlog.get_logger(__name__)
@@ -90,6 +91,8 @@ class P2PNode:
         # One semaphore per holder, shared by every transfer (MAX_STREAMS_PER_HOLDER).
         self._holder_slots: dict[str, trio.Semaphore] = {}
         self.peer_id: str = identity.peer_id_str
+        # Outbound-only peers and failed dials: never dialed by a fetch (``_reach``).
+        self.reach = DialMemory()
         self.listen_addrs: list[str] = [str(a) for a in host.get_addrs()]
 
     # -- peers and blocks ------------------------------------------------------------------
@@ -107,17 +110,34 @@ class P2PNode:
             await self._host.connect(info)
         except BaseLibp2pError as exc:
             raise DialError(f"cannot connect to {address}: {exc}") from exc
+        self.reach.connected(str(info.peer_id))
         return str(info.peer_id)
+
+    def is_connected(self, peer: str) -> bool:
+        try:
+            return bool(self._host.get_network().get_connections(ID.from_base58(peer)))
+        except ValueError:
+            return False
 
     def connected_peers(self) -> list[str]:
         return [str(p) for p in self._host.get_connected_peers()]
 
     async def _new_stream(self, peer: str, protocol: str) -> Libp2pStream:
+        # Over an open connection (either side opened it) a stream needs no dial; without one,
+        # a peer that cannot be dialed is not (issue 37: each such dial waited out a timeout).
+        connected = self.is_connected(peer)
+        if not connected:
+            why = self.reach.why_not(peer)
+            if why is not None:
+                self.reach.dials_avoided += 1
+                raise DialError(f"not dialing {peer[-8:]}: {why}")
         try:
             peer_id = ID.from_base58(peer)
             _defects.forget_failed_dial(self._host.get_network(), peer_id)
             raw = await self._host.new_stream(peer_id, [TProtocol(protocol)])
         except (BaseLibp2pError, ValueError) as exc:
+            if not connected:
+                self.reach.failed(peer, str(exc)[:200])
             raise DialError(f"cannot open a {protocol} stream to {peer[-8:]}: {exc}") from exc
         return Libp2pStream(raw, peer)
 
@@ -272,7 +292,13 @@ class P2PNode:
         if not peers:
             peers = set(self.connected_peers())
         peers.discard(self.peer_id)
-        return sorted(peers)
+        # A holder we may not dial and are not connected to is no holder for this fetch: its
+        # blocks come from those that re-serve them (issue 37).
+        usable = {p for p in peers if self.is_connected(p) or self.reach.why_not(p) is None}
+        if usable != peers:
+            self.reach.dials_avoided += len(peers - usable)
+            log.debug("holders_not_dialed", holders=sorted(p[-8:] for p in peers - usable))
+        return sorted(usable)
 
     # -- pubsub ----------------------------------------------------------------------------
 

@@ -303,7 +303,8 @@ class PartitionedExchange:
         def failed(_: int, why: str) -> None:
             missing[member] = f"update not fetched: {why}"
 
-        await with_retries(attempt, refused_by=self.fetcher.refused_by, failed=failed)
+        n = self.fetcher.attempts_for(info, member)
+        await with_retries(attempt, refused_by=self.fetcher.refused_by, failed=failed, attempts=n)
 
     # -- waiting for results, backups ---------------------------------------------------------
 

@@ -180,7 +180,11 @@ class PartitionScores:
             self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
             return got
 
-        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+        got = await with_retries(
+            attempt,
+            refused_by=self.fetcher.refused_by,
+            attempts=self.fetcher.attempts_for(info, target),
+        )
         if isinstance(got, GaveUp):
             return f"update not fetched: {got.why}"[: limits.MAX_REASON_CHARS]
         return got

@@ -71,6 +71,16 @@ def check_live_run(
     assert [checkpointer.peer, "ready"] in members
     assert [late.peer, "ready"] in members
     assert {state for peer, state in members if peer == evil.peer} <= {"ready", "banned"}
+    # Each member's reachability, as the coordinator's dial-back found it (issue 37): every
+    # node here listens on loopback in a run that allows it, so every one is public.
+    reach = page.evaluate(
+        "[...document.querySelectorAll('#rounds-table tr.member .reach')].map(c => c.textContent)"
+    )
+    assert reach and set(reach) == {"public"}, reach
+    peers_reach = page.evaluate(
+        "[...document.querySelectorAll('#peers-table tr.peer .reach')].map(c => c.textContent)"
+    )
+    assert peers_reach and set(peers_reach) == {"public"}, peers_reach
 
     # The ban row, with the coordinator's reason and the reporters' evidence.
     page.wait_for("!!document.querySelector('#bans-table tr.ban')", 30, "the ban row")
