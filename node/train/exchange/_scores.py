@@ -110,6 +110,15 @@ class PartitionScores:
     def enabled(self) -> bool:
         return self.trainer.scoring is not None
 
+    def split_phases(self) -> dict[str, float]:
+        """The last round's ``scores_fetch`` and ``scores_compute`` seconds (none unscored)."""
+        if not self.enabled:
+            return {}
+        return {
+            "scores_fetch": round(self.last_fetch_s, 4),
+            "scores_compute": round(self.last_compute_s, 4),
+        }
+
     # -- 1: scoring this node's targets ---------------------------------------------------------
 
     async def score_targets(self, info: RoundInfo) -> None:
