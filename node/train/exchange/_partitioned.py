@@ -127,6 +127,7 @@ class PartitionedExchange:
                 await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
             clock.lap("aggregate")  # its inputs fetched, the scores agreed, aggregated
         clock.lap("scores_wait")  # this node's own scoring, when it ends after its partition
+        phases.update(self.scores.split_phases())  # "scores": fetching, then measuring
         recorded = await self._wait_results(state)
         clock.lap("results_wait")
         spread = await self.scores.agreed(info) if self.scores.enabled else None
