@@ -3,8 +3,9 @@ testbed (tests/support/nattestbed.py: network namespaces, each private host behi
 nft-masquerading router, no port forwarding), every upload capped at ``--mbit`` (50 Mbit/s),
 the coordinator on a sixth, public host.
 
-For each model (``demo``: the default run's; ``10m``: bench/round.py's 10.2M-parameter GPT-2)
-the same swarm runs twice, in the same invocation: all 5 nodes public (the baseline), then 3 of
+For each model (``demo``: the default run's; ``10m``: bench/round.py's 10.2M-parameter GPT-2),
+with the update codec a new run gets (``--codec f32`` for the earlier measurement's), the same
+swarm runs twice, in the same invocation: all 5 nodes public (the baseline), then 3 of
 the 5 behind NAT. Nothing of the round is re-implemented: the figures are the nodes' own round
 reports (the round event):
 
@@ -35,6 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
+from cnode.node import new_run_training
 from tests.support.natswarm import NatSwarm, overheads
 from tests.support.nattestbed import NatTestbed, why_not_available
 
@@ -56,13 +58,15 @@ ROUNDS_CONFIG: dict[str, Any] = {
 }
 
 
-def one_swarm(model: str, natted: int, rounds: int, mbit: int, keep: Path | None) -> dict[str, Any]:
+def one_swarm(
+    model: str, natted: int, rounds: int, mbit: int, codec: str | None, keep: Path | None
+) -> dict[str, Any]:
     tmp = Path(tempfile.mkdtemp(prefix=f"nat-{model}-{natted}-", dir=keep))
     bed = NatTestbed(public=1 + 5 - natted, private=natted, rate_mbit=mbit)
     bed.up()
-    swarm = NatSwarm(
-        tmp, bed, rounds={"min_participants": 5, **ROUNDS_CONFIG}, training=dict(MODELS[model])
-    )
+    # The update codec a new run gets (cnode coordinator new-run), unless --codec names another.
+    training = {**new_run_training(*([codec] if codec else [])), **MODELS[model]}
+    swarm = NatSwarm(tmp, bed, rounds={"min_participants": 5, **ROUNDS_CONFIG}, training=training)
     names = [f"p{i}" for i in range(5 - natted)] + [f"n{i}" for i in range(natted)]
     try:
         for name in names:
@@ -119,6 +123,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--mbit", type=int, default=50)
     parser.add_argument("--keep", type=Path, default=None, help="keep the homes under this dir")
+    parser.add_argument(
+        "--codec", default=None, help="update codec (default: what a new run gets, sparse-topk)"
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     why = why_not_available()
@@ -127,8 +134,8 @@ def main() -> int:
         return 2
     results = []
     for model in args.models:
-        base = one_swarm(model, 0, args.rounds, args.mbit, args.keep)
-        nat = one_swarm(model, 3, args.rounds, args.mbit, args.keep)
+        base = one_swarm(model, 0, args.rounds, args.mbit, args.codec, args.keep)
+        nat = one_swarm(model, 3, args.rounds, args.mbit, args.codec, args.keep)
         ratio = None
         if base["overhead_median_s"] and nat["overhead_median_s"] is not None:
             ratio = round(nat["overhead_median_s"] / base["overhead_median_s"], 2)
@@ -144,7 +151,8 @@ def main() -> int:
         print(f"{model:5} NAT / all public: {ratio} (goal <= 1.3)")
         results.append({"model": model, "all_public": base, "nat": nat, "ratio": ratio})
     if args.json:
-        print(json.dumps({"mbit": args.mbit, "rounds": args.rounds, "results": results}))
+        print(json.dumps({"mbit": args.mbit, "rounds": args.rounds, "codec": args.codec,
+                          "results": results}))  # fmt: skip
     return 0
 
 
