@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # The JS reference IPFS tools the interop tests run (tests/js/package-lock.json pins them).
 JS_STAMP := tests/js/node_modules/.installed
 
-.PHONY: setup browser test test-busy demo lint bench clean gpu-deps
+.PHONY: setup browser netns-tools test test-busy demo lint bench clean gpu-deps
 
 setup: $(STAMP)
 
@@ -28,6 +28,15 @@ browser:
 	      { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }; \
 	  else echo "chromium missing and not root: the browser tests will be skipped"; fi; }
 
+# The network-namespace tests (test_netbed, test_nat_swarm) build hosts and NAT routers with
+# ip, tc and nft: installed here when missing and we are root; otherwise they skip, saying why.
+netns-tools:
+	@for t in ip:iproute2 tc:iproute2 nft:nftables; do \
+	  command -v $${t%%:*} >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y $${t#*:} || \
+	    { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y $${t#*:}; } || true; \
+	done
+
 $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 	cd tests/js && npm ci --no-audit --no-fund
 	touch $(JS_STAMP)
@@ -35,7 +44,7 @@ $(JS_STAMP): tests/js/package.json tests/js/package-lock.json
 # Two pytest-xdist workers: the swarm tests run one after another on one of them
 # (tests/support/groups.py), the rest of the suite on the other. TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
-test: setup browser $(JS_STAMP)
+test: setup browser netns-tools $(JS_STAMP)
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 # The swarm tests on a busy machine (issue 23): two busy-loop processes (stress-ng, from Debian)

@@ -13,8 +13,11 @@ way, so matchmaking overlaps training), waits until its group of N is formed
 (``allow_allreduce``) and times until the averaged tensor is back: the butterfly all-reduce
 (each peer reduces 1/N of the vector, p2pd streams, 512 KiB parts), without the matchmaking.
 The figure is the median over peers of the last round (the first warms the streams); the max is
-printed too. Every wait is bounded (``--timeout``); every process runs in its own process group
-and is stopped at the end, also on error (the helpers of ``_hivemind_fetch.py``).
+printed too. ``--netns``: peer i runs in network namespace ``cb<i>`` of
+../shared/tools/netbed.sh, on its host address 10.77.0.(10 + i) (bench/capped_round.py: the same
+capped links as cnode's nodes). Every wait is bounded (``--timeout``); every process runs in its
+own process group and is stopped at the end, also on error (the helpers of
+``_hivemind_fetch.py``).
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ def _peer(args: argparse.Namespace) -> None:
     from hivemind.utils import get_dht_time
 
     deadline = time.monotonic() + args.timeout
-    dht = _dht(json.loads(args.maddrs) if args.maddrs else None)
+    host = f"/ip4/10.77.0.{10 + args.index}/tcp/0" if args.netns else "/ip4/127.0.0.1/tcp/0"
+    dht = _dht(json.loads(args.maddrs) if args.maddrs else None, host)
     averager = None
     try:
         if not args.maddrs:
@@ -78,7 +82,9 @@ def _peer(args: argparse.Namespace) -> None:
 
 
 def _spawn(args: argparse.Namespace, index: int, log, maddrs: str) -> subprocess.Popen[str]:
-    cmd = [sys.executable, os.path.abspath(__file__), "--role", "peer", "--index", str(index)]
+    wrap = ["ip", "netns", "exec", f"cb{index}"] if args.netns else []
+    cmd = [*wrap, sys.executable, os.path.abspath(__file__), "--role", "peer"]
+    cmd += ["--index", str(index)] + (["--netns"] if args.netns else [])
     cmd += ["--peers", str(args.peers), "--numel", str(args.numel), "--rounds", str(args.rounds)]
     cmd += ["--timeout", str(args.timeout)] + (["--maddrs", maddrs] if maddrs else [])
     return subprocess.Popen(
@@ -135,7 +141,7 @@ def hivemind_python() -> str | None:
     return default if probe.returncode == 0 else None
 
 
-def measure(peers: int, numel: int) -> tuple[float, float] | None:
+def measure(peers: int, numel: int, netns: bool = False) -> tuple[float, float] | None:
     """hivemind's all-reduce of ``numel`` float32 values over ``peers`` processes, run from
     cnode's bench (this script under hivemind's python): (median s, max s), or None where
     hivemind is absent or the run failed (the reason printed)."""
@@ -147,6 +153,7 @@ def measure(peers: int, numel: int) -> tuple[float, float] | None:
         )
         return None
     cmd = [python, os.path.abspath(__file__), "--peers", str(peers), "--numel", str(numel)]
+    cmd += ["--netns"] if netns else []
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=450)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -167,6 +174,7 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=10_152_000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=400.0, help="bound on the whole run, s")
+    parser.add_argument("--netns", action="store_true", help="peer i in namespace cb<i>")
     parser.add_argument("--role", choices=("peer",), help=argparse.SUPPRESS)
     parser.add_argument("--index", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--maddrs", default="", help=argparse.SUPPRESS)

@@ -55,14 +55,15 @@ def _tensors(size_mb: int):
     return [torch.randn(LAYER, generator=gen) for _ in range(_n_layers(size_mb))]
 
 
-def _dht(initial_peers=None):
+def _dht(initial_peers=None, host=HOST):
     import hivemind
 
-    # Loopback only: no UPnP, AutoNAT or relays; the transport (p2pd, TLS, yamux) is hivemind's.
+    # Loopback (or a testbed host's address): no UPnP, AutoNAT or relays; the transport (p2pd,
+    # TLS, yamux) is hivemind's.
     return hivemind.DHT(
         initial_peers=initial_peers,
         start=True,
-        host_maddrs=[HOST],
+        host_maddrs=[host],
         nat_port_map=False,
         auto_nat=False,
         use_relay=False,

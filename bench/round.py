@@ -65,8 +65,8 @@ TRAINING: dict[str, Any] = {
     "scores": True,  # as in a default run (TrainingConfig.for_run)
 }
 SMALL = {**TRAINING, "model": {"n_layer": 3, "n_embd": 192, "n_head": 4, "n_positions": 64}}
-PHASES = ("aggregate", "scores", "scores_wait", "results_wait", "results", "verify",
-          "agreed_wait", "assemble")  # fmt: skip
+PHASES = ("aggregate", "scores", "scores_fetch", "scores_compute", "scores_wait", "results_wait",
+          "results", "verify", "agreed_wait", "assemble")  # fmt: skip
 KINDS = ("exchange", "verify", "scores")
 
 

@@ -9,5 +9,12 @@ from ._exceptions import ConfigError as ConfigError
 from ._exceptions import InitError as InitError
 from ._exceptions import NodeError as NodeError
 from ._exceptions import UsageError as UsageError
+from ._new_run import new_run_training as new_run_training
 
-__all__ = ["ConfigError", "InitError", "NodeError", "UsageError"]
+__all__ = [
+    "ConfigError",
+    "InitError",
+    "NodeError",
+    "UsageError",
+    "new_run_training",
+]

@@ -20,14 +20,13 @@ ONE_SWARM_AT_A_TIME = frozenset(
     f"tests/node/train/{name}.py"
     for name in (
         "test_busy_holder_swarm",
-        "test_dashboard_browser",
         "test_dataset_swarm",
         "test_faults",
         "test_gateway_catch_up",
         "test_hub_fallback",
         "test_late_join",
+        "test_nat_swarm",
         "test_netbed",
-        "test_outer_swarm",
         "test_partitioned_swarm",
         "test_rejected_swarm",
         "test_score_edges_swarm",

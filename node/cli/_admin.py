@@ -164,6 +164,10 @@ def _status(args: argparse.Namespace) -> int:
     return 0
 
 
+# Members `cnode status` names one per line (the counts cover them all).
+STATUS_MEMBERS = 32
+
+
 def format_status(state: RunState) -> str:
     """The human summary `cnode status` prints (verified state only)."""
     r = state.round
@@ -177,6 +181,13 @@ def format_status(state: RunState) -> str:
     if state.last_round is not None:
         last = state.last_round
         lines.append(f"last published round {last.round}: {len(last.members)} members")
+        # Reachability as the coordinator's dial-back found it: only dialed-back addresses
+        # are listed (specs/coordinator.md#reachability).
+        public = sum(1 for peer in last.members if last.addrs.get(peer))
+        lines.append(f"  {public} public, {len(last.members) - public} outbound-only")
+        for peer in last.members[:STATUS_MEMBERS]:
+            reach = "public" if last.addrs.get(peer) else "outbound-only"
+            lines.append(f"  {peer}  {reach}")
     ck = state.checkpoint
     lines.append(
         "checkpoint: none"

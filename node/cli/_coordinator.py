@@ -21,6 +21,7 @@ import tomli_w
 from cnode.auth import Identity, load_identity, save_identity
 from cnode.node._exceptions import UsageError
 from cnode.node._logging import bind_context
+from cnode.node._new_run import NEW_RUN_CODEC, new_run_training
 from cnode.node.coordinator import (
     AccessConfig,
     NetworkConfig,
@@ -112,9 +113,10 @@ def _register_new_run(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     new.add_argument(
         "--update-codec",
         choices=("f32", "bf16", "int8-blockwise", "sparse-topk"),  # aggregation.CODECS, no torch
-        default="int8-blockwise",
-        help="how updates travel: training.update_codec (default int8-blockwise, 0.25x f32; "
-        "sparse-topk: the largest 1/64 of each chunk, 2 bits each, 0.0072x f32)",
+        default=NEW_RUN_CODEC,
+        help="how updates travel: training.update_codec (default sparse-topk: the largest 1/64 "
+        "of each chunk, 2 bits each, 0.0074x f32, with error_decay 0.95; "
+        "int8-blockwise: 0.25x f32)",
     )
     new.add_argument(
         "--update-density",
@@ -276,7 +278,7 @@ def _new_run(args: argparse.Namespace) -> int:
         access=AccessConfig(users=args.user, peers=args.peer, orgs=args.org),
         network=NetworkConfig(allow_private_addrs=args.allow_private_addrs),
         training={
-            "update_codec": args.update_codec,
+            **new_run_training(args.update_codec),
             "partitioned": args.partitioned,
             **({} if args.update_density is None else {"update_density": args.update_density}),
         },

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cnode.node._exceptions import UsageError
+from cnode.node._new_run import NEW_RUN_CODEC
 
 if TYPE_CHECKING:
     from cnode.node.train import DemoSettings
@@ -47,9 +48,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     parser.add_argument(
         "--codec",
-        default="int8-blockwise",
+        default=NEW_RUN_CODEC,
         choices=("f32", "bf16", "int8-blockwise", "sparse-topk"),
-        help="how updates travel: the run's training.update_codec (default int8-blockwise)",
+        help=f"how updates travel: the run's training.update_codec, with the settings a new run "
+        f"gets for it (default {NEW_RUN_CODEC})",
     )
     parser.set_defaults(handler=_handle)
 

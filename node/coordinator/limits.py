@@ -83,6 +83,10 @@ MAX_ROUND_TIMEOUT_S = 24 * 3600
 # id is about 90). Round records carry them for every listed peer, so they are kept small.
 MAX_PEER_ADDRS = 8
 MAX_ADDR_CHARS = 256
+# Seconds the coordinator waits for a joiner's advertised addresses to accept a TCP connection
+# (all dialed at once, specs/coordinator.md#reachability): a join takes this much longer at most,
+# for an address that drops packets; a refused or unrouted one answers at once.
+DIAL_BACK_TIMEOUT_S = 3.0
 # Peer ids a member may name in one `collected` report (the members whose update it lacks).
 MAX_MISSING_REPORT = MAX_ROUND_MEMBERS
 

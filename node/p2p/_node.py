@@ -16,7 +16,6 @@ import trio
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.peer.id import ID
-from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 
@@ -26,7 +25,7 @@ from cnode.storage import CID, BlockStore, ClosureWalk
 from . import _defects, limits
 from ._blocks._admission import PeerAdmission, present_token
 from ._blocks._server import BlockServer
-from ._blocks._stream import Libp2pStream
+from ._blocks._stream import Libp2pStream, selection_timed_out
 from ._blocks._wire import ADMIT_PROTOCOL_ID, PROTOCOL_ID, Status
 from ._bucket import TokenBucket
 from ._exceptions import (
@@ -52,6 +51,7 @@ from ._gossip._announce import (
     announcement_validator,
 )
 from ._gossip._subscription import Subscription
+from ._reach import DialMemory
 from ._settings import NodeIdentity, P2PSettings, peer_info
 
 log = structlog.get_logger(__name__)
@@ -92,6 +92,8 @@ class P2PNode:
         # One semaphore per holder, shared by every transfer (MAX_STREAMS_PER_HOLDER).
         self._holder_slots: dict[str, trio.Semaphore] = {}
         self.peer_id: str = identity.peer_id_str
+        # Outbound-only peers and failed dials: never dialed by a fetch (``_reach``).
+        self.reach = DialMemory()
         self.listen_addrs: list[str] = [str(a) for a in host.get_addrs()]
 
     # -- peers and blocks ------------------------------------------------------------------
@@ -109,21 +111,39 @@ class P2PNode:
             await self._host.connect(info)
         except BaseLibp2pError as exc:
             raise DialError(f"cannot connect to {address}: {exc}") from exc
+        self.reach.connected(str(info.peer_id))
         return str(info.peer_id)
+
+    def is_connected(self, peer: str) -> bool:
+        try:
+            return bool(self._host.get_network().get_connections(ID.from_base58(peer)))
+        except ValueError:
+            return False
 
     def connected_peers(self) -> list[str]:
         return [str(p) for p in self._host.get_connected_peers()]
 
     async def _new_stream(self, peer: str, protocol: str) -> Libp2pStream:
+        # Over an open connection (either side opened it) a stream needs no dial; without one,
+        # a peer that cannot be dialed is not (issue 37: each such dial waited out a timeout).
+        connected = self.is_connected(peer)
+        if not connected:
+            why = self.reach.why_not(peer)
+            if why is not None:
+                self.reach.dials_avoided += 1
+                raise DialError(f"not dialing {peer[-8:]}: {why}")
         try:
             peer_id = ID.from_base58(peer)
             _defects.forget_failed_dial(self._host.get_network(), peer_id)
             raw = await self._host.new_stream(peer_id, [TProtocol(protocol)])
         except (BaseLibp2pError, ValueError) as exc:
             what = f"cannot open a {protocol} stream to {peer[-8:]}: {exc}"
-            if _selection_timed_out(exc) and self._host.get_network().get_connections(peer_id):
-                # Its connection is up; it did not answer in STREAM_NEGOTIATION_TIMEOUT_S: busy.
+            if connected and selection_timed_out(exc):
+                # Its connection is up; it did not answer in STREAM_NEGOTIATION_TIMEOUT_S: busy,
+                # not unreachable (issue 41), so no failed dial is remembered either.
                 raise StreamOpenTimeout(f"{what} (protocol selection timed out)") from exc
+            if not connected:
+                self.reach.failed(peer, str(exc)[:200])
             raise DialError(what) from exc
         return Libp2pStream(raw, peer)
 
@@ -282,7 +302,13 @@ class P2PNode:
         if not peers:
             peers = set(self.connected_peers())
         peers.discard(self.peer_id)
-        return sorted(peers)
+        # A holder we may not dial and are not connected to is no holder for this fetch: its
+        # blocks come from those that re-serve them (issue 37).
+        usable = {p for p in peers if self.is_connected(p) or self.reach.why_not(p) is None}
+        if usable != peers:
+            self.reach.dials_avoided += len(peers - usable)
+            log.debug("holders_not_dialed", holders=sorted(p[-8:] for p in peers - usable))
+        return sorted(usable)
 
     # -- pubsub ----------------------------------------------------------------------------
 
@@ -421,14 +447,3 @@ class P2PNode:
         async with self.subscribe(announce_topic(run), validator) as sub:
             async for opened in sub:
                 self._table.apply(opened.signer, Announcement.from_payload(opened.payload))
-
-
-def _selection_timed_out(exc: BaseException) -> bool:
-    """Did a new stream fail because its protocol selection timed out (py-libp2p's
-    MultiselectClientError "response timed out", under StreamFailure)?"""
-    seen: BaseException | None = exc
-    while seen is not None:
-        if isinstance(seen, MultiselectClientError) and "timed out" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False

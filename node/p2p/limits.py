@@ -138,6 +138,9 @@ REANNOUNCE_HOLD_S = 30.0
 MAX_REANNOUNCED_HOLDS = 16
 # Most CIDs tracked in the holder table (oldest forgotten first), and holders per CID.
 MAX_HOLDER_TABLE_CIDS = 4096
+# Peers whose failed dial a node remembers (``_reach.DialMemory``), the oldest forgotten first:
+# a run's members, with room; a forgotten one costs one more failed dial, nothing else.
+MAX_FAILED_DIALS = 4096
 MAX_HOLDERS_PER_CID = 256
 
 # -- gossipsub settings that work around py-libp2p 0.8.1 defaults (see _defects/) --------------

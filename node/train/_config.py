@@ -243,10 +243,9 @@ class TrainingConfig:
     checkpoint_every: int = 1  # the checkpointer stores a checkpoint every N rounds
     aggregator: str = "centered_clip"
     aggregator_params: dict[str, Any] = field(default_factory=dict)
-    # How updates travel: "f32" | "bf16" | "int8-blockwise" (specs/training.md#update-codecs).
-    # The default is "f32" because it is what a [training] table without the key has always
-    # meant (old runs, and the extra.training of their checkpoints, which replay reads); new
-    # runs (`cnode demo`, bench/round.py, the README's run config) write "int8-blockwise".
+    # How updates travel (specs/training.md#update-codecs). "f32" is what a [training] table
+    # without the key has always meant (old runs, and their checkpoints' extra.training, which
+    # replay reads); new runs (cnode.node.new_run_training) write "sparse-topk", decay 0.95.
     update_codec: str = "f32"
     # sparse-topk only: the share of values each chunk of an update keeps (K = round(density x
     # 4096) per chunk; specs/training.md#update-codecs). Recorded with the run's config, so a

@@ -12,7 +12,8 @@ The tree::
           ├── RoundStalledError        the coordinator published no member list in time
           ├── BannedError              the coordinator banned this node (the reason inside)
           ├── CatchUpError             the state needed to join could not be fetched or rebuilt
-          └── UnreachableError         this node reached none of a round's other members
+          ├── UnreachableError         this node reached none of a round's other members
+          └── NoPublicMemberError      every member of a round is outbound-only
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ __all__ = [
     "DeviceError",
     "MalformedUpdateError",
     "MissingUpdatesError",
+    "NoPublicMemberError",
     "OutputsUnavailableError",
     "PartitionEvidenceError",
     "PeerUpdateError",
@@ -153,3 +155,19 @@ class UnreachableError(TrainingError):
         )
         self.round = round_
         self.peers = peers
+
+
+class NoPublicMemberError(TrainingError):
+    """Raised when every member of a round is outbound-only (none could be dialed back at
+    join): no two of them can connect, so the round cannot exchange anything."""
+
+    def __init__(self, round_: int, others: list[str]) -> None:
+        super().__init__(
+            f"round {round_}: every member is outbound-only (the coordinator could dial none of "
+            f"them back), so no member can fetch from another: {', '.join(sorted(others))}. "
+            "Fix: run at least one member with a public address: an open or forwarded libp2p "
+            "port (--listen, and --announce-addr behind a port mapping), or a machine with a "
+            "public IP; on a LAN or one machine, set the run's [network] allow_private_addrs"
+        )
+        self.round = round_
+        self.peers = others

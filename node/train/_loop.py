@@ -53,6 +53,7 @@ from .swarm import (
     advertised_addrs,
     leave_round,
     maybe_gateway,
+    say_reachability,
     serve_metrics,
 )
 
@@ -228,6 +229,7 @@ class _Session:
         self.bans = KnownBans()
         self.headers = HeaderCollector(settings.run, lambda peer: peer not in self.bans)
         self.left = False  # SIGTERM/SIGINT: left the current round and stopped
+        self.listening: dict[str, object] = {}  # the LISTENING event's fields (reachability)
 
     async def run(self, client: CoordinatorClient) -> None:
         settings, run = self.settings, self.settings.run
@@ -261,6 +263,7 @@ class _Session:
             with contextlib.ExitStack() as metrics:
                 if settings.metrics is not None:
                     node_metrics = NodeMetrics(node.traffic)
+                    node_metrics.observe(Event.LISTENING, self.listening)  # said before it
                     self.reporter.observers.append(node_metrics)
                     url = metrics.enter_context(
                         serve_metrics(settings.metrics, node_metrics.registry)
@@ -284,10 +287,19 @@ class _Session:
         if self.login is not None:
             # The coordinator checks the binding and the token with the Hub (HF-account
             # allowlists); without a login the node joins by its peer id alone.
-            await client.join(hf_binding=self.login.binding, hf_token=self.login.token, addrs=addrs)
+            joined = await client.join(
+                hf_binding=self.login.binding, hf_token=self.login.token, addrs=addrs
+            )
         else:
-            await client.join(addrs=addrs)
-        self.reporter.event(Event.LISTENING, addrs=node.listen_addrs, advertised=addrs)
+            joined = await client.join(addrs=addrs)
+        self.listening = {
+            "addrs": node.listen_addrs,
+            "advertised": addrs,
+            "reachable": joined.reachable,
+            "reachability": joined.reachability,
+        }
+        say_reachability(joined.reachability, addrs, joined.reachable)
+        self.reporter.event(Event.LISTENING, **self.listening)
 
     def _round_loop(
         self, client: CoordinatorClient, node: P2PNode, finder: PeerFinder, fetcher: MemberFetcher

@@ -15,7 +15,7 @@ Each stage has its own module; this one only sequences them (specs/training.md#a
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 import trio
@@ -37,13 +37,15 @@ from ._exceptions import (
 from ._report import Event, Reporter
 from ._trainer import NodeTrainer, OwnUpdate, RoundOutcome
 from .checkpoint import agree_on_checkpoint
-from .exchange import PartitionedExchange, UpdateExchange
+from .exchange import PartitionedExchange, Relay, UpdateExchange
 from .swarm import (
     HeaderCollector,
     KnownBans,
     RunTopics,
     catch_up_report,
+    check_round_reachable,
     leave_round,
+    note_reachability,
     round_report,
     send_report,
 )
@@ -73,6 +75,10 @@ class RoundLoop:
     checkpointer: bool
     current_round: int | None = None  # joined and not yet aggregated
     gave_up: MissingUpdatesError | None = None  # the last round this node could not complete
+    relay: Relay = field(init=False)  # its re-serving of outbound-only members' updates
+
+    def __post_init__(self) -> None:
+        self.relay = Relay(self.exchange.fetcher)
 
     async def run(self) -> None:
         await self._resume_from_store()
@@ -94,9 +100,11 @@ class RoundLoop:
         own, t_train, t_publish = await self._train_and_publish(round_)
         published_at = time.time()  # wall clock: compared across nodes (bench/round.py)
         info = await self._wait_members(round_)
+        check_round_reachable(round_, self.node.peer_id, info.members, info.addrs)
+        note_reachability(self.node, info.members, info.addrs)
         sent, got = self.node.server.bytes_sent, self.exchange.fetcher.bytes_in
         began = time.monotonic()
-        outcome = await (self._play_partitioned(info) if info.parts else self._play_full(info, own))
+        outcome = await self._exchange(info, own)
         if outcome is None:
             self.current_round = None  # the next round starts with a catch-up
             return False
@@ -153,12 +161,25 @@ class RoundLoop:
             # clock): the round's overhead is the latter minus the last member's former.
             published_at=published_at,
             assembled_at=assembled_at,
+            # Bytes this node fetched to re-serve outbound-only members' updates (issue 37).
+            reserved_bytes=self.relay.last_bytes,
             **split,
         )
         holds = None if manifest is None else str(manifest)
         report = round_report(round_, loss, str(self.trainer.state_cid), holds)
         await send_report(self.client, report)
         return last
+
+    async def _exchange(self, info: RoundInfo, own: OwnUpdate) -> RoundOutcome | None:
+        """The round's exchange (partitioned or full), with this node's re-serving of
+        outbound-only members' updates beside it (exchange/_relay.py)."""
+        async with trio.open_nursery() as relaying:
+            relaying.start_soon(self.relay.run, info)
+            outcome = await (
+                self._play_partitioned(info) if info.parts else self._play_full(info, own)
+            )
+            relaying.cancel_scope.cancel()
+        return outcome
 
     async def _enter_round(self) -> int | None:
         """The round this node plays next, caught up to it first if it is behind; None when

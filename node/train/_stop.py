@@ -28,6 +28,7 @@ from ._exceptions import (
     BannedError,
     CatchUpError,
     MissingUpdatesError,
+    NoPublicMemberError,
     OutputsUnavailableError,
     ReplayMismatchError,
     RoundStalledError,
@@ -85,6 +86,7 @@ _BY_TYPE: tuple[tuple[type[BaseException] | tuple[type[BaseException], ...], Sto
     (
         (
             UnreachableError,
+            NoPublicMemberError,
             CatchUpError,
             MissingUpdatesError,
             OutputsUnavailableError,

@@ -77,6 +77,10 @@ HEADER_REPUBLISH_FOR_S = 20.0
 # member), FETCH_RETRY_S x the try number apart.
 FETCH_ATTEMPTS = 4
 FETCH_RETRY_S = 0.5
+# Tries for the update of an outbound-only member this node has no connection to: its blocks
+# come from the public member that re-serves them (exchange/_relay.py), which fetches them
+# meanwhile; 12 tries span about 33 s, within the round's deadlines.
+RELAYED_FETCH_ATTEMPTS = 12
 # Seconds a node spends fetching the updates of one round's members before it reports what it
 # holds (op `collected`); never past the round's collect deadline less COLLECT_REPORT_MARGIN_S.
 ROUND_FETCH_S = 60.0

@@ -33,11 +33,19 @@ START_S = 60.0
 CALL_S = 30.0
 
 
+CHROMIUM_MISSING = "chromium is not installed (make test installs it: apt-get install chromium)"
+
+
 def chromium_or_skip() -> str:
     path = shutil.which("chromium")
     if path is None:
-        pytest.skip("chromium is not installed (make test installs it: apt-get install chromium)")
+        pytest.skip(CHROMIUM_MISSING)
     return path
+
+
+def has_chromium() -> bool:
+    """For a test whose browser part is one of several: it runs the rest and skips at the end."""
+    return shutil.which("chromium") is not None
 
 
 class Page:

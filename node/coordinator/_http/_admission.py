@@ -27,6 +27,7 @@ from .._exceptions import RequestRefused
 from .._store._store import Store
 from .._wire._protocol import PEER_ONLY_USERNAME, JoinResult
 from ._addrs import AddressError, check_peer_addrs
+from ._dialback import dial_back
 from ._driver import RunDriver
 
 __all__ = ["Admission"]
@@ -84,12 +85,15 @@ class Admission:
                     f"{account.username!r}, the binding names {bound.username!r}",
                 )
             username, orgs = account.username, list(account.orgs)
+        # Only what the coordinator could dial back is stored and handed out: nobody dials an
+        # address that cannot be reached (specs/coordinator.md#reachability).
+        reachable = await dial_back(addrs)
         now = time.time()
         expires = now + self.config.access.token_ttl_s
         with self.store.tx():
             self.driver.consume_counter(peer, counter)
             self.driver.check_may_join(peer, username, orgs)
-            self.driver.record_join(peer, username, now, expires, addrs)
+            self.driver.record_join(peer, username, now, expires, reachable)
         token = issue_access_token(
             self.identity,
             peer_id=peer,
@@ -97,7 +101,7 @@ class Admission:
             run=self.run,
             expires_at=int(expires),
         )
-        return JoinResult(token, peer, username, int(expires) * 1000).to_json()
+        return JoinResult(token, peer, username, int(expires) * 1000, reachable).to_json()
 
     async def _whoami(self, hf_token: str) -> Any:
         loop = asyncio.get_running_loop()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -22,6 +23,7 @@ from aiohttp import web
 from .. import limits
 from .._store._rows import RoundRow
 from .._store._store import Store
+from ._dialback import Reachability
 from ._driver import RunDriver
 from ._reports import ReportBook
 
@@ -49,6 +51,9 @@ _STATIC = {
 
 def _ms(t: Any) -> int | None:
     return None if t is None else int(float(t) * 1000)
+
+
+PUBLIC, OUTBOUND_ONLY = str(Reachability.PUBLIC), str(Reachability.OUTBOUND_ONLY)
 
 
 class Dashboard:
@@ -134,10 +139,7 @@ class Dashboard:
             "bans": self._bans(),
             "checkpoints": self._checkpoints(),
             "catch_ups": pages.catch_ups(limits.DASHBOARD_CATCH_UPS),
-            "peers": [
-                {"peer": p.peer, "username": p.username, "joined_at_ms": _ms(p.joined_at)}
-                for p in pages.peers(limits.DASHBOARD_PEERS)
-            ],
+            "peers": self._peers(pages.peers(limits.DASHBOARD_PEERS)),
             "allowlist": [
                 {"kind": e["kind"], "value": e["value"]}
                 for e in s.allowlist(limits.DASHBOARD_PEERS)
@@ -175,12 +177,31 @@ class Dashboard:
             )
         return out
 
+    def _reachability(self, peers: list[str]) -> dict[str, str]:
+        """Peer -> ``public`` or ``outbound-only``, as its last join's dial-back found it: only
+        addresses dialed back are stored (specs/coordinator.md#reachability)."""
+        dialable = self.store.peer_addrs(peers)
+        return {p: PUBLIC if dialable.get(p) else OUTBOUND_ONLY for p in peers}
+
+    def _peers(self, rows: Sequence[Any]) -> list[dict[str, Any]]:
+        reach = self._reachability([p.peer for p in rows])
+        return [
+            {
+                "peer": p.peer,
+                "username": p.username,
+                "joined_at_ms": _ms(p.joined_at),
+                "reachability": reach[p.peer],
+            }
+            for p in rows
+        ]
+
     def _rounds(self, current: int) -> list[dict[str, Any]]:
         pages = self.reports.pages
         out = []
         for row in pages.rounds(current + 1, limits.DASHBOARD_ROUNDS):
             n = row.round
             members, total = pages.members(n, limits.DASHBOARD_MEMBERS)
+            reach = self._reachability([m.peer for m in members])
             out.append(
                 {
                     "round": n,
@@ -203,6 +224,7 @@ class Dashboard:
                             "joined_at_ms": _ms(m.joined_at),
                             "ready_at_ms": _ms(m.ready_at),
                             "header": m.header,
+                            "reachability": reach.get(m.peer, OUTBOUND_ONLY),
                         }
                         for m in members
                     ],
@@ -216,7 +238,7 @@ class Dashboard:
         n, parts = row.round, row.parts
         if parts == 0:
             return {"parts": 0, "partitions": []}
-        aggregators = self.driver.partitions.aggregators(n, row.members, parts)
+        aggregators = self.driver.partitions.aggregators(row)
         results = self.store.results(n)
         shown = []
         for p in range(min(parts, limits.DASHBOARD_PARTITIONS)):

@@ -70,23 +70,45 @@ class PartitionRules:
             return 0
         return partition_count(members, aggregation_limits.SEGMENTS)
 
-    def aggregators(self, n: int, members: list[str], parts: int) -> list[str]:
-        return assign_partitions(self.config.run, n, members, parts) if parts else []
+    def assign(self, n: int, members: list[str], parts: int, public: frozenset[str]) -> list[str]:
+        """Who aggregates each partition of round ``n``, fixed at publish: the public members
+        only, when some members are outbound-only and some are not (issue 37). An aggregator
+        must fetch every member's segments of its partition, and an outbound-only member can
+        open no connection to another outbound-only one, while every member reaches a public
+        one; so public members aggregate (several partitions each, in their ranked order) and
+        outbound-only members verify and score (specs/coordinator.md#reachability)."""
+        if not parts:
+            return []
+        eligible = [m for m in members if m in public]
+        if not eligible or len(eligible) == len(members):
+            return assign_partitions(self.config.run, n, members, parts)
+        order = assign_partitions(self.config.run, n, eligible, len(eligible))
+        return [order[p % len(order)] for p in range(parts)]
+
+    def aggregators(self, row: RoundRow) -> list[str]:
+        """Round ``row``'s aggregator per partition: as fixed at publish, or (a row published
+        before that was stored) the assignment over every member."""
+        if row.aggregators is not None:
+            return list(row.aggregators)
+        return (
+            assign_partitions(self.config.run, row.round, row.members, row.parts)
+            if row.parts
+            else []
+        )
 
     def info(self, f: RoundFacts, now: float) -> dict[str, Any]:
         """The RoundInfo keyword arguments of a listed round's partitioned fields."""
         row = listed_row(f)
-        n, parts = row.round, row.parts
+        parts = row.parts
         if parts == 0:
             return {}
-        members = row.members
         results = {
             str(p): PartitionResultEntry(r.peer, r.header, r.replaced, r.by)
             for p, r in f.results.items()
         }
         return {
             "parts": parts,
-            "aggregators": self.aggregators(n, members, parts),
+            "aggregators": self.aggregators(row),
             "results": results,
             "verify_deadline_ms": ms(row.verify_deadline),
             "scores": f.score_records(),
@@ -131,7 +153,7 @@ class PartitionRules:
             )
         if row.status is RoundStatus.AGREED:
             raise RequestRefused(E.ROUND_OVER, f"round {n} is agreed; results are closed")
-        aggregator = self.aggregators(n, members, parts)[partition]
+        aggregator = self.aggregators(row)[partition]
         if peer != aggregator:
             self._check_backup(peer, n, members, partition, aggregator, row, now)
         writes: list[Write] = [PutResult(n, partition, peer, header, now)]
@@ -276,7 +298,7 @@ class PartitionRules:
         row, results = listed_row(f), f.results
         n, parts = row.round, row.parts
         members = row.members
-        aggregators = self.aggregators(n, members, parts)
+        aggregators = self.aggregators(row)
         excluded = dict(row.excluded)
         missing = sorted(set(range(parts)) - set(results))
         for p in missing:

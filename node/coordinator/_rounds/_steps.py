@@ -173,7 +173,8 @@ class RoundSteps:
 
     def _publish(self, f: RunFacts, now: float) -> list[Write]:
         r, n = self.config.rounds, f.run.round
-        members = f.round(n).peers(MemberStatus.READY)
+        facts = f.round(n)
+        members = facts.peers(MemberStatus.READY)
         parts = self.partitions.parts_for(len(members))
         published = {
             "status": RoundStatus.PUBLISHED,
@@ -181,6 +182,7 @@ class RoundSteps:
             "members": members,
             "collect_deadline": now + r.collect_timeout_s,
             "parts": parts,
+            "aggregators": self.partitions.assign(n, members, parts, facts.public),
         }
         epoch = f.run.epoch
         writes: list[Write] = [

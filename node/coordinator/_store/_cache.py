@@ -96,8 +96,17 @@ class FactsCache:
         banned = self.db.execute(
             "SELECT peer FROM bans WHERE peer IN (SELECT peer FROM members WHERE round = ?)", (n,)
         ).fetchall()
+        public = self.db.execute(
+            "SELECT peer FROM peers WHERE peer IN (SELECT peer FROM members WHERE round = ?) "
+            "AND addrs IS NOT NULL AND addrs != '[]'",
+            (n,),
+        ).fetchall()
         return RoundFacts(
-            self.round_row(n), members, self.results(n), frozenset(str(b[0]) for b in banned)
+            self.round_row(n),
+            members,
+            self.results(n),
+            frozenset(str(b[0]) for b in banned),
+            frozenset(str(p[0]) for p in public),
         )
 
     # -- transactions -------------------------------------------------------------------------

@@ -30,6 +30,8 @@ class RoundFacts:
     members: Mapping[str, MemberRow] = field(default_factory=dict)  # every member row, by peer
     results: Mapping[int, ResultRow] = field(default_factory=dict)  # partition -> result
     banned: frozenset[str] = frozenset()  # the peers of ``members`` that are banned now
+    # The peers of ``members`` whose last join was dialed back (specs/coordinator.md#reachability)
+    public: frozenset[str] = frozenset()
 
     def peers(self, *statuses: MemberStatus) -> list[str]:
         """The members with one of ``statuses``, by peer id."""

@@ -88,6 +88,8 @@ class RoundRow:
     verify_deadline: float | None  # set once every partition has a result
     results_open: float | None  # when the result window opened
     backup_step: float | None  # the window's step
+    # partition -> its aggregator, fixed at publish (None: assign_partitions over the members)
+    aggregators: list[str] | None = None
 
     @property
     def listed(self) -> bool:
@@ -115,6 +117,7 @@ class RoundRow:
             r["verify_deadline"],
             r["results_open"],
             r["backup_step"],
+            None if r["aggregators"] is None else _list(r["aggregators"]),
         )
 
 

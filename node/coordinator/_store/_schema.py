@@ -45,6 +45,9 @@ _ADDED_COLUMNS = (
     # window opened and the backup step it was given (specs/coordinator.md#pace).
     ("rounds", "results_open", "REAL"),
     ("rounds", "backup_step", "REAL"),
+    # Peers behind NAT (issue 37): who aggregates each partition, fixed at publish from the
+    # members' reachability (NULL: the assignment over every member, as before).
+    ("rounds", "aggregators", "TEXT"),
 )
 
 # Schema 3 wrote a ban's kind into its `by` as a prefix; schema 4 keeps the kind apart and `by`

@@ -45,7 +45,7 @@ _ROUND_COLUMNS = frozenset(
     {
         "epoch", "status", "closed_at", "deadline", "published_at", "members",
         "collect_deadline", "agreed_at", "agreed", "excluded", "parts", "backup_steps",
-        "verify_deadline", "results_open", "backup_step",
+        "verify_deadline", "results_open", "backup_step", "aggregators",
     }
 )  # fmt: skip
 _MEMBER_COLUMNS = frozenset(

@@ -416,6 +416,13 @@ class JoinResult:
     peer: str  # the peer id it was issued to
     username: str  # the HF username checked ("" for a peer-id-only join)
     expires_at_ms: int  # when it stops being accepted
+    # Addresses dialed back (specs/coordinator.md#reachability); none: outbound-only.
+    reachable: list[str] = field(default_factory=list)
+
+    @property
+    def reachability(self) -> str:
+        """``public`` (some address was dialed back) or ``outbound-only``."""
+        return "public" if self.reachable else "outbound-only"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -423,6 +430,8 @@ class JoinResult:
             "peer": self.peer,
             "username": self.username,
             "expires_at_ms": self.expires_at_ms,
+            "reachable": list(self.reachable),
+            "reachability": self.reachability,
         }
 
     @classmethod
@@ -432,6 +441,7 @@ class JoinResult:
             _get(j, "peer", str),
             _get(j, "username", str),
             _get(j, "expires_at_ms", int),
+            _strs(j, "reachable") if "reachable" in j else [],
         )
 
 

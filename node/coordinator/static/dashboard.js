@@ -170,6 +170,7 @@
       el("td", {}, peerCell(m.peer)),
       el("td", {}, m.username || ""),
       el("td", {}, el("span", { class: "state state-" + m.status }, m.status)),
+      el("td", { class: "reach" }, m.reachability || ""),
       el("td", { class: "muted" }, m.ready_at_ms ? "ready " + time(m.ready_at_ms) : ""),
       el("td", { class: "muted excluded" }, excludedWhy ? "left out: " + excludedWhy : ""));
   }
@@ -268,6 +269,7 @@
     rows("peers-table", d.peers, p => el("tr", { class: "peer" },
       el("td", { class: "cid" }, p.peer),
       el("td", { class: "username" }, p.username || "(peer id only)"),
+      el("td", { class: "reach" }, p.reachability || ""),
       el("td", {}, time(p.joined_at_ms))));
     rows("allowlist-table", d.allowlist, a => el("tr", { class: "allow" },
       el("td", {}, a.kind), el("td", {}, a.value)));

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from libp2p.abc import INetStream
 from libp2p.exceptions import BaseLibp2pError
 from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.protocol_muxer.exceptions import MultiselectClientError
 
 from .._exceptions import StreamBroken
 
@@ -53,3 +54,14 @@ class Libp2pStream:
         # Resetting an already broken stream fails: nothing is left to tell the peer.
         with contextlib.suppress(BaseLibp2pError):
             await self.raw.reset()
+
+
+def selection_timed_out(exc: BaseException) -> bool:
+    """Did a new stream fail because its protocol selection timed out (py-libp2p's
+    MultiselectClientError "response timed out", under StreamFailure)?"""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, MultiselectClientError) and "timed out" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

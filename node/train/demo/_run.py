@@ -28,6 +28,7 @@ from rich.table import Table
 from cnode.auth import Identity, save_identity
 from cnode.node._children import die_with_parent
 from cnode.node._config import IDENTITY_FILE, NodeConfig, save_config
+from cnode.node._new_run import new_run_training
 
 from .._report import Event, read_report
 from ._report import final_report
@@ -277,7 +278,7 @@ def _coordinator_files(work: Path, procs: list[_Proc], settings: DemoSettings) -
         "access": {"peers": [p.peer for p in procs]},
         # Every node listens on 127.0.0.1 and advertises that address through the coordinator.
         "network": {"allow_private_addrs": True},
-        "training": {"update_codec": settings.codec, **settings.training},
+        "training": {**new_run_training(settings.codec), **settings.training},
     }
     run_config = work / "run.toml"
     run_config.write_text(tomli_w.dumps(config), encoding="utf-8")

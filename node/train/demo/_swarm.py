@@ -8,6 +8,8 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from cnode.node._new_run import NEW_RUN_CODEC
+
 __all__ = ["DemoSettings"]
 
 
@@ -21,7 +23,8 @@ class DemoSettings:
     late_after_round: int = 3  # the late joiner starts when this round is aggregated
     attack: str = "gaussian"  # what the attacker sends (aggregation's attack harness)
     timeout_s: float = 600.0  # the whole demo gives up after this
-    codec: str = "int8-blockwise"  # the run's training.update_codec (a new run's choice)
+    # The run's training.update_codec, with the keys a new run gets for it (new_run_training).
+    codec: str = NEW_RUN_CODEC
     training: dict[str, Any] = field(default_factory=dict)  # [training] table overrides
 
 

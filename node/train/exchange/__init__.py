@@ -10,3 +10,4 @@ from ._fetch import MemberFetcher as MemberFetcher
 from ._fetch import fetch_update_segments as fetch_update_segments
 from ._full import UpdateExchange as UpdateExchange
 from ._partitioned import PartitionedExchange as PartitionedExchange
+from ._relay import Relay as Relay

@@ -41,6 +41,7 @@ async def with_retries(
     *,
     refused_by: set[str],
     failed: Callable[[int, str], None] | None = None,
+    attempts: int = limits.FETCH_ATTEMPTS,
 ) -> T | GaveUp:
     """``attempt(i)`` for i in 0..FETCH_ATTEMPTS-1 until one returns, sleeping FETCH_RETRY_S x
     (i + 1) after each failure (a FetchError, P2PError or StorageError); GaveUp after the last.
@@ -51,7 +52,7 @@ async def with_retries(
     recorded is the reason.
     """
     why = "no attempt finished"
-    for i in range(limits.FETCH_ATTEMPTS):
+    for i in range(attempts):
         try:
             return await attempt(i)
         except FetchError as exc:
@@ -81,10 +82,23 @@ class MemberFetcher:
         self.refused_by: set[str] = set()  # holders that refused this node (banned?)
         self.bytes_in = 0  # verified update bytes fetched in full rounds (the round report's)
 
+    def relayed(self, info: RoundInfo, member: str) -> bool:
+        """Whether ``member``'s blocks reach this node only through holders that re-serve them:
+        it is outbound-only (listed without an address) and has no connection to us (issue 37,
+        specs/blocks.md#reachability)."""
+        return not info.addrs.get(member) and not self.node.is_connected(member)
+
+    def attempts_for(self, info: RoundInfo, member: str) -> int:
+        """Tries to fetch ``member``'s update: more for a relayed one, whose re-serving holder
+        fetches it from its author meanwhile."""
+        if self.relayed(info, member):
+            return limits.RELAYED_FETCH_ATTEMPTS
+        return limits.FETCH_ATTEMPTS
+
     def holders_for(self, info: RoundInfo, member: str, *, everyone: bool) -> list[str]:
-        """Whom to ask for ``member``'s blocks: the member, and with ``everyone`` every
-        connected member too."""
-        if not everyone:
+        """Whom to ask for ``member``'s blocks: the member, and with ``everyone`` (or when the
+        member is relayed: see :meth:`relayed`) every connected member too."""
+        if not everyone and not self.relayed(info, member):
             return [member]
         connected = set(self.node.connected_peers())
         return [member] + [p for p in info.members if p in connected and p not in (member, self.me)]

@@ -202,7 +202,12 @@ class UpdateExchange:
             got.missing[member] = f"update not fetched: {why}"
             log.info("update_fetch_retry", member=member[-8:], attempt=i, error=why)
 
-        await with_retries(attempt, refused_by=fetcher.refused_by, failed=failed)
+        await with_retries(
+            attempt,
+            refused_by=fetcher.refused_by,
+            failed=failed,
+            attempts=fetcher.attempts_for(info, member),
+        )
 
 
 def _short(peers: Sequence[str]) -> list[str]:

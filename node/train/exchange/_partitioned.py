@@ -127,6 +127,7 @@ class PartitionedExchange:
                 await self._aggregate(state, partition, backup_for=None, fetch_until=fetch_until)
             clock.lap("aggregate")  # its inputs fetched, the scores agreed, aggregated
         clock.lap("scores_wait")  # this node's own scoring, when it ends after its partition
+        phases.update(self.scores.split_phases())  # "scores": fetching, then measuring
         recorded = await self._wait_results(state)
         clock.lap("results_wait")
         spread = await self.scores.agreed(info) if self.scores.enabled else None
@@ -303,7 +304,8 @@ class PartitionedExchange:
         def failed(_: int, why: str) -> None:
             missing[member] = f"update not fetched: {why}"
 
-        await with_retries(attempt, refused_by=self.fetcher.refused_by, failed=failed)
+        n = self.fetcher.attempts_for(info, member)
+        await with_retries(attempt, refused_by=self.fetcher.refused_by, failed=failed, attempts=n)
 
     # -- waiting for results, backups ---------------------------------------------------------
 

@@ -102,16 +102,29 @@ class PartitionScores:
         # One measurement at a time: RoundScoring holds one model, loaded per measurement.
         self._model_lock = trio.CapacityLimiter(1)
         self.bytes_in = 0  # whole updates and records fetched for scoring (this node's share)
+        # The last round's seconds fetching the targets and measuring them (the round report's
+        # phases ``scores_fetch`` and ``scores_compute``: bench/capped_round.py tells them apart).
+        self.last_fetch_s = self.last_compute_s = 0.0
 
     @property
     def enabled(self) -> bool:
         return self.trainer.scoring is not None
+
+    def split_phases(self) -> dict[str, float]:
+        """The last round's ``scores_fetch`` and ``scores_compute`` seconds (none unscored)."""
+        if not self.enabled:
+            return {}
+        return {
+            "scores_fetch": round(self.last_fetch_s, 4),
+            "scores_compute": round(self.last_compute_s, 4),
+        }
 
     # -- 1: scoring this node's targets ---------------------------------------------------------
 
     async def score_targets(self, info: RoundInfo) -> None:
         """Measure this node's targets, sign, store and report the record (op ``score``)."""
         me, scoring = self.trainer.peer, self.trainer.scoring
+        self.last_fetch_s = self.last_compute_s = 0.0
         if scoring is None or me not in info.members:
             return
         seed = score_seed(round_headers(info).values())
@@ -123,10 +136,13 @@ class PartitionScores:
             async with trio.open_nursery() as nursery:
                 for target in targets:
                     nursery.start_soon(self._fetch_target, info, target, fetched, unscored)
+        measuring = trio.current_time()
+        self.last_fetch_s = measuring - began
         # Then every fetched target in one measurement: their "before" losses share one pass.
         scores = await trio.to_thread.run_sync(
             self._measure_targets, info.round, seed, fetched, unscored, limiter=self._model_lock
         )
+        self.last_compute_s = trio.current_time() - measuring
         scores = _testing_aid(self.trainer.attack_name, info, targets, scores)
         record = ScoreRecord(
             self.trainer.run,
@@ -180,7 +196,11 @@ class PartitionScores:
             self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
             return got
 
-        got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
+        got = await with_retries(
+            attempt,
+            refused_by=self.fetcher.refused_by,
+            attempts=self.fetcher.attempts_for(info, target),
+        )
         if isinstance(got, GaveUp):
             return f"update not fetched: {got.why}"[: limits.MAX_REASON_CHARS]
         return got

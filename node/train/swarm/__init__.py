@@ -15,6 +15,9 @@ from ._metrics import NodeMetrics as NodeMetrics
 from ._metrics import serve_metrics as serve_metrics
 from ._peers import PeerFinder as PeerFinder
 from ._peers import advertised_addrs as advertised_addrs
+from ._reachability import check_round_reachable as check_round_reachable
+from ._reachability import note_reachability as note_reachability
+from ._reachability import say_reachability as say_reachability
 from ._telemetry import catch_up_report as catch_up_report
 from ._telemetry import round_report as round_report
 from ._telemetry import send_report as send_report

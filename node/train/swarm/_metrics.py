@@ -81,6 +81,12 @@ class NodeMetrics:
         self.catch_up_seconds = Gauge(
             "cnode_node_catch_up_seconds", "Seconds the last catch-up's fetch took", registry=r
         )
+        self.reachability = Gauge(
+            "cnode_node_reachability",
+            "1 for this node's reachability as the coordinator's dial-back found it at join",
+            ["reachability"],
+            registry=r,
+        )
         self._banned: set[str] = set()
         self._left_out_peers: set[str] = set()
         for phase in PHASES:  # every phase is present from the start, at zero
@@ -113,6 +119,9 @@ class NodeMetrics:
                     self._left_out_peers.discard(str(peer))
                     known = False
                 self.left_out.labels(str(peer) if known else "other").inc()
+        elif event is Event.LISTENING and fields.get("reachability"):
+            for kind in ("public", "outbound-only"):
+                self.reachability.labels(kind).set(int(fields["reachability"] == kind))
         elif event is Event.ROUND_GIVEN_UP:
             self.given_up.inc()
         elif event is Event.BAN_SEEN:

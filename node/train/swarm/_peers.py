@@ -31,6 +31,7 @@ from cnode.node.p2p import P2PError, P2PNode
 
 from .. import limits
 from .._exceptions import TrainingConfigError
+from ._reachability import note_reachability
 
 __all__ = ["PeerFinder", "advertised_addrs", "discovery_poll_s"]
 
@@ -232,5 +233,8 @@ class PeerFinder:
                 wanted.setdefault(_peer_of(address), []).append(address)
             listed = listed_addrs(state)
             wanted.update(listed)
+            for record in (state.last_round, state.round):
+                if record is not None and record.members:
+                    note_reachability(self.node, record.members, record.addrs)
             await self.dial(wanted)
             await trio.sleep(discovery_poll_s(len(listed)))

@@ -22,7 +22,8 @@ from cnode.node.coordinator import (
 )
 from cnode.node.coordinator import limits as coordinator_limits
 from cnode.node.coordinator.server import ServeSettings
-from cnode.storage import compute_cid
+from cnode.node.p2p import P2PSettings, open_p2p_node
+from cnode.storage import BlockStore, compute_cid
 
 from .conftest import Running, body, post, refused, run_config, start_server
 
@@ -41,30 +42,39 @@ def _header(peer: Identity) -> str:
     return str(compute_cid(f"header of {peer.peer_id_str}".encode(), 0x71))
 
 
-def test_round_records_carry_each_peers_checked_addresses(serve: Any, peers: Any) -> None:
+def test_round_records_carry_each_peers_checked_addresses(
+    serve: Any, peers: Any, tmp_path: Path
+) -> None:
+    """Only addresses the coordinator dialed back are stored and handed out: a's real libp2p
+    node answers, b's address (an unrouted LAN one) does not, so b is outbound-only and nobody
+    is told to dial it (specs/coordinator.md#reachability)."""
     running = serve(_private(run_config(peers, min_participants=2)))
     a, b = peers[0], peers[1]
 
     async def main() -> None:
-        ca, cb = _client(running, a), _client(running, b)
-        await ca.join(addrs=["/ip4/127.0.0.1/tcp/4101", "/ip4/127.0.0.1/tcp/4101"])
-        await cb.join(addrs=[f"/ip4/10.1.2.3/tcp/4102/p2p/{b.peer_id_str}"])
-        assert await ca.join_round() == 1
-        # Before the list is published, the record already names the joined peers' addresses.
-        info = await cb.round_info(1)
-        assert info.addrs == {a.peer_id_str: [f"/ip4/127.0.0.1/tcp/4101/p2p/{a.peer_id_str}"]}
-        assert await cb.join_round() == 1
-        await ca.ready(1, header=_header(a))
-        await cb.ready(1, header=_header(b))
-        with trio.fail_after(10):
-            listed = await ca.wait_members(1)
-        assert listed.addrs == {
-            a.peer_id_str: [f"/ip4/127.0.0.1/tcp/4101/p2p/{a.peer_id_str}"],
-            b.peer_id_str: [f"/ip4/10.1.2.3/tcp/4102/p2p/{b.peer_id_str}"],
-        }
-        # The run state carries them too (its last round), signed by the coordinator.
-        state = await ca.run_state()
-        assert state.last_round is not None and state.last_round.addrs == listed.addrs
+        settings = P2PSettings(listen=("/ip4/127.0.0.1/tcp/0",))
+        store = BlockStore(tmp_path / "blocks")
+        async with open_p2p_node(a, store, settings, allow=lambda _peer: True) as node:
+            port = node.listen_addrs[0].split("/")[4]
+            mine = f"/ip4/127.0.0.1/tcp/{port}/p2p/{a.peer_id_str}"
+            ca, cb = _client(running, a), _client(running, b)
+            joined_a = await ca.join(addrs=[f"/ip4/127.0.0.1/tcp/{port}"] * 2)
+            assert (joined_a.reachability, joined_a.reachable) == ("public", [mine])
+            joined_b = await cb.join(addrs=[f"/ip4/10.1.2.3/tcp/4102/p2p/{b.peer_id_str}"])
+            assert (joined_b.reachability, joined_b.reachable) == ("outbound-only", [])
+            assert await ca.join_round() == 1
+            # Before the list is published, the record already names the joined peers' addresses.
+            info = await cb.round_info(1)
+            assert info.addrs == {a.peer_id_str: [mine]}
+            assert await cb.join_round() == 1
+            await ca.ready(1, header=_header(a))
+            await cb.ready(1, header=_header(b))
+            with trio.fail_after(10):
+                listed = await ca.wait_members(1)
+            assert listed.addrs == {a.peer_id_str: [mine]}
+            # The run state carries them too (its last round), signed by the coordinator.
+            state = await ca.run_state()
+            assert state.last_round is not None and state.last_round.addrs == listed.addrs
 
     trio.run(main)
 
@@ -105,18 +115,20 @@ def test_another_peers_id_in_an_address_is_refused(serve: Any, peers: Any) -> No
 
 
 def test_public_addresses_are_accepted_in_a_public_run(serve: Any, peers: Any) -> None:
+    """Accepted (no bad_addr), dialed back, and not handed out when nothing answers there (this
+    sandbox reaches no internet): the joiner learns it is outbound-only."""
     running = serve(run_config(peers))
     a = peers[0]
 
     async def main() -> None:
         ca = _client(running, a)
-        await ca.join(addrs=["/ip4/93.184.216.34/tcp/4001", "/ip6/2606:4700::1111/tcp/4001"])
+        joined = await ca.join(
+            addrs=["/ip4/93.184.216.34/tcp/4001", "/ip6/2606:4700::1111/tcp/4001"]
+        )
+        assert (joined.reachability, joined.reachable) == ("outbound-only", [])
         await ca.join_round()
         info = await ca.round_info(1)
-        assert info.addrs[a.peer_id_str] == [
-            f"/ip4/93.184.216.34/tcp/4001/p2p/{a.peer_id_str}",
-            f"/ip6/2606:4700::1111/tcp/4001/p2p/{a.peer_id_str}",
-        ]
+        assert a.peer_id_str not in info.addrs
 
     trio.run(main)
 

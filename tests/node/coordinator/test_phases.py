@@ -121,8 +121,11 @@ def test_new_run_writes_a_config_pinning_the_key(tmp_path: Path, cli_logging: No
     assert config.coordinator == load_identity(key).peer_id_str
     assert config.rounds.min_participants == 3 and len(config.access.peers) == 1
     assert key.stat().st_mode & 0o777 == 0o600
-    # A new run sends compressed updates and partitions rounds of 3+ unless told otherwise.
-    assert config.training == {"update_codec": "int8-blockwise", "partitioned": "auto"}
+    # A new run sends sparse updates (with the error-feedback decay they were measured with)
+    # and partitions rounds of 3+ unless told otherwise.
+    assert config.training == {
+        "update_codec": "sparse-topk", "error_decay": 0.95, "partitioned": "auto",
+    }  # fmt: skip
     other = tmp_path / "f32.toml"
     args = ["coordinator", "new-run", "d2", "--key", str(key), "--out", str(other)]
     assert main([*args, "--update-codec", "f32", "--partitioned", "never"]) == 0
@@ -130,9 +133,16 @@ def test_new_run_writes_a_config_pinning_the_key(tmp_path: Path, cli_logging: No
     sparse = ["--update-codec", "sparse-topk", "--update-density", "0.03125"]
     assert main([*args, *sparse]) == 0
     assert load_run_config(other).training == {
-        "update_codec": "sparse-topk", "partitioned": "auto", "update_density": 0.03125,
+        "update_codec": "sparse-topk", "error_decay": 0.95, "partitioned": "auto",
+        "update_density": 0.03125,
     }  # fmt: skip
-    assert main([*args, "--update-density", "0.5"]) == 2  # only with sparse-topk
+    int8 = ["--update-codec", "int8-blockwise"]  # the other codecs get their name only
+    assert main([*args, *int8]) == 0
+    assert load_run_config(other).training == {
+        "update_codec": "int8-blockwise",
+        "partitioned": "auto",
+    }
+    assert main([*args, *int8, "--update-density", "0.5"]) == 2  # only with sparse-topk
     assert main([*args, "--update-codec", "sparse-topk", "--update-density", "2"]) == 2
 
 

@@ -68,7 +68,7 @@ def test_kept_facts_equal_a_fresh_read(tmp_path: Path) -> None:
     info = store.round_facts(1).row
     assert info is not None and info.status is RoundStatus.PUBLISHED and info.parts == 3
     op(driver.join_round, PEERS[3], "", now)  # into round 2
-    aggregators = driver.partitions.aggregators(1, info.members, 3)
+    aggregators = driver.partitions.aggregators(info)
     for p, peer in enumerate(aggregators):
         op(driver.result, peer, 1, p, f"bafy-r{p}", now)
     op(driver.admin, BanPeer(PEERS[2], "test ban"), "coord", now)

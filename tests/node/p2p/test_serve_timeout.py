@@ -21,11 +21,11 @@ from libp2p.protocol_muxer.exceptions import MultiselectClientError
 from cnode.node.p2p import FetchReport, limits
 from cnode.node.p2p._blocks._admission import PeerAdmission, serve_admit
 from cnode.node.p2p._blocks._server import BlockServer
+from cnode.node.p2p._blocks._stream import selection_timed_out
 from cnode.node.p2p._blocks._wire import Block, End, Error, FrameReader, Request, Status
 from cnode.node.p2p._bucket import TokenBucket
 from cnode.node.p2p._exceptions import StreamOpenTimeout
 from cnode.node.p2p._fetch._scheduler import Transfer
-from cnode.node.p2p._node import _selection_timed_out
 from cnode.storage import BlockStore
 from tests.node.p2p.fake_holders import blocks_of
 
@@ -170,11 +170,11 @@ def test_only_a_timed_out_protocol_selection_counts_as_busy() -> None:
     timed_out = MultiselectClientError("response timed out after 30s, protocols tried: [x]")
     outer = StreamFailure("failed to open a stream to peer X")
     outer.__cause__ = timed_out
-    assert _selection_timed_out(outer)
+    assert selection_timed_out(outer)
     refused = StreamFailure("failed to open a stream to peer X")
     refused.__cause__ = MultiselectClientError("protocols not supported: tried ['x']")
-    assert not _selection_timed_out(refused)
-    assert not _selection_timed_out(StreamFailure("no connection"))
+    assert not selection_timed_out(refused)
+    assert not selection_timed_out(StreamFailure("no connection"))
 
 
 def test_a_late_access_token_is_answered_busy_after_the_admit_timeout() -> None:

@@ -22,7 +22,7 @@ from .swarm import Swarm
 
 pytestmark = pytest.mark.slow
 
-ROUNDS = 5
+ROUNDS = 3  # three nodes on three files, a checkpoint to replay: more rounds add only time
 LLAMA = {
     "architecture": "llama",
     "hidden_size": 32,

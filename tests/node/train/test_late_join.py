@@ -5,6 +5,11 @@ next checkpoint, joins the round after it, and ends bit-identical with the other
 Every fourth, not every second: joining after round 1, the joiner is placed in round 2, 3 or 4
 depending on how fast the others go, and none of their parents has a checkpoint. With every
 second round, a busy machine placed it in round 3, whose parent has one, and it never waited.
+
+The second swarm (a run whose only checkpointer joins late) runs DiLoCo's outer Nesterov
+(issue 26), full rounds: the joiner takes the momentum over with the checkpoint, every node ends
+on one state (momentum agreed too), and the last checkpoint, state and momentum layers, replays
+from its parent's. (One swarm for both: the suite's time.)
 """
 
 from __future__ import annotations
@@ -13,6 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from cnode.node.train import replay_checkpoint
+from cnode.storage import CID, BlockStore
 
 from .swarm import Swarm, final_states
 
@@ -57,7 +65,8 @@ def test_the_runs_only_checkpointer_joins_late_from_the_members_checkpoints(
 ) -> None:
     # Before, only --checkpointer nodes submitted checkpoints: a run whose only checkpointer
     # missed round 1 recorded none, and that checkpointer waited for one forever.
-    swarm = Swarm(tmp_path, ["a", "b", "cp"], min_participants=2)
+    swarm = Swarm(tmp_path, ["a", "b", "cp"], min_participants=2,
+                  training={"outer_optimizer": "nesterov", "partitioned": "never"})  # fmt: skip
     try:
         rounds = 3
         a = swarm.start("a", rounds=rounds)
@@ -71,8 +80,12 @@ def test_the_runs_only_checkpointer_joins_late_from_the_members_checkpoints(
         assert "checkpoint_submitted_unconfirmed" in a.log.read_text() + b.log.read_text()
         (caught,) = cp.events("caught_up")
         assert caught["source"] == "peers" and caught["round"] in (1, 2), cp.events()
+        assert cp.events("round")[0]["round"] == caught["round"] + 1
         finals = final_states([a, b, cp])
         assert {r for r, _ in finals.values()} == {rounds}, finals
-        assert len({cid for _, cid in finals.values()}) == 1, finals
+        assert len({cid for _, cid in finals.values()}) == 1, finals  # momentum agreed too
+        last = cp.events("round")[-1]["manifest"]
+        report = replay_checkpoint(BlockStore(cp.home / "blocks"), CID.parse(last))
+        assert report.rounds == (rounds,)
     finally:
         swarm.close()

@@ -2,13 +2,15 @@
 
 Two scenarios keep the total short: (1) honest nodes + an attacker + a late joiner: the model
 improves, the attacker is banned through the coordinator, the late joiner fetches the checkpoint
-from several holders and ends bit-identical, and the final checkpoint replays; (2) a node that
+from several holders and ends bit-identical, the final checkpoint replays, and the dashboard,
+open in Chromium from the start, showed all of it (dashboard_page.py); (2) a node that
 leaves (SIGTERM) and a node killed (SIGKILL) and restarted from its own store.
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,19 +19,31 @@ from cnode.node._config import load_config
 from cnode.node.coordinator import BanKind
 from cnode.node.train import StopReason, replay_checkpoint
 from cnode.storage import CID, BlockStore
+from tests.support.browser import CHROMIUM_MISSING, Page
 from tests.support.metrics import scrape, value
 
+from .dashboard_page import browser_page, check_live_run, watch_dashboard
 from .swarm import Swarm, final_states
 
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture
+def page(tmp_path: Path) -> Iterator[Page | None]:
+    with browser_page(tmp_path / "profile") as opened:
+        yield opened
+
+
+# Two tests' worth of checks on one swarm (it and the dashboard's were once two swarms).
+@pytest.mark.timeout(480)
 def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
-    tmp_path: Path, swarms: list[Swarm]
+    tmp_path: Path, swarms: list[Swarm], page: Page | None
 ) -> None:
     rounds = 5
     swarm = Swarm(tmp_path, ["a", "b", "c", "evil", "late"], min_participants=3)
     swarms.append(swarm)
+    if page is not None:  # a person watching the run from its start: checked at the end
+        watch_dashboard(page, swarm)
     a = swarm.start("a", "--metrics", "127.0.0.1:0", rounds=rounds, checkpointer=True)
     b = swarm.start("b", rounds=rounds)
     c = swarm.start("c", rounds=rounds)
@@ -103,6 +117,11 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     report = replay_checkpoint(store, final)
     assert report.rounds == (rounds,)
     assert str(report.state_cid) == finals["a"][1]
+
+    # What the dashboard showed of it, live (dashboard_page.py).
+    if page is None:
+        pytest.skip(f"the swarm's checks passed; the dashboard's did not run: {CHROMIUM_MISSING}")
+    check_live_run(page, swarm, a, evil, late, rounds, tmp_path / "dashboard.png")
 
 
 def test_a_node_leaves_and_a_killed_node_restarts_and_rejoins(
