@@ -2,7 +2,9 @@
 
 For each size *n*: a coordinator and *n* ``cnode train`` processes on 127.0.0.1 (homes made
 with ``cnode init``; one checkpointer), a ~1.4M-parameter model, one local step a round, the
-run's defaults otherwise (int8-blockwise, partitioned from 3 members, scores on). It plays
+update codec a new run gets (``cnode.node.new_run_training``: sparse-topk; ``--codec f32`` for
+the figures measured before issue 38), the run's defaults otherwise (partitioned from 3
+members, scores on). It plays
 ``--rounds`` rounds and prints, per size:
 
 - seconds per round (the median gap between rounds, from the nodes' reports) and the median of
@@ -48,6 +50,8 @@ from _homes import (  # bench/ is the script's folder
     stop_all,
     wait_all,
 )
+
+from cnode.node import new_run_training
 
 RUN = "scale"
 MODEL = {"n_layer": 4, "n_embd": 160, "n_head": 4}  # ~1.4M parameters with the 1024-token vocab
@@ -223,12 +227,15 @@ def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
 
 
-def run_size(n: int, rounds: int, timeout_s: float, keep: Path | None = None) -> dict[str, Any]:
+def run_size(
+    n: int, rounds: int, timeout_s: float, keep: Path | None = None, codec: str | None = None
+) -> dict[str, Any]:
     with TemporaryDirectory(prefix=f"cnode-swarm{n}-") as tmp:
         work = Path(tmp) if keep is None else keep / f"swarm{n}"
         work.mkdir(parents=True, exist_ok=True)
         nodes = _init_homes(work, n)
-        training = {"model": MODEL, "local_steps": 1}
+        codec_keys = new_run_training(*([codec] if codec else []))
+        training = {**codec_keys, "model": MODEL, "local_steps": 1}
         peers = [peer for _, peer in nodes]
         coordinator = start_coordinator(work, RUN, peers, training, collect_timeout_s=120.0)
         procs: list[subprocess.Popen[bytes]] = []
@@ -312,11 +319,12 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout-s", type=float, default=900.0, help="per size")
     p.add_argument("--keep", type=Path, help="keep every size's homes and logs under this folder")
+    p.add_argument("--codec", help="training.update_codec (default: a new run's, sparse-topk)")
     args = p.parse_args()
     results = []
     for n in (int(x) for x in args.sizes.split(",")):
         print(f"-- {n} nodes", flush=True)
-        result = run_size(n, args.rounds, args.timeout_s, args.keep)
+        result = run_size(n, args.rounds, args.timeout_s, args.keep, args.codec)
         print(json.dumps(result), flush=True)
         results.append(result)
         if result["broken"]:
