@@ -50,6 +50,7 @@ from ._gossip._announce import (
     announce_topic,
     announcement_validator,
 )
+from ._gossip._repeat import HeldManifests, repeat_holds
 from ._gossip._subscription import Subscription
 from ._reach import DialMemory
 from ._settings import NodeIdentity, P2PSettings, peer_info
@@ -85,10 +86,8 @@ class P2PNode:
         self._topics: dict[str, tuple[EnvelopeValidator, list[Subscription]]] = {}
         self._validated: collections.OrderedDict[bytes, Opened] = collections.OrderedDict()
         self._counter = 0
-        # Manifests announced with announce_hold (and their layers), re-announced on a timer.
-        self._holding: collections.OrderedDict[CID, tuple[str, ...] | None] = (
-            collections.OrderedDict()
-        )
+        # Manifests announced with announce_hold (and their layers), said again to newcomers.
+        self._holding = HeldManifests()
         # One semaphore per holder, shared by every transfer (MAX_STREAMS_PER_HOLDER).
         self._holder_slots: dict[str, trio.Semaphore] = {}
         self.peer_id: str = identity.peer_id_str
@@ -406,14 +405,11 @@ class P2PNode:
     async def announce_hold(self, root: CID, layers: Sequence[str] | None = None) -> None:
         """Tell the run we hold manifest ``root`` (all its blocks, or only ``layers``).
 
-        The node repeats it every REANNOUNCE_HOLD_S while the store still has ``root``, so
-        peers that join later learn of it too (the MAX_REANNOUNCED_HOLDS latest manifests).
+        The node repeats it while the store still has ``root``, so peers that join later learn
+        of it too (the MAX_REANNOUNCED_HOLDS latest manifests; when: ``_gossip._repeat``).
         """
         held = None if layers is None else tuple(layers)
-        self._holding[root] = held
-        self._holding.move_to_end(root)
-        while len(self._holding) > limits.MAX_REANNOUNCED_HOLDS:
-            self._holding.popitem(last=False)
+        self._holding.add(root, held)
         await self._announce(AnnounceKind.HOLD, cid=root, layers=held)
 
     async def announce_update(self, update: CID, round: int) -> None:
@@ -426,19 +422,24 @@ class P2PNode:
         await self._announce(AnnounceKind.DEPARTURE)
 
     async def _reannounce_holds(self) -> None:
-        # Gossipsub keeps no history: a peer that joins after an announcement never sees it.
-        # Each repeat is a new announcement (new counter and clock), so replay guards pass it.
-        while True:
-            await trio.sleep(limits.REANNOUNCE_HOLD_S)
-            for root, layers in list(self._holding.items()):
+        # Each repeat is a new announcement (new counter and clock): replay guards pass it.
+        topic = announce_topic(self.settings.run_id or "")
+
+        def subscribers() -> list[str]:
+            return [str(p) for p in self._pubsub.peer_topics.get(topic, ())]
+
+        async def sweep() -> None:
+            for root, layers in self._holding:
                 if not await trio.to_thread.run_sync(self.store.has, root):
-                    self._holding.pop(root, None)
+                    self._holding.discard(root)
                     log.info("hold_no_longer_announced", manifest=str(root), reason="not in store")
                     continue
                 try:
                     await self._announce(AnnounceKind.HOLD, cid=root, layers=layers)
                 except P2PError as exc:
                     log.info("reannounce_failed", manifest=str(root), error=str(exc))
+
+        await repeat_holds(self._holding, subscribers, sweep)
 
     async def _follow_announcements(self, run: str, allow: Callable[[str], bool]) -> None:
         # Our own announcements pass our own validator too (py-libp2p validates local

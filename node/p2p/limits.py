@@ -131,9 +131,12 @@ MAX_ANNOUNCED_LAYERS = 1024
 MAX_ANNOUNCE_STRING = 512
 # An announcement older (or newer) than this many seconds by its own clock is dropped.
 MAX_ANNOUNCE_SKEW_S = 600
-# A node repeats its "hold" announcements this often, so peers that joined since learn of them
-# (gossipsub keeps no history). Each repeat is a fresh announcement: new counter, new clock.
-REANNOUNCE_HOLD_S = 30.0
+# A node repeats its "hold" announcements when the run's topic gained a subscriber since its last
+# repeat (checked every REANNOUNCE_CHECK_S), else every REANNOUNCE_HOLD_S (gossipsub keeps no
+# history; issue 41: a 30 s timer for everyone was most of a 16-member swarm's gossip). Each
+# repeat is a fresh announcement: new counter, new clock.
+REANNOUNCE_CHECK_S = 2.0
+REANNOUNCE_HOLD_S = 120.0
 # Most manifests a node keeps re-announcing (the latest announced; older ones stop).
 MAX_REANNOUNCED_HOLDS = 16
 # Most CIDs tracked in the holder table (oldest forgotten first), and holders per CID.

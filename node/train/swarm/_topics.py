@@ -41,7 +41,9 @@ class RunTopics:
         self.run = run
         self.coordinator = coordinator
         self.headers = headers
-        self._own: tuple[bytes, float] | None = None  # envelope, republish until (monotonic)
+        # The own header's repeats: the envelope, when the next is due and the gap after it
+        # (doubling), and when they end (monotonic seconds).
+        self._own: tuple[bytes, float, float, float] | None = None
 
     async def run_all(self, node: P2PNode, on_state: Callable[[RunState], None]) -> None:
         """Run every subscription and the republisher until cancelled; each signed run state
@@ -53,7 +55,8 @@ class RunTopics:
 
     async def publish_header(self, node: P2PNode, envelope: bytes) -> None:
         await node.publish(updates_topic(self.run), envelope)
-        self._own = (envelope, time.monotonic() + limits.HEADER_REPUBLISH_FOR_S)
+        now, gap = time.monotonic(), limits.HEADER_REPUBLISH_S
+        self._own = (envelope, now + gap, gap, now + limits.HEADER_REPUBLISH_FOR_S)
 
     async def _drain_headers(self, node: P2PNode) -> None:
         async with node.subscribe(updates_topic(self.run), self.headers) as sub:
@@ -61,19 +64,27 @@ class RunTopics:
                 pass  # the validator already recorded the header
 
     async def _republish_headers(self, node: P2PNode) -> None:
-        """Publish the latest own header again every HEADER_REPUBLISH_S for a while.
+        """Publish the latest own header again HEADER_REPUBLISH_S after the first publish,
+        then at doubling gaps (1, 2, 4, 8, 16 s after it) until HEADER_REPUBLISH_FOR_S.
 
         Gossipsub delivers only to peers already in the topic's mesh; a member that (re)joined
-        moments before would miss the single publish. Repeats are cheap (one small message)
-        and receivers keep the first copy.
+        moments before would miss the single publish. Every repeat is verified by every
+        receiver, so they thin out as the mesh settles: a repeat each second was a fifth of a
+        16-member swarm's gossip (issue 41).
         """
         while True:
             await trio.sleep(limits.HEADER_REPUBLISH_S)
-            if self._own is not None and time.monotonic() < self._own[1]:
-                try:
-                    await node.publish(updates_topic(self.run), self._own[0])
-                except P2PError as exc:
-                    log.info("header_republish_failed", error=str(exc))
+            if self._own is None:
+                continue
+            envelope, due, gap, until = self._own
+            now = time.monotonic()
+            if now < due or now > until:
+                continue
+            self._own = (envelope, now + 2 * gap, 2 * gap, until)
+            try:
+                await node.publish(updates_topic(self.run), envelope)
+            except P2PError as exc:
+                log.info("header_republish_failed", error=str(exc))
 
     async def _follow_run_state(self, node: P2PNode, on_state: Callable[[RunState], None]) -> None:
         """Take the coordinator's signed state from gossip as soon as it publishes it.

@@ -24,6 +24,7 @@ from cnode.node.p2p import (
     open_p2p_node,
     trio_portal,
 )
+from cnode.node.p2p._gossip._repeat import HeldManifests
 from cnode.storage import BlockStore, compute_cid
 
 RUN = "run-a"
@@ -178,6 +179,7 @@ def test_gossip_builds_holder_table_and_drops_strangers(tmp_path: Path) -> None:
 def test_late_peer_learns_existing_holders(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """B starts after A announced: A's timed re-announcements tell B, partial layers kept.
     A stops re-announcing a manifest that left its store."""
+    monkeypatch.setattr(limits, "REANNOUNCE_CHECK_S", 0.2)
     monkeypatch.setattr(limits, "REANNOUNCE_HOLD_S", 0.5)
     a_id, b_id = Identity.generate(), Identity.generate()
     settings = P2PSettings(run_id=RUN)
@@ -271,3 +273,22 @@ def test_settings_from_config() -> None:
     assert settings.listen == ("/ip4/127.0.0.1/tcp/4555",)
     assert settings.bootstrap == ("/ip4/1.2.3.4/tcp/1/p2p/x",)
     assert settings.upload_rate_bytes_per_s == 5 and settings.run_id == "r"
+
+
+def test_holds_are_repeated_for_a_newcomer_not_on_a_timer_for_everyone() -> None:
+    """Issue 41: a repeat is verified by every receiver, so a node repeats its holds when the
+    topic gains a subscriber (or one comes back), and otherwise only every REANNOUNCE_HOLD_S."""
+    held = HeldManifests()
+    held.add(ROOT, None)
+    t = 1000.0
+    assert held.due({"a", "b"}, t)  # first look: everyone is new
+    assert not held.due({"a", "b"}, t + 2)  # the same subscribers: nothing to say
+    assert not held.due({"a"}, t + 4)  # one left: nothing to say either
+    assert held.due({"a", "c"}, t + 6)  # a newcomer
+    assert held.due({"a", "b", "c"}, t + 8)  # b came back: new again
+    assert not held.due({"a", "b", "c"}, t + 8 + limits.REANNOUNCE_HOLD_S - 1)
+    assert held.due({"a", "b", "c"}, t + 8 + limits.REANNOUNCE_HOLD_S)  # the safety net
+    for i in range(limits.MAX_REANNOUNCED_HOLDS + 3):
+        held.add(compute_cid(b"m%d" % i), ("h.0.w",))
+    repeated = [root for root, _ in held]
+    assert len(repeated) == limits.MAX_REANNOUNCED_HOLDS and ROOT not in repeated
