@@ -68,10 +68,10 @@ class CoordinatorClient:
         coordinator: str,
         identity: Identity,
         http: httpx.AsyncClient | None = None,
-        outage_s: float = limits.COORDINATOR_OUTAGE_S,
+        outage_s: float | None = None,
     ) -> None:
         self._core = Core(url, run, coordinator, identity)
-        self._outage_s = outage_s
+        self._outage_s = limits.COORDINATOR_OUTAGE_S if outage_s is None else outage_s
         self._own_http = http is None
         self._http = http or httpx.AsyncClient(timeout=HTTP_TIMEOUT)
         self._lock = anyio.Lock()
