@@ -27,7 +27,6 @@ import argparse
 import multiprocessing
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -36,8 +35,6 @@ from pathlib import Path
 
 import torch
 import trio
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cnode.auth import Identity
 from cnode.node.p2p import P2PNode, P2PSettings, limits, open_p2p_node
