@@ -2,13 +2,14 @@
 
 See specs/manifest.md#dag-cbor. Size is bounded first (MAX_BLOCK_SIZE, BlockTooLargeError); then
 ``cnode._cbor.decode`` (the codec ``auth`` runs too) checks item heads iteratively against
-MAX_CBOR_DEPTH and MAX_CBOR_ITEMS, decodes, and re-encodes to accept exactly one encoding of any
-value. Its errors become CBORDecodeError or NonCanonicalCBORError here; links become our
-:class:`CID` under the allowlist.
+MAX_CBOR_DEPTH and MAX_CBOR_ITEMS, then decodes, accepting exactly one encoding of any value. Its
+errors become CBORDecodeError or NonCanonicalCBORError here; links are read straight into our
+:class:`CID` (``CID.parse``: the allowlist, and the one binary form) as they are decoded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import multiformats
@@ -16,7 +17,7 @@ import multiformats
 from cnode import _cbor
 
 from . import limits
-from ._cid import CID, from_ipld, to_ipld
+from ._cid import CID, to_ipld
 from ._exceptions import (
     BlockTooLargeError,
     CBORDecodeError,
@@ -38,27 +39,26 @@ def _to_ipld(value: Any, depth: int) -> Any:
     return value
 
 
-def _from_ipld(value: Any) -> Any:
-    """Links to :class:`CID`; recursion is bounded because ``scan_items`` bounded the depth."""
-    if isinstance(value, multiformats.CID):
-        try:
-            return from_ipld(value)
-        except InvalidCIDError as exc:
-            raise CBORDecodeError(f"link in DAG-CBOR: {exc}") from exc
-    if isinstance(value, dict):
-        return {k: _from_ipld(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_from_ipld(v) for v in value]
-    return value
+def _link(raw: bytes) -> CID:
+    """A link's CID from its binary form (the allowlist applies; one binary form per CID)."""
+    try:
+        return CID.parse(raw)
+    except InvalidCIDError as exc:
+        raise _cbor.CBORError(f"link in DAG-CBOR: {exc}") from exc
 
 
-def _decode_bounded(data: bytes | bytearray | memoryview) -> Any:
-    """The shared codec under storage's limits; links stay ``multiformats.CID``."""
+def _decode_bounded(
+    data: bytes | bytearray | memoryview, link: Callable[[bytes], Any] | None = None
+) -> Any:
+    """The shared codec under storage's limits; links as ``link`` makes them (default:
+    ``multiformats.CID``, of any codec)."""
+    links: dict[str, Callable[[bytes], Any]] = {} if link is None else {"link": link}
     return _cbor.decode(
         bytes(data),
         max_size=limits.MAX_BLOCK_SIZE,
         max_depth=limits.MAX_CBOR_DEPTH,
         max_items=limits.MAX_CBOR_ITEMS,
+        **links,
     )
 
 
@@ -112,9 +112,8 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     if len(data) > limits.MAX_BLOCK_SIZE:
         raise _too_large(len(data))
     try:
-        value = _decode_bounded(data)
+        return _decode_bounded(data, _link)
     except _cbor.CBORError as exc:
         if exc.non_canonical:
             raise NonCanonicalCBORError(str(exc)) from exc
         raise CBORDecodeError(str(exc)) from exc
-    return _from_ipld(value)

@@ -212,8 +212,3 @@ def to_ipld(cid: CID) -> multiformats.CID:
     return multiformats.CID(
         _IPLD_BASE, limits.CID_VERSION, _IPLD_CODECS[cid.codec], (_IPLD_SHA2_256, cid.digest)
     )
-
-
-def from_ipld(value: multiformats.CID) -> CID:
-    """Our CID from a multiformats CID decoded by dag_cbor (allowlist applies)."""
-    return CID.parse(bytes(value))

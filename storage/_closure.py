@@ -8,7 +8,7 @@ here imports the store.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 
 from ._cid import CID
 from ._exceptions import BlockNotFoundError, CorruptBlockError, ManifestError
@@ -122,14 +122,23 @@ class ClosureWalk:
     ``walk_manifest`` does, through the same ``WalkBounds``, and ends, once every page is known,
     with the UnixFS view the manifest records (as :func:`manifest_closure`).
 
+    With ``layers``, only part of the manifest is wanted (a partition's segments of an update,
+    specs/training.md#partitioned-rounds): every node is still listed (root, layer pages, every
+    layer's chunk pages: what reading the manifest needs), but only the chunks of the named
+    layers, and no side-file chunks nor UnixFS view.
+
     Safe to call from several threads (one lock): the block exchange stores and reveals in
     worker threads. Error handling: ManifestError for a node that breaks the schema or a tree
     over the bounds; a held node that is corrupt is quarantined by the store and fetched again.
     """
 
-    def __init__(self, store: BlockReader, root: CID) -> None:
+    def __init__(
+        self, store: BlockReader, root: CID, layers: Collection[str] | None = None
+    ) -> None:
         self.store = store
         self.root = root
+        self._layers = None if layers is None else frozenset(layers)
+        self._wanted_pages: set[CID] = set()  # chunk pages of wanted layers (with ``layers``)
         self._kinds: dict[CID, str] = {root: _ROOT}
         self._root: RootNode | None = None
         self._layer_pages: dict[CID, tuple[PartialLayer, ...]] = {}
@@ -206,7 +215,14 @@ class ClosureWalk:
         out: list[CID] = []
         for p in partials:
             out += self._list(p.chunk_pages, _CHUNK_PAGE)
+            if self._layers is not None and p.name not in self._layers:
+                continue
             out += self._list(p.chunks, _LEAF)
+            if self._layers is not None:
+                self._wanted_pages.update(p.chunk_pages)
+                for page in p.chunk_pages:  # a page parsed already (listed by another layer)
+                    if page in self._chunk_pages:
+                        out += self._list(self._chunk_pages[page], _LEAF)
         return out
 
     def _learn(self, cid: CID, data: bytes) -> list[CID]:
@@ -219,18 +235,20 @@ class ClosureWalk:
         if kind == _ROOT:
             root = self._root = parse_root(data)
             out = self._list(root.layer_pages, _LAYER_PAGE) + self._partials(root.layers)
-            for ref in root.meta.tokenizer_files.values():
+            for ref in root.meta.tokenizer_files.values() if self._layers is None else ():
                 out += self._list(ref.chunks, _LEAF)
             return out
         if kind == _LAYER_PAGE:
             partials = self._layer_pages[cid] = parse_layer_page(data)
             return self._partials(partials)
         chunks = self._chunk_pages[cid] = parse_chunk_page(data)
+        if self._layers is not None and cid not in self._wanted_pages:
+            return []
         return self._list(chunks, _LEAF)
 
     def _view(self) -> list[CID]:
         """The UnixFS view's blocks, once, when every page is parsed (as view_closure)."""
-        if self._view_done or self._unread or self._root is None:
+        if self._view_done or self._unread or self._root is None or self._layers is not None:
             return []
         self._view_done = True
         recorded = recorded_root(self._root.meta.extra)

@@ -3,9 +3,12 @@
 A partitioned round reads the same few update manifests again and again: the fetch walks one to
 learn what is missing and to list a partition's chunks, the aggregator and the verifier read it
 to load segments, the closure walks it once more. Parsing a 64-layer update root took ~10 ms
-idle (25-40 ms on the shared 2-core machine): DAG-CBOR decoding, where ``multiformats`` checks
-every link's types at run time, then the canonical re-encode. A parse is a pure function of the
-node's bytes, so it is kept here under their sha256 digest and taken again for the same bytes.
+idle (25-40 ms on the shared 2-core machine) through ``dag_cbor``/``multiformats``; with
+cnode's own decoder (``cnode/_cbor.py``) ~1-2 ms, and the schema checks and CID objects are
+still worth keeping. The memo saves every parse but the first of each node's bytes: a 16-member
+profile showed the first parses (one per member update per node) were the whole cost. A parse is
+a pure function of the node's bytes, so it is kept here under their sha256 digest and taken again
+for the same bytes.
 
 Nothing is trusted that was not before: the bytes still come from the caller (a store read, which
 verifies them against their CID, or bytes just received and hashed), the key is computed here

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import structlog
@@ -215,6 +215,7 @@ class P2PNode:
         *,
         progress: ProgressFn | None = None,
         gateways: Sequence[DirectHolder] = (),
+        layers: Collection[str] | None = None,
     ) -> FetchReport:
         """Fetch ``root`` and every block it needs that the store lacks; verify each.
 
@@ -223,12 +224,12 @@ class P2PNode:
         empty, every connected peer. ``gateways`` (trustless HTTP gateways, specs/gateway.md)
         are holders too, sharing the same queue. One pass over the manifest tree
         (``storage.ClosureWalk``): held nodes are read once, each fetched node is parsed from
-        the bytes received and its missing children join the queue at once.
+        the bytes received, its missing children queued at once (``layers``: only their chunks).
 
         Error handling: FetchError when some block cannot be had from any holder; every block
         stored until then stays stored, so calling fetch again resumes.
         """
-        walk = ClosureWalk(self.store, root)
+        walk = ClosureWalk(self.store, root, layers)
         nodes, leaves = await trio.to_thread.run_sync(walk.start)
         # Fetched blocks are fsynced together, once, before fetch returns or raises
         # (specs/blocks.md#durability); a crash before that leaves a marker the store checks.

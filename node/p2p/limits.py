@@ -28,6 +28,13 @@ MAX_IN_FLIGHT_PER_HOLDER = 2
 RECEIVED_AHEAD = 2
 # Blocks a holder reads (and verifies) from its store ahead of the one it is sending.
 SERVE_READ_AHEAD = 1
+# Blocks up to this size are hashed, stored and read on the event loop's own thread, larger ones
+# in a worker thread (specs/blocks.md#threads). A thread hop costs ~100-150 us of CPU per block
+# whatever its size (trio's start_thread_soon was 3.9% of a 16-member node's CPU, most blocks a
+# sparse round moves being a few hundred bytes to a few KB); hashing 64 KiB takes ~70 us and a
+# read or batched write of one ~60-200 us (bench/block_hops.py): below this the inline work
+# costs less than the hop would, and the loop never stalls longer than a hop's own cost.
+INLINE_BLOCK_BYTES = 64 * 1024
 # Requests one holder serves at once for one peer; more are refused with BUSY.
 MAX_SERVED_STREAMS_PER_PEER = 8
 # Seconds a new stream's protocol selection may take, both ways (py-libp2p's ConnectionConfig:

@@ -117,3 +117,28 @@ def test_a_page_that_breaks_the_schema_is_an_error(tmp_path: Path) -> None:
     page = next(c for c in manifest_closure(src, root)[1:] if c.codec == root.codec)
     with pytest.raises(ManifestError):
         walk.arrived(page, b"\xa0")  # an empty map: no page
+
+
+def test_a_walk_for_some_layers_lists_every_node_but_only_their_chunks(tmp_path: Path) -> None:
+    """``layers``: a partition's fetch. Every manifest node (the manifest must read whole), the
+    named layers' chunks (some behind chunk pages), no other chunk, no side file, no view."""
+    from cnode.storage import DAG_CBOR, read_manifest
+
+    src, root = _paged(tmp_path)
+    manifest = read_manifest(src, root)
+    wanted = {"layer.1.w", "layer.4.w"}
+    dst = CountingStore(tmp_path / "dst")
+    walk = ClosureWalk(dst, root, layers=wanted)
+    fetched = _fetch(src, dst, walk)
+    nodes = [c for c in manifest_closure(src, root) if c.codec == DAG_CBOR]
+    chunks = [c for layer in manifest.layers if layer.name in wanted for c in layer.chunks]
+    assert sorted(map(str, fetched)) == sorted(map(str, [*nodes, *chunks]))
+    assert len(chunks) == 4 and dst.reads == []  # two chunks each; nothing read back
+    assert walk.nodes_read == len(nodes) > 3  # each node parsed once
+    assert read_manifest(dst, root) == manifest  # every node is held: the manifest reads
+    # Resumed with every node held: only the chunks still missing, each node read once.
+    dst.delete(chunks[0])
+    dst.reads.clear()
+    again = ClosureWalk(dst, root, layers=wanted)
+    assert again.start() == ([], [chunks[0]])
+    assert sorted(map(str, dst.reads)) == sorted(map(str, nodes))

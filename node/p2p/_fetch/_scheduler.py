@@ -44,6 +44,7 @@ from .._exceptions import (
     RemoteRefusedError,
     StreamBroken,
     StreamOpenTimeout,
+    first_error,
 )
 from .._traffic import ExchangeStats
 from ._fetch_types import (
@@ -62,6 +63,7 @@ from ._holders import (
     steal_from,
     too_slow_to_keep,
 )
+from ._keep import keep
 from ._source_rate import CountedStream
 
 log = structlog.get_logger(__name__)
@@ -198,13 +200,18 @@ class Transfer:
         self._requests = set()
         live = [h for h in self.holders.values() if h.dropped is None]
         if self._pending and live:
-            async with trio.open_nursery() as watching:
-                watching.start_soon(self._watch_rates)
-                async with trio.open_nursery() as nursery:
-                    for holder in live:
-                        for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
-                            nursery.start_soon(self._worker, holder)
-                watching.cancel_scope.cancel()
+            try:
+                async with trio.open_nursery() as watching:
+                    watching.start_soon(self._watch_rates)
+                    async with trio.open_nursery() as nursery:
+                        for holder in live:
+                            for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
+                                nursery.start_soon(self._worker, holder)
+                    watching.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # What a worker could not handle (the reveal hook's ManifestError, a store that
+                # cannot write): the caller gets that error itself, not a group of it.
+                raise first_error(group) from None
         if self._pending:
             # Keyed by the whole peer id or URL (two gateway URLs may end alike).
             reasons = {h.peer: h.dropped or "lacks them" for h in self.holders.values()}
@@ -285,13 +292,6 @@ class Transfer:
             self._pending.extendleft(reversed(back))
             self._notify()
 
-    def _keep(self, block: VerifiedBlock) -> tuple[list[CID], list[CID]]:
-        """Store one verified block and say what it reveals (runs in a worker thread)."""
-        self.store.put_verified(block, batch=self.batch)
-        if self.reveal is None:
-            return [], []
-        return self.reveal(block)
-
     def _enqueue(self, nodes: list[CID], leaves: list[CID]) -> None:
         known = self._stored | self._in_flight
         nodes = [c for c in nodes if c not in known]
@@ -351,8 +351,8 @@ class Transfer:
         if cid in request.stolen:  # moved while its last bytes were being checked
             raise Abandoned
         request.arrived.add(cid)  # (a gateway has no arrival hook: marked here too)
-        # Hashed once on receipt (request_blocks): the store does not hash it again.
-        nodes, leaves = await trio.to_thread.run_sync(self._keep, block)
+        # Hashed once on receipt (request_blocks); stored on the loop's thread if small.
+        nodes, leaves = await keep(self.store, block, self.batch, self.reveal)
         self._enqueue(nodes, leaves)  # before cid leaves _in_flight: no worker stops early
         request.delivered.add(cid)
         self._stored.add(cid)

@@ -15,7 +15,7 @@ import trio
 
 from cnode.node.coordinator import RoundInfo
 from cnode.node.p2p import FetchError, P2PError, P2PNode
-from cnode.storage import CID, DAG_CBOR, StorageError, missing_blocks, read_manifest
+from cnode.storage import CID, StorageError
 
 from .. import limits
 from .._exceptions import PeerUpdateError
@@ -138,28 +138,12 @@ async def fetch_update_segments(
     node: P2PNode, update: CID, indices: Sequence[int], holders: Sequence[str]
 ) -> int:
     """Fetch the manifest nodes of ``update`` and the chunks of its segments ``indices``: only
-    what a partition needs, every block verified. Returns the bytes fetched."""
-    store = node.store
-    fetched = 0
+    what a partition needs, every block verified. Returns the bytes fetched.
 
-    def missing_nodes() -> list[CID]:
-        if not store.has(update):
-            return [update]
-        return [c for c in missing_blocks(store, update) if c.codec == DAG_CBOR]
-
-    def wanted_chunks() -> list[CID]:
-        manifest = read_manifest(store, update)
-        names = {segment_layer(i) for i in indices}
-        chunks = [c for layer in manifest.layers if layer.name in names for c in layer.chunks]
-        return [c for c in chunks if not store.has(c)]
-
-    # The walks read the store: in a worker thread, so the node keeps serving blocks meanwhile.
-    for _ in range(4):  # root, layer pages, chunk pages: at most three levels
-        nodes = await trio.to_thread.run_sync(missing_nodes)
-        if not nodes:
-            break
-        fetched += (await node.fetch_blocks(nodes, holders=holders)).bytes
-    wanted = await trio.to_thread.run_sync(wanted_chunks)
-    if wanted:
-        fetched += (await node.fetch_blocks(wanted, holders=holders)).bytes
-    return fetched
+    One fetch, one pass over the manifest (``P2PNode.fetch`` with ``layers``): each node is
+    parsed once, from the bytes received (or read once if held), and what it lists joins the
+    fetch's queue as it arrives; no walk of the whole manifest per level, no fetch per level.
+    A node that breaks the manifest schema raises ManifestError (a StorageError).
+    """
+    names = [segment_layer(i) for i in indices]
+    return (await node.fetch(update, holders, layers=names)).bytes
