@@ -269,10 +269,8 @@ class P2PNode:
         *,
         progress: ProgressFn | None = None,
     ) -> FetchReport:
-        """Fetch these blocks themselves (not what they link to); verify each.
-
-        For blocks that are no manifest: signed update headers, say. Holders and error handling
-        as :meth:`fetch`; blocks already held are not asked for.
+        """Fetch these blocks themselves (not what they link to: signed update headers, say);
+        verify each. Holders and errors as :meth:`fetch`; blocks already held are not asked for.
         """
         if not cids:
             raise ValueError("fetch_blocks needs at least one CID")
