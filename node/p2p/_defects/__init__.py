@@ -118,7 +118,8 @@ costs (21-24) in ``_rpc.py`` (tests in test_defects_rpc.py). Callers use this pa
     for each control message): 7.7% of a 16-member swarm's CPU (issue 41).
     :func:`remember_sender_records` (``_rpc.py``) remembers each peer's last accepted record
     bytes (SENDER_RECORD_PEERS peers) and accepts a repeat without the check, for
-    SENDER_RECORD_RECHECK_S; other bytes, or a refused record, get the full check.
+    SENDER_RECORD_RECHECK_S and while the peerstore holds the entry that check stored; other
+    bytes, or a refused record, get the full check.
 22. Yamux answers nearly every read with a WINDOW_UPDATE (its "partial slack" branch, which 14
     does not switch off): pubsub's stream, read a byte at a time, sent one frame per read (6.5%
     of CPU at 16 members). :func:`window_updates_at_half_window` (``_rpc.py``) sends an update

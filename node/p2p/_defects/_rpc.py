@@ -41,8 +41,9 @@ _LOCAL_RECORD_USERS = (_pubsub_module, _gossipsub_module, _floodsub_module)
 
 # -- 21. the sender's signed peer record verified on every RPC ----------------------------------
 
-# Per host (its peerstore, which the real check writes): sender -> (record bytes, when checked).
-_accepted: weakref.WeakKeyDictionary[Any, OrderedDict[ID, tuple[bytes, float]]] = (
+# Per host (its peerstore, which the real check writes): sender -> (record bytes, when checked,
+# the peerstore entry that check stored).
+_accepted: weakref.WeakKeyDictionary[Any, OrderedDict[ID, tuple[bytes, float, Any]]] = (
     weakref.WeakKeyDictionary()
 )
 
@@ -56,9 +57,11 @@ def remember_sender_records() -> None:
     and stores it in the peerstore, every time: 7.7% of a 16-member swarm's CPU. The same bytes
     from the same peer get the same verdict, so the bytes last accepted from each peer are
     remembered (SENDER_RECORD_PEERS peers, least recently seen forgotten first) and a repeat is
-    accepted at the cost of a comparison. Different bytes, a refused record, or a remembered
-    one older than SENDER_RECORD_RECHECK_S go through the library's check (which also keeps the
-    peerstore's entry fresh).
+    accepted at the cost of a comparison, while the peerstore still holds the entry that check
+    stored (the library refuses a record older than the one stored: another record stored
+    since, by identify or anyone, means a full check). Different bytes, a refused record, or a
+    remembered one older than SENDER_RECORD_RECHECK_S go through the library's check (which
+    also keeps the peerstore's entry fresh).
     """
     current = _pubsub_utils.maybe_consume_signed_record
     if getattr(current, "_cnode_remembered", False):
@@ -73,19 +76,21 @@ def remember_sender_records() -> None:
         seen = _accepted.get(peerstore)
         if seen is None:
             seen = _accepted.setdefault(peerstore, OrderedDict())
+        stored = getattr(peerstore, "peer_record_map", {})  # peer -> PeerRecordState
         now = time.monotonic()
         last = seen.get(peer_id)
         if (
             last is not None
             and last[0] == record
             and now - last[1] < limits.SENDER_RECORD_RECHECK_S
+            and stored.get(peer_id) is last[2]
         ):
             seen.move_to_end(peer_id)
             return True
         if not check(msg, host, peer_id):
             seen.pop(peer_id, None)
             return False
-        seen[peer_id] = (record, now)
+        seen[peer_id] = (record, now, stored.get(peer_id))
         seen.move_to_end(peer_id)
         while len(seen) > limits.SENDER_RECORD_PEERS:
             seen.popitem(last=False)

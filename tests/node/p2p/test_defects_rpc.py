@@ -201,6 +201,17 @@ def test_sender_record_cache_is_bounded_and_rechecks_new_bytes(
                 check(msg, a, peer)
             seen = _rpc._accepted[a.get_peerstore()]
             assert len(seen) <= 3
+            # A newer record stored since (identify, say): the library refuses the older bytes
+            # ("older than the one stored"), and so does the cache, though it accepted them.
+            assert check(msg, a, a.get_id())
+            assert check(msg, a, a.get_id())  # remembered
+            peerstore_module.issue_and_cache_local_record(a)
+            newer = a.get_peerstore().get_local_record()
+            assert newer is not None
+            assert a.get_peerstore().consume_peer_record(newer, 7200)
+            library: Any = _original(utils, "maybe_consume_signed_record")
+            assert not library(msg, a, a.get_id())
+            assert not check(msg, a, a.get_id())
 
     trio.run(main)
 
