@@ -126,6 +126,10 @@ def _build_host(
     _defects.batch_window_updates()
     _defects.pipeline_protocol_select()
     _defects.atomic_frame_writes()
+    _defects.window_updates_at_half_window()  # defects 21-24: per-RPC and per-read costs
+    _defects.remember_sender_records()
+    _defects.buffer_pubsub_reads()
+    _defects.reuse_local_record()
     key_pair = identity.key_pair()
     host = new_host(
         key_pair=key_pair,

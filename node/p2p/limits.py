@@ -206,3 +206,18 @@ GATEWAY_MAX_BLOCK_CAR = 64 * 1024 + MAX_BLOCK_SIZE + 64
 # Distinct peers the node's traffic counters keep apart (``_traffic.Traffic``, its /metrics);
 # the rest are counted together as "other", so peer ids from the network cannot grow them.
 MAX_TRAFFIC_PEERS = 256
+
+# -- per-RPC costs of py-libp2p's receive path (defects 21-24, see _defects/_rpc.py) -------------
+
+# Peers whose last accepted signed peer record a host remembers (defect 21): one entry each, the
+# least recently seen forgotten first (a forgotten peer's next record is checked in full).
+SENDER_RECORD_PEERS = 1024
+# Seconds a remembered record spares the full check: after it the record is checked and stored
+# again, as py-libp2p does on every RPC, so the peerstore's 2 h entry is still refreshed.
+SENDER_RECORD_RECHECK_S = 60.0
+# Bytes pubsub's frame reader asks its stream for at once (defect 23): the length prefix and a
+# small frame come in one read, not one read per byte of the varint.
+PUBSUB_READ_AHEAD = 64 * 1024
+# Seconds our own signed peer record, as sent in every pubsub RPC, is reused before the host's
+# addresses are compared with it again (defect 24).
+LOCAL_RECORD_RECHECK_S = 1.0

@@ -2,8 +2,9 @@
 
 Each function names the defect it handles; tests/node/p2p/test_defects.py has one test per defect
 that fails without the workaround. Nothing else in cnode touches py-libp2p internals. The
-workarounds for the host (1-10, 16) are in ``_host.py``; those for a stream's speed and resets
-(11-15) in ``_throughput.py``. Callers use this package's names.
+workarounds for the host (1-10, 16, 20) are in ``_host.py``; those for a stream's speed and resets
+(11-15, 19) in ``_throughput.py``; pubsub's (17, 18) in ``_pubsub.py``; per-RPC and per-read
+costs (21-24) in ``_rpc.py`` (tests in test_defects_rpc.py). Callers use this package's names.
 
 1. Inbound slots never released: ``Swarm._do_handle_inbound_connection`` ends in
    ``await self.manager.wait_finished()``, so the task (and its slot of the 250-slot inbound
@@ -112,6 +113,23 @@ workarounds for the host (1-10, 16) are in ``_host.py``; those for a stream's sp
     and it was serving. :func:`patient_negotiation` (``_host.py``) sets
     STREAM_NEGOTIATION_TIMEOUT_S (30 s); a selection that still times out is given back, the
     holder kept (``StreamOpenTimeout``).
+21. Every pubsub RPC carries the sender's signed peer record, and the receiver parses it,
+    verifies its ed25519 signature and stores it in the peerstore, for every RPC (and again
+    for each control message): 7.7% of a 16-member swarm's CPU (issue 41).
+    :func:`remember_sender_records` (``_rpc.py``) remembers each peer's last accepted record
+    bytes (SENDER_RECORD_PEERS peers) and accepts a repeat without the check, for
+    SENDER_RECORD_RECHECK_S and while the peerstore holds the entry that check stored; other
+    bytes, or a refused record, get the full check.
+22. Yamux answers nearly every read with a WINDOW_UPDATE (its "partial slack" branch, which 14
+    does not switch off): pubsub's stream, read a byte at a time, sent one frame per read (6.5%
+    of CPU at 16 members). :func:`window_updates_at_half_window` (``_rpc.py``) sends an update
+    only once the credit owed reaches half the window, as go-yamux does.
+23. Pubsub reads each frame's varint length one byte per ``stream.read`` (three or four reads
+    per small RPC). :func:`buffer_pubsub_reads` (``_rpc.py``) reads up to PUBSUB_READ_AHEAD
+    bytes at a time and cuts frames from them (same frames, same errors).
+24. Every RPC sent rebuilds the host's address list to check our own signed peer record is
+    current, then marshals it. :func:`reuse_local_record` (``_rpc.py``) reuses its bytes for
+    LOCAL_RECORD_RECHECK_S.
 """
 
 from __future__ import annotations
@@ -134,6 +152,10 @@ from ._host import secure_transports as secure_transports
 from ._host import switch_off_auto_connector as switch_off_auto_connector
 from ._pubsub import back_off_pruned_peers as back_off_pruned_peers
 from ._pubsub import guard_pubsub_handlers as guard_pubsub_handlers
+from ._rpc import buffer_pubsub_reads as buffer_pubsub_reads
+from ._rpc import remember_sender_records as remember_sender_records
+from ._rpc import reuse_local_record as reuse_local_record
+from ._rpc import window_updates_at_half_window as window_updates_at_half_window
 from ._throughput import atomic_frame_writes as atomic_frame_writes
 from ._throughput import batch_window_updates as batch_window_updates
 from ._throughput import bound_stream_resets as bound_stream_resets
@@ -147,6 +169,7 @@ __all__ = [
     "back_off_pruned_peers",
     "batch_window_updates",
     "bound_stream_resets",
+    "buffer_pubsub_reads",
     "buffer_tcp_reads",
     "clean_group",
     "close_listeners",
@@ -163,7 +186,10 @@ __all__ = [
     "publish_interval",
     "refuse_shared_port",
     "release_inbound_slots",
+    "remember_sender_records",
     "remove_dial_delay",
+    "reuse_local_record",
     "secure_transports",
     "switch_off_auto_connector",
+    "window_updates_at_half_window",
 ]
