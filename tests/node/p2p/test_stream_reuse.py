@@ -15,8 +15,15 @@ from pathlib import Path
 import pytest
 import trio
 
-from cnode.auth import Identity
-from cnode.node.p2p import FetchError, P2PNode, P2PSettings, limits, open_p2p_node
+from cnode.auth import Identity, issue_access_token
+from cnode.node.p2p import (
+    FetchError,
+    P2PNode,
+    P2PSettings,
+    PeerAdmission,
+    limits,
+    open_p2p_node,
+)
 from cnode.node.p2p._blocks._exchange import request_blocks
 from cnode.storage import CID, BlockStore, VerifiedBlock, compute_cid
 
@@ -135,5 +142,54 @@ def test_an_abandoned_request_never_gives_its_stream_back(tmp_path: Path) -> Non
                 await a.fetch_blocks(cids, [peer])
             assert scope.cancelled_caught
             assert len(a.pool) == 0 and a.pool.opened == 1
+
+    trio.run(main)
+
+
+def test_a_token_due_again_is_shown_before_an_idle_stream_is_taken(tmp_path: Path) -> None:
+    """In a run, a request on an idle stream first shows the access token when it is due
+    (expired at the holder here): without it the holder would refuse the stream's next
+    REQUEST (FORBIDDEN) and the fetch would fail."""
+    coordinator, holder_id, fetcher_id = (Identity.generate() for _ in range(3))
+    now = [1_800_000_000.0]
+
+    def policy(me: Identity) -> PeerAdmission:
+        return PeerAdmission(
+            coordinator=coordinator.peer_id_str,
+            run="run-a",
+            credential=lambda: issue_access_token(
+                coordinator,
+                peer_id=me.peer_id_str,
+                username="u",
+                run="run-a",
+                expires_at=int(now[0]) + 600,
+            ),
+            clock=lambda: now[0],
+        )
+
+    holder = BlockStore(tmp_path / "holder")
+    first, second = _blocks(holder, 2)
+
+    async def main() -> None:
+        async with (
+            open_p2p_node(
+                holder_id, holder, LOOPBACK, allow=bool, admission=policy(holder_id)
+            ) as b,
+            open_p2p_node(
+                fetcher_id,
+                BlockStore(tmp_path / "a"),
+                LOOPBACK,
+                allow=bool,
+                admission=policy(fetcher_id),
+            ) as a,
+        ):
+            with trio.fail_after(30):
+                peer = await a.connect(b.listen_addrs[0])
+                await a.fetch_blocks([first], [peer])
+                now[0] += 700  # the token shown has expired at the holder
+                report = await a.fetch_blocks([second], [peer])
+            assert report.blocks == 1 and report.dropped == {}
+            assert (a.pool.opened, a.pool.reused) == (1, 1)
+            assert a.traffic.exchange.tokens_shown == 2
 
     trio.run(main)
