@@ -44,7 +44,6 @@ import trio
 
 from cnode.auth import Identity
 from cnode.node.p2p import P2PNode, P2PSettings, limits, open_p2p_node
-from cnode.node.p2p._fetch._pool import StreamPool
 from cnode.node.train import fetch_update_segments, store_update
 from cnode.storage import (
     CID,
@@ -245,13 +244,6 @@ async def _segments(tmp: Path, made: dict[tuple[int, str], list[CID]], runs: int
 # -- 5. streams ----------------------------------------------------------------------------
 
 
-class _KeepsNothing(StreamPool):
-    """The baseline: every request's stream is closed after its END, as before the pool."""
-
-    def give(self, holder: str, stream: object) -> bool:  # type: ignore[override]
-        return False
-
-
 async def _streams(tmp: Path, runs: int, requests: int) -> None:
     holder = BlockStore(tmp / "holder-streams")
     per: dict[str, list[float]] = {"pooled": [], "fresh": []}
@@ -267,8 +259,9 @@ async def _streams(tmp: Path, runs: int, requests: int) -> None:
                 spent: list[float] = spent,
                 way: str = way,
             ) -> None:
-                if way == "fresh":
-                    a.pool = _KeepsNothing()
+                if way == "fresh":  # the baseline: a pool that keeps nothing, so every
+                    # request's stream is closed after its END, as before the pool
+                    a.pool.give = lambda _holder, _stream: False  # type: ignore[method-assign]
                 start = time.process_time()
                 for cid in cids:
                     await a.fetch_blocks([cid], [holder_id])
