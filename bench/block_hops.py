@@ -1,7 +1,8 @@
 """CPU of the block exchange per small block and per partition fetch (issue 41, 16 members).
 
-Run: ``python bench/block_hops.py`` (``--only hops|blocks|segments|parse``). Prints figures and
-their ratios to a baseline measured in the same run; nothing is asserted.
+Run: ``python bench/block_hops.py`` (``--only hops|blocks|segments|parse|streams``). Prints
+figures and their ratios to a baseline measured in the same run; only part 5 asserts (that each
+way opened the streams it claims to).
 
 1. ``hops``: what one block costs hashed (``verify_received``), stored in a batch
    (``put_verified``) and read back verified (``BlockStore.get``) on the event loop's thread
@@ -19,6 +20,11 @@ their ratios to a baseline measured in the same run; nothing is asserted.
 4. ``parse``: one such update root read the first time (``read_manifest``: the decoder and the
    schema checks) against the decoding it replaced (``dag_cbor.decode``, its re-encode, links
    to CIDs through ``multiformats``), same bytes, same run.
+5. ``streams``: N sequential one-block fetches (``P2PNode.fetch_blocks``) from one holder
+   between two real nodes in one process: CPU ms per request, both sides, with the node's
+   pool of idle streams (each request after the first takes the last one's stream) against
+   a pool that keeps nothing (every request opens, negotiates and closes its own stream: the
+   code before it), runs alternated.
 """
 
 from __future__ import annotations
@@ -235,6 +241,43 @@ async def _segments(tmp: Path, made: dict[tuple[int, str], list[CID]], runs: int
     )
 
 
+# -- 5. streams ----------------------------------------------------------------------------
+
+
+async def _streams(tmp: Path, runs: int, requests: int) -> None:
+    holder = BlockStore(tmp / "holder-streams")
+    per: dict[str, list[float]] = {"pooled": [], "fresh": []}
+    for run in range(runs):
+        for way in per:
+            cids = [holder.put_new(os.urandom(800)) for _ in range(requests)]
+            spent: list[float] = []
+
+            async def work(
+                a: P2PNode,
+                holder_id: str,
+                cids: list[CID] = cids,
+                spent: list[float] = spent,
+                way: str = way,
+            ) -> None:
+                if way == "fresh":  # the baseline: a pool that keeps nothing, so every
+                    # request's stream is closed after its END, as before the pool
+                    a.pool.give = lambda _holder, _stream: False  # type: ignore[method-assign]
+                start = time.process_time()
+                for cid in cids:
+                    await a.fetch_blocks([cid], [holder_id])
+                spent.append(time.process_time() - start)
+                assert a.pool.opened == (1 if way == "pooled" else len(cids)), a.pool.opened
+
+            await _pair(tmp, f"streams-{run}-{way}", holder, work)
+            per[way].append(spent[0] / requests * 1e3)
+    new, old = (statistics.median(per[k]) for k in ("pooled", "fresh"))
+    print(
+        f"{requests} sequential one-block requests to one holder, both sides' CPU per request "
+        f"(median of {runs}): pooled stream {new:.2f} ms; fresh stream each (before) "
+        f"{old:.2f} ms; ratio {new / old:.2f}"
+    )
+
+
 # -- 4. parse -------------------------------------------------------------------------------
 
 
@@ -268,7 +311,8 @@ def _parse(tmp: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["hops", "blocks", "segments", "parse"])
+    parser.add_argument("--only", choices=["hops", "blocks", "segments", "parse", "streams"])
+    parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--updates", type=int, default=16)
     args = parser.parse_args()
@@ -288,6 +332,8 @@ def main() -> None:
             trio.run(_segments, tmp, made, args.runs)
         if args.only in (None, "parse"):
             _parse(tmp)
+        if args.only in (None, "streams"):
+            trio.run(_streams, tmp, args.runs, args.requests)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,7 @@ from ._exceptions import (
     StreamOpenTimeout,
 )
 from ._fetch._fetch_types import DirectHolder, FetchReport
+from ._fetch._pool import StreamPool
 from ._fetch._scheduler import ProgressFn, Transfer
 from ._gossip._announce import (
     PAYLOAD_TYPE,
@@ -88,8 +89,8 @@ class P2PNode:
         self._counter = 0
         # Manifests announced with announce_hold (and their layers), said again to newcomers.
         self._holding = HeldManifests()
-        # One semaphore per holder, shared by every transfer (MAX_STREAMS_PER_HOLDER).
-        self._holder_slots: dict[str, trio.Semaphore] = {}
+        self._holder_slots: dict[str, trio.Semaphore] = {}  # per holder, for all transfers
+        self.pool = StreamPool(self._show_token)  # idle streams by holder; closed on stop
         self.peer_id: str = identity.peer_id_str
         # Outbound-only peers and failed dials: never dialed by a fetch (``_reach``).
         self.reach = DialMemory()
@@ -147,20 +148,19 @@ class P2PNode:
         return Libp2pStream(raw, peer)
 
     async def _open_stream(self, peer: str) -> Libp2pStream:
-        if self.admission is not None:
-            await self._show_token(peer, self.admission)
+        await self._show_token(peer)
         return await self._new_stream(peer, PROTOCOL_ID)
 
-    async def _show_token(self, holder: str, admission: PeerAdmission) -> None:
-        """Show ``holder`` our access token, once per token (specs/blocks.md#admission).
-
-        Error handling: DialError when the holder refuses it or the exchange fails (the
-        scheduler then treats the holder as unreachable for this transfer).
-        """
+    async def _show_token(self, holder: str) -> None:
+        """Show ``holder`` our access token once per token, in a run that admits peers
+        (specs/blocks.md#admission), before any request (on a new stream or an idle one).
+        Error handling: NotAdmittedError when refused, StreamOpenTimeout when it is busy."""
+        admission = self.admission
+        if admission is None:
+            return
         async with admission.lock(holder):
             # The muxed connections, as ``shown`` records them (a stream's ``muxed_conn``): the
-            # swarm's own connection objects wrap them, and never matched, so every request
-            # showed the token again (11,341 admissions at 16 members, issue 41).
+            # swarm's wrappers never matched (11,341 admissions at 16 members, issue 41).
             live = [
                 getattr(conn, "muxed_conn", conn)
                 for conn in self._host.get_network().get_connections(ID.from_base58(holder))
@@ -171,10 +171,9 @@ class P2PNode:
             began = trio.current_time()
             self.traffic.exchange.tokens_shown += 1
             stream = await self._new_stream(holder, ADMIT_PROTOCOL_ID)
-            # Once the token is on its way, its answer is awaited and remembered even if the
-            # request that needed it is given back meanwhile (bounded by ADMIT_TIMEOUT_S):
-            # cut off, the holder admitted us for nothing and the next request showed the token
-            # again (up to 8 times for one pair at 16 members).
+            # Once sent, the token's answer is awaited (ADMIT_TIMEOUT_S) even if its request is
+            # given back meanwhile: cut off, the holder admitted us for nothing and the next
+            # request showed the token again (up to 8 times for one pair at 16 members).
             with trio.CancelScope(shield=True):
                 try:
                     expires_at = await present_token(stream, holder, token)
@@ -246,6 +245,7 @@ class P2PNode:
             batch=batch,
             slots=self._slot,
             stats=self.traffic.exchange,
+            pool=self.pool,
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])
@@ -286,6 +286,7 @@ class P2PNode:
             batch=batch,
             slots=self._slot,
             stats=self.traffic.exchange,
+            pool=self.pool,
         )
         if wanted:
             await transfer.fetch_synced(wanted)

@@ -85,11 +85,11 @@ async def open_p2p_node(
             if settings.run_id is not None:
                 nursery.start_soon(node._follow_announcements, settings.run_id, allow)
                 nursery.start_soon(node._reannounce_holds)
+            nursery.start_soon(node.pool.run_sweeps)
             try:
                 yield node
             finally:
-                # Where this node's exchange spent its time (bench/swarm_size.py reads it).
-                log.info("exchange_totals", **node.traffic.exchange.summary())
+                await _wind_down(node)
                 if settings.run_id is not None:
                     with trio.CancelScope(shield=True), trio.move_on_after(1):
                         try:
@@ -108,6 +108,21 @@ async def open_p2p_node(
             await _defects.close_listeners(host.get_network())
     if to_raise is not None:
         raise to_raise
+
+
+async def _wind_down(node: P2PNode) -> None:
+    """Log where the node's exchange spent its time (bench/swarm_size.py reads it); close its
+    idle streams (bounded: the node is stopping)."""
+    pool = node.pool
+    log.info(
+        "exchange_totals",
+        **node.traffic.exchange.summary(),
+        streams_opened=pool.opened,
+        streams_reused=pool.reused,
+        pooled_replaced=pool.replaced,
+    )
+    with trio.CancelScope(shield=True), trio.move_on_after(2):
+        await pool.close_all()
 
 
 def _build_host(

@@ -101,6 +101,18 @@ BUSY_HOLDER_TEST_S = 30.0
 # REQUEST can wait behind its own block data on the connection, and on a loaded machine that
 # took over 10 s (issue 41, 12 members).
 REQUEST_READ_TIMEOUT_S = 30.0
+# A stream carries several requests, one after another (specs/blocks.md#interaction): every new
+# stream costs a multiselect negotiation, a close and several small Noise-encrypted writes on both
+# sides (py-spy at 32 members: ~17% of a node's CPU went to opening, negotiating and closing one
+# stream per request). A holder closes a stream that brings no next REQUEST within this time,
+# quietly (an idle pooled stream is not a late request: no BUSY); shorter than
+# REQUEST_READ_TIMEOUT_S, which bounds only a stream's first REQUEST.
+POOLED_STREAM_IDLE_S = 12.0
+# ... and a requester takes an idle stream from its pool for a next request only this long after
+# its last request ended (older ones are closed): POOLED_STREAM_IDLE_S less a margin for the
+# REQUEST's way to the holder, so a holder rarely closes a stream as it is taken (one that did
+# is replaced by a fresh stream, once, without blaming the holder).
+POOLED_STREAM_MAX_AGE_S = 8.0
 # Largest yamux frame we send, its 12-byte header included (defect 12): one Noise transport
 # message (65535 bytes minus the 16-byte Poly1305 tag), so a frame is never split in two
 # messages. py-libp2p's own (65536) makes every full frame two Noise messages.

@@ -1,4 +1,5 @@
-"""Requesting side of ``/cnode/blocks/1.0.0`` (specs/blocks.md#interaction): one request.
+"""Requesting side of ``/cnode/blocks/1.0.0`` (specs/blocks.md#interaction): one request (on a
+new stream or on one whose earlier requests ended cleanly).
 
 :func:`request_blocks` sends one REQUEST and reads the answer, checking every frame against the
 request. Each BLOCK's CID is recomputed from its bytes *before* the block is handed on, once
@@ -54,7 +55,8 @@ async def request_blocks(
     """Ask for ``cids`` on ``stream``; call ``on_block`` for each verified block; return lacks.
 
     Args:
-        stream: a fresh stream to the holder, negotiated to PROTOCOL_ID.
+        stream: a stream to the holder, negotiated to PROTOCOL_ID: fresh, or one whose
+            earlier requests all ended with their END.
         cids: 1 to MAX_REQUEST_CIDS distinct CIDs.
         on_block: awaited with a VerifiedBlock once the bytes are proven to hash to the CID.
         on_frame: called on every frame (the scheduler's no-progress timer).
@@ -187,10 +189,12 @@ async def request_then_close(
     on_frame: Callable[[], None],
     on_block_start: Callable[[CID], None],
     on_block_arrived: Callable[[CID], None],
+    pooled: Callable[[], bool] = lambda: False,
 ) -> set[CID]:
     """:func:`request_blocks` on ``counted`` (``stream`` as read through a byte counter), then
-    ``stream`` closed; reset instead on any error or cancellation (bounded, shielded), so the
-    holder stops sending."""
+    ``stream`` closed unless ``pooled()`` kept it for a next request (the answer's END read);
+    reset instead on any error or cancellation (bounded, shielded), so the holder stops sending
+    and the stream is never used again."""
     try:
         lacked = await request_blocks(
             counted, cids, on_block, on_frame, on_block_start, on_block_arrived
@@ -199,5 +203,6 @@ async def request_then_close(
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             await stream.reset()
         raise
-    await stream.close()
+    if not pooled():
+        await stream.close()
     return lacked

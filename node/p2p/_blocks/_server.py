@@ -1,10 +1,11 @@
 """Serving side of ``/cnode/blocks/1.0.0`` (specs/blocks.md#interaction): parse, check, answer.
 
-One request per stream. The handler decodes the REQUEST, checks the requester against the allow
-hook and the per-peer stream cap, then streams BLOCK frames for held blocks (each read from disk
-and verified by the store while the one before it is sent, sent in SEND_PIECE pieces through the
-upload token bucket, or in one write when the node's upload is uncapped), one LACKING frame for
-the rest, and END.
+Several requests per stream, one after another. The handler decodes the REQUEST, checks the
+requester against the allow hook and the per-peer stream cap, then streams BLOCK frames for held
+blocks (each read from disk and verified by the store while the one before it is sent, sent in
+SEND_PIECE pieces through the upload token bucket, or in one write when the node's upload is
+uncapped), one LACKING frame for the rest, and END; then it waits for the stream's next REQUEST
+(POOLED_STREAM_IDLE_S; then it closes the stream quietly), served the same way.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ class BlockServer:
         stream = Libp2pStream(raw, peer)
         self._open[peer] += 1
         try:
-            await self._serve(stream, peer, trio.current_time())
+            reader = FrameReader(stream, read_size=4096)  # one per stream: nothing read is lost
+            served = await self._serve(stream, peer, trio.current_time(), reader)
+            while served:  # the same stream may carry the requester's next REQUEST
+                served = await self._serve_next(stream, peer, reader)
             await stream.close()
         except StreamBroken as exc:
             log.info("serve_stream_broken", requester=peer[-8:], error=str(exc))
@@ -86,16 +90,39 @@ class BlockServer:
         log.warning("serve_refused", requester=peer[-8:], status=status.name, reason=text)
         await stream.write(Error(status, text).encode())
 
-    async def _serve(self, stream: Libp2pStream, peer: str, arrived: float) -> None:
+    async def _serve(
+        self, stream: Libp2pStream, peer: str, arrived: float, reader: FrameReader | None = None
+    ) -> bool:
+        """Serve a stream's first REQUEST; True once it was answered (its END sent)."""
         if not self.allow(peer):
             await self._refuse(stream, peer, Status.FORBIDDEN, "peer is not allowed to fetch")
-            return
+            return False
         if self._open[peer] > limits.MAX_SERVED_STREAMS_PER_PEER:
             await self._refuse(stream, peer, Status.BUSY, "too many open requests")
-            return
-        frame = await self._read_request(stream, peer)
+            return False
+        reader = reader or FrameReader(stream, read_size=4096)
+        frame = await self._read_request(stream, peer, reader)
         if frame is None:
-            return
+            return False
+        await self._answer(stream, peer, frame, arrived)
+        return True
+
+    async def _serve_next(self, stream: Libp2pStream, peer: str, reader: FrameReader) -> bool:
+        """Serve the stream's next REQUEST, if one comes within POOLED_STREAM_IDLE_S; True once
+        answered. The stream already counts in MAX_SERVED_STREAMS_PER_PEER (streams, not
+        requests); the allow hook is asked again (a peer banned meanwhile is refused)."""
+        frame = await self._read_request(stream, peer, reader, pooled=True)
+        if frame is None:
+            return False
+        if not self.allow(peer):
+            await self._refuse(stream, peer, Status.FORBIDDEN, "peer is not allowed to fetch")
+            return False
+        await self._answer(stream, peer, frame, trio.current_time())
+        return True
+
+    async def _answer(
+        self, stream: Libp2pStream, peer: str, frame: Request, arrived: float
+    ) -> None:
         if self.busy_for_tests:
             if self._busy_until is None:
                 self._busy_until = trio.current_time() + self.busy_for_tests
@@ -142,14 +169,20 @@ class BlockServer:
             lacking=len(lacking),
         )
 
-    async def _read_request(self, stream: Libp2pStream, peer: str) -> Request | None:
-        """The stream's REQUEST, or None once it was refused (or withdrawn)."""
+    async def _read_request(
+        self, stream: Libp2pStream, peer: str, reader: FrameReader, *, pooled: bool = False
+    ) -> Request | None:
+        """The stream's next REQUEST, or None once it was refused (or withdrawn). ``pooled``:
+        not the stream's first; its requester keeps the stream idle between requests, so a
+        quiet one or its end is no fault and is closed without a word (no BUSY)."""
+        wait = limits.POOLED_STREAM_IDLE_S if pooled else limits.REQUEST_READ_TIMEOUT_S
         try:
-            with trio.fail_after(limits.REQUEST_READ_TIMEOUT_S):
-                frame = await FrameReader(stream, read_size=4096).read_frame(
-                    limits.MAX_REQUEST_FRAME
-                )
+            with trio.fail_after(wait):
+                frame = await reader.read_frame(limits.MAX_REQUEST_FRAME)
         except trio.TooSlowError:
+            if pooled:
+                log.debug("pooled_stream_idle", requester=peer[-8:])
+                return None
             # BUSY, not BAD_REQUEST: the REQUEST is most likely queued on the requester's side
             # (behind block data on the same connection, or its loop starved: issue 41 saw it
             # at 12 members), and a refusal would make it drop this holder as if it had
@@ -164,6 +197,8 @@ class BlockServer:
         except PeerProtocolError as exc:
             await self._refuse(stream, peer, Status.BAD_REQUEST, str(exc))
             return None
+        if frame is None and pooled:
+            return None  # the requester closed its idle stream: it has no next request
         if frame is None:
             # The requester closed before asking: it gave the request up while its stream was
             # opening (its blocks moved to a faster holder, or its no-progress timer ran out).

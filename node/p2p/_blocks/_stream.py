@@ -50,6 +50,10 @@ class Libp2pStream:
         with map_exceptions(f"closing stream with {self.peer[-8:]}"):
             await self.raw.close()
 
+    def connection_closed(self) -> bool:
+        """Has the stream's connection closed (an idle pooled stream is then of no use)?"""
+        return bool(getattr(self.raw.muxed_conn, "is_closed", False))
+
     async def reset(self) -> None:
         # Resetting an already broken stream fails: nothing is left to tell the peer.
         with contextlib.suppress(BaseLibp2pError):

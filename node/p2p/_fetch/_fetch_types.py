@@ -26,10 +26,15 @@ __all__ = [
 
 
 class RequestStream(ByteStream, Protocol):
-    """What the scheduler needs of a stream: the ByteStream methods plus ``reset``."""
+    """What the scheduler needs of a stream: the ByteStream methods, ``reset`` and, for the
+    node's pool of idle streams (``_pool``), ``connection_closed``."""
 
     async def reset(self) -> None:
         """Abort the stream (the holder stops sending); never raises."""
+        ...
+
+    def connection_closed(self) -> bool:
+        """Has its connection closed? (An idle pooled stream is then of no use.)"""
         ...
 
 

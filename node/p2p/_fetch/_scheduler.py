@@ -24,7 +24,6 @@ Times come from ``trio.current_time()`` (tests run it under a MockClock).
 from __future__ import annotations
 
 import collections
-import math
 from collections.abc import Callable, Iterable
 
 import structlog
@@ -52,6 +51,7 @@ from ._fetch_types import (
     FetchProgress,
     FetchReport,
     OpenStream,
+    RequestStream,
     Reveal,
 )
 from ._holders import (
@@ -64,6 +64,7 @@ from ._holders import (
     too_slow_to_keep,
 )
 from ._keep import keep
+from ._pool import StreamPool, ask_holder, request_sent
 from ._source_rate import CountedStream
 
 log = structlog.get_logger(__name__)
@@ -97,6 +98,9 @@ class Transfer:
         slots: ``slots(peer)``, the node's semaphore per holder (MAX_STREAMS_PER_HOLDER),
             held by every request to it while it runs. None: this transfer's own.
         stats: where request timings and drops are counted (the node's ExchangeStats).
+        pool: the node's idle streams (``_pool``): a request takes one to its holder if there
+            is one, and a request that ended cleanly gives its stream back. None: every
+            request opens a new stream and closes it.
     """
 
     def __init__(
@@ -110,6 +114,7 @@ class Transfer:
         batch: UnsyncedBatch | None = None,
         slots: HolderSlots | None = None,
         stats: ExchangeStats | None = None,
+        pool: StreamPool | None = None,
     ) -> None:
         self.store = store
         self.stats = stats if stats is not None else ExchangeStats()
@@ -120,6 +125,7 @@ class Transfer:
         self.reveal = reveal
         self.batch = batch
         self.open_stream = open_stream
+        self.pool = pool
         self.direct = {d.name: d for d in direct}
         self.holders = {peer: HolderState(peer) for peer in [*holders, *self.direct]}
         self.progress = progress
@@ -379,7 +385,6 @@ class Transfer:
             await self._delivered(request, block)
 
         began = trio.current_time()
-        opened = began
         first_byte: float | None = None
         received = 0
 
@@ -404,9 +409,7 @@ class Transfer:
                 scope.deadline = began + limits.OPEN_TIMEOUT_S
                 direct = self.direct.get(holder.peer)
                 if direct is not None:
-                    scope.deadline = math.inf
-                    request.sent_at = began
-                    holder.window.busy()
+                    request_sent(request)
 
                     def on_piece(n: int) -> None:
                         if n:
@@ -415,22 +418,18 @@ class Transfer:
                             on_frame()
 
                     return await direct.request(request.cids, on_block, on_piece, on_block_start)
-                stream = await self.open_stream(holder.peer)
-                opened = trio.current_time()
-                scope.deadline = math.inf  # now the stall watch (``_holders.stalled``) rules
-                request.sent_at = opened
-                holder.window.busy()
-                return await request_then_close(
-                    stream,
-                    CountedStream(stream, on_bytes),
-                    request.cids,
-                    on_block,
-                    on_frame,
-                    on_block_start,
-                    request.arrived.add,
+
+                async def ask(stream: RequestStream, pooled: Callable[[], bool]) -> set[CID]:
+                    counted = CountedStream(stream, on_bytes)
+                    args = (on_block, on_frame, on_block_start, request.arrived.add, pooled)
+                    return await request_then_close(stream, counted, request.cids, *args)
+
+                return await ask_holder(
+                    self.pool, self.open_stream, request, ask, lambda: received > 0
                 )
         finally:
             now = trio.current_time()
+            opened = began if request.sent_at is None else request.sent_at  # its stream in hand
             ttfb = None if first_byte is None else first_byte - opened
             self.stats.request_done(opened - began, ttfb, now - began, received)
         if request.abandoned:
