@@ -6,10 +6,10 @@ every member agrees on; no member drops a holder, and each holder answers a requ
 token about once per connection, not once per request (the cache that never hit showed it
 thousands of times at 16 members, and holders alive but busy were dropped as "no progress").
 
-On the code before issue 41's third pass it did not finish round 1 in 300 s on this 2-core box:
-every update was left out while 12 nodes verified each other's gossip (a header repeated each
-second, holds every 30 s) and walked manifests with a slow decoder; now it takes about 2 minutes
-(docs/benchmarks.md, "The third pass").
+After issue 41's first pass it did not finish round 1 in 300 s on this 2-core box; after the
+second (06123c2) it passed in 238 s, twice a suite test's 2 minutes, most of it the nodes
+verifying each other's gossip and walking manifests with a slow decoder. Now it takes about 2
+minutes (docs/benchmarks.md, "The third pass").
 """
 
 from __future__ import annotations
