@@ -166,7 +166,10 @@ def test_a_node_leaves_and_a_killed_node_restarts_and_rejoins(
     finals = final_states([a, b])
     assert finals["a"] == finals["b"], finals
     assert finals["a"][0] == rounds
-    # No round failed: a aggregated every round 1..5, with c's update only in round 1.
+    # No round failed: a aggregated every round 1..5, and c's update is in none after round 2.
+    # The signal reaches c only after the test's poll saw round 1 end on every node, and by then
+    # c may have trained and published its round-2 update: applying an update that was out
+    # before its author left is right (CI saw it on a loaded machine), so round 2 may hold it.
     a_rounds = a.events("round")
     assert [e["round"] for e in a_rounds] == list(range(1, rounds + 1))
-    assert all(c.peer not in e["members"] for e in a_rounds[1:])
+    assert all(c.peer not in e["members"] for e in a_rounds[2:])
