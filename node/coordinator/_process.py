@@ -14,18 +14,32 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Protocol
 
 from cnode.node._children import die_with_parent
 
 from ._exceptions import CoordinatorUnavailable
 
-__all__ = ["CoordinatorProcess"]
+__all__ = ["ChildProcess", "CoordinatorProcess"]
 
 # Seconds a spawned coordinator may take to listen (imports on a loaded 2-core machine are slow).
 SPAWN_READY_S = 60.0
 # Seconds between SIGTERM and SIGKILL in stop().
 STOP_GRACE_S = 10.0
+
+
+class ChildProcess(Protocol):
+    """What :class:`CoordinatorProcess` uses of its process: ``subprocess.Popen``'s names."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
 
 
 class CoordinatorProcess:
@@ -59,18 +73,14 @@ class CoordinatorProcess:
         self.p2p_addrs: list[str] = []
         self.log_path = Path(log_path) if log_path else self.db.with_suffix(".log")
         self.ready_file = self.db.with_suffix(".ready.json")
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: ChildProcess | None = None
         self.url = ""
         self.peer_id = ""
         self._log: IO[bytes] | None = None
 
     def start(self) -> CoordinatorProcess:
         self.ready_file.unlink(missing_ok=True)
-        cmd = [
-            *self.wrap,
-            sys.executable,
-            "-m",
-            "cnode",
+        argv = [
             "--log-json",
             "coordinator",
             "serve",
@@ -86,14 +96,10 @@ class CoordinatorProcess:
             str(self.ready_file),
         ]
         if self.hf_endpoint:
-            cmd += ["--hf-endpoint", self.hf_endpoint]
+            argv += ["--hf-endpoint", self.hf_endpoint]
         if self.p2p_listen:
-            cmd += ["--p2p-listen", self.p2p_listen]
-        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap()
-        # It ends with whoever started it, even a parent killed with SIGKILL (_children.py).
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
-        )
+            argv += ["--p2p-listen", self.p2p_listen]
+        self.proc = self._spawn(argv)
         give_up = time.monotonic() + SPAWN_READY_S
         while not self.ready_file.exists():
             if self.proc.poll() is not None or time.monotonic() > give_up:
@@ -106,6 +112,18 @@ class CoordinatorProcess:
         self.url, self.peer_id = info["url"], info["peer_id"]
         self.p2p_addrs = list(info.get("p2p_addrs", []))
         return self
+
+    def _spawn(self, argv: list[str]) -> ChildProcess:
+        """``python -m cnode *argv``, its output appended to the log (tests start it as a fork
+        of a process that has imported cnode already: tests/support/forked.py)."""
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in _reap()
+        # It ends with whoever started it, even a parent killed with SIGKILL (_children.py).
+        return subprocess.Popen(
+            [*self.wrap, sys.executable, "-m", "cnode", *argv],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent(),
+        )
 
     def log_tail(self, n: int = 4000) -> str:
         try:

@@ -22,7 +22,13 @@ import trio
 
 from cnode.aggregation import BanRecommendation
 from cnode.node._logging import bind_context
-from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo, RunState
+from cnode.node.coordinator import (
+    CoordinatorClient,
+    CoordinatorRejected,
+    ErrorCode,
+    RoundInfo,
+    RunState,
+)
 from cnode.node.p2p import P2PNode
 from cnode.storage import CID
 
@@ -97,9 +103,29 @@ class RoundLoop:
         round_ = await self._enter_round()
         if round_ is None:
             return True
-        own, t_train, t_publish = await self._train_and_publish(round_)
+        try:
+            own, t_train, t_publish = await self._train_and_publish(round_)
+        except CoordinatorRejected as exc:
+            if exc.code is not ErrorCode.ROUND_OVER:
+                raise
+            # Its update came after the round closed (a slow node, or one restarted within the
+            # round it had joined): the round goes on without it, and so does this node, from
+            # the next round's catch-up, as a member dropped at the deadline would.
+            self._sit_out(round_, {"own": f"ready after the round closed: {exc.message}"})
+            return False
         published_at = time.time()  # wall clock: compared across nodes (bench/round.py)
         info = await self._wait_members(round_)
+        if info.headers.get(self.node.peer_id, str(own.header_cid)) != str(own.header_cid):
+            # A restart landed it in a round it had published another update in, before it was
+            # killed: the coordinator keeps a member's first header, so that is the update the
+            # others use. This process cannot rebuild it (its residual was replaced when it was
+            # made), and aggregating its new one would diverge: it sits the round out and
+            # catches up at the next (specs/training.md, "A restart within a round").
+            listed = info.headers[self.node.peer_id]
+            self._sit_out(
+                round_, {"own": f"the round lists its update of before a restart, {listed}"}
+            )
+            return False
         check_round_reachable(round_, self.node.peer_id, info.members, info.addrs)
         note_reachability(self.node, info.members, info.addrs)
         sent, got = self.node.server.bytes_sent, self.exchange.fetcher.bytes_in
@@ -180,6 +206,12 @@ class RoundLoop:
             )
             relaying.cancel_scope.cancel()
         return outcome
+
+    def _sit_out(self, round_: int, missing: dict[str, str]) -> None:
+        """Play no further part in ``round_``: the next round starts with a catch-up."""
+        log.warning("round_given_up", round=round_, missing=missing)
+        self.reporter.event(Event.ROUND_GIVEN_UP, round=round_, missing=missing)
+        self.current_round = None
 
     async def _enter_round(self) -> int | None:
         """The round this node plays next, caught up to it first if it is behind; None when

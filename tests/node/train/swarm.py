@@ -12,7 +12,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,8 +29,8 @@ from cnode.node._config import (
     save_config,
 )
 from cnode.node.coordinator import SyncCoordinatorClient, load_run_config
-from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train._report import read_report
+from tests.support.forked import CnodeProcess, ForkedCoordinatorProcess, start_cnode
 
 RUN = "t"
 # Small enough that a round takes about a second on two loaded cores.
@@ -55,7 +54,7 @@ class Node:
     home: Path
     peer: str
     port: int
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[CnodeProcess] = field(default_factory=list)
 
     @property
     def report(self) -> Path:
@@ -74,7 +73,7 @@ class Node:
         return int(rounds[-1]["round"]) if rounds else 0
 
     @property
-    def proc(self) -> subprocess.Popen[bytes]:
+    def proc(self) -> CnodeProcess:
         return self.procs[-1]
 
 
@@ -142,7 +141,7 @@ class Swarm:
             config["gateways"] = self.gateways
         self.run_config = tmp / "run.toml"
         self.run_config.write_text(tomli_w.dumps(config), encoding="utf-8")
-        self.coordinator = CoordinatorProcess(
+        self.coordinator = ForkedCoordinatorProcess(
             self.run_config,
             tmp / "coordinator.db",
             tmp / "coordinator.key",
@@ -154,8 +153,8 @@ class Swarm:
 
     def start(self, name: str, *extra: str, rounds: int, checkpointer: bool = False) -> Node:
         node = self.nodes[name]
-        cmd = [
-            sys.executable, "-m", "cnode", "--log-json", "train",
+        argv = [
+            "--log-json", "train",
             "--run", RUN,
             "--run-config", str(self.run_config),
             "--home", str(node.home),
@@ -165,12 +164,12 @@ class Swarm:
             *extra,
         ]  # fmt: skip
         if checkpointer:
-            cmd.append("--checkpointer")
+            argv.append("--checkpointer")
         env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
         if self.hf_endpoint is not None:
             env["HF_ENDPOINT"] = self.hf_endpoint
-        with node.log.open("ab") as log:
-            node.procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+        # A fork of a process that imported cnode already (forked.py), unless env says otherwise.
+        node.procs.append(start_cnode(argv, env, node.log))
         return node
 
     def hf_login(self, name: str, username: str, token: str) -> None:

@@ -1,0 +1,158 @@
+"""Start ``cnode`` command lines as forks of a process that has imported cnode (tests only).
+
+A training node's interpreter spends ~7 CPU-s importing torch, transformers and libp2p before it
+does anything, and a swarm test starts 3 to 12 of them: on the 2-core machine the suite runs on,
+that was a third of its CPU, and most of each swarm test's first 20 s. multiprocessing's
+forkserver imports those once per pytest worker; each node is then a fork of that clean,
+single-threaded server, and runs the same ``cnode.node.cli.main(argv)`` that ``python -m cnode``
+runs, as its own process with its own pid, log file, environment and exit status.
+
+What a fork does not share with ``python -m cnode``: settings that a preloaded library reads when
+it is imported, not when it is used. huggingface_hub reads ``HF_ENDPOINT`` and ``HF_HOME`` at
+import, so :func:`start_cnode` falls back to a real ``subprocess`` whenever the environment asked
+for differs from the server's in one of :data:`READ_AT_IMPORT`. The README's own flow
+(``test_user_flow``) and the network-namespace tests always exec ``python -m cnode``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Protocol
+
+from cnode.node.coordinator.server import CoordinatorProcess
+
+__all__ = ["CnodeProcess", "ForkedCnode", "ForkedCoordinatorProcess", "start_cnode"]
+
+# Imported once in the server: everything ``cnode train`` imports before its first round.
+PRELOAD = ["cnode.node.cli", "cnode.node.train", "cnode.node.train.model._model"]
+# Environment variables a preloaded module reads when it is imported: the server's values hold in
+# every fork. OMP_NUM_THREADS is read by libgomp when torch loads it.
+READ_AT_IMPORT = ("HF_ENDPOINT", "HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "OMP_NUM_THREADS")
+# What the swarms run nodes with (swarm.py): one OpenMP thread each, on a 2-core machine.
+SERVER_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+class CnodeProcess(Protocol):
+    """What tests use of a node's process: ``subprocess.Popen``'s own names."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+def _run(argv: list[str], env: dict[str, str], log: str) -> None:
+    """In the fork: the log as stdout and stderr, the caller's environment, then the CLI."""
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.environ.clear()
+    os.environ.update(env)
+    sys.argv = ["cnode", *argv]
+    from cnode.node.cli import main
+
+    sys.exit(main(argv))
+
+
+class ForkedCnode:
+    """A ``cnode`` command running in a fork of the preloaded server."""
+
+    def __init__(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+        self.args = list(argv)
+        self._proc = _context().Process(target=_run, args=(self.args, dict(env), str(log)))
+        self._proc.start()
+        assert self._proc.pid is not None
+        self.pid: int = self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode
+
+    def poll(self) -> int | None:
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._proc.join(timeout)
+        code = self._proc.exitcode
+        if code is None:
+            raise subprocess.TimeoutExpired(["cnode", *self.args], timeout or 0.0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc.exitcode is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+_CONTEXT: multiprocessing.context.ForkServerContext | None = None
+
+
+def _context() -> multiprocessing.context.ForkServerContext:
+    """The forkserver, started once per pytest worker with SERVER_ENV and PRELOAD."""
+    global _CONTEXT
+    if _CONTEXT is None:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(PRELOAD)
+        saved = {k: os.environ.get(k) for k in SERVER_ENV}
+        os.environ.update(SERVER_ENV)  # the server's environment is the worker's at its start
+        try:
+            multiprocessing.forkserver.ensure_running()
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        _CONTEXT = context
+    return _CONTEXT
+
+
+def _server_env() -> dict[str, str]:
+    return {**os.environ, **SERVER_ENV}
+
+
+def start_cnode(argv: Sequence[str], env: Mapping[str, str], log: Path) -> CnodeProcess:
+    """``python -m cnode *argv`` with ``env``, stdout and stderr appended to ``log``: a fork of
+    the preloaded server, or a real subprocess where ``env`` changes what it read at import."""
+    server = _server_env()
+    if any(env.get(k) != server.get(k) for k in READ_AT_IMPORT):
+        with log.open("ab") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "cnode", *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+            )
+    return ForkedCnode(argv, env, log)
+
+
+class ForkedCoordinatorProcess(CoordinatorProcess):
+    """:class:`CoordinatorProcess`, started with :func:`start_cnode` (a fork where it can be)."""
+
+    def _spawn(self, argv: list[str]) -> CnodeProcess:
+        if self.wrap:  # another network namespace: ``ip netns exec`` execs the process itself
+            return super()._spawn(argv)
+        return start_cnode(argv, dict(os.environ), self.log_path)
