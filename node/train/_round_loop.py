@@ -103,28 +103,11 @@ class RoundLoop:
         round_ = await self._enter_round()
         if round_ is None:
             return True
-        try:
-            own, t_train, t_publish = await self._train_and_publish(round_)
-        except CoordinatorRejected as exc:
-            if exc.code is not ErrorCode.ROUND_OVER:
-                raise
-            # Its update came after the round closed (a slow node, or one restarted within the
-            # round it had joined): the round goes on without it, and so does this node, from
-            # the next round's catch-up, as a member dropped at the deadline would.
-            self._sit_out(round_, {"own": f"ready after the round closed: {exc.message}"})
+        if (published := await self._publish_in_time(round_)) is None:
             return False
+        own, t_train, t_publish = published
         published_at = time.time()  # wall clock: compared across nodes (bench/round.py)
-        info = await self._wait_members(round_)
-        if info.headers.get(self.node.peer_id, str(own.header_cid)) != str(own.header_cid):
-            # A restart landed it in a round it had published another update in, before it was
-            # killed: the coordinator keeps a member's first header, so that is the update the
-            # others use. This process cannot rebuild it (its residual was replaced when it was
-            # made), and aggregating its new one would diverge: it sits the round out and
-            # catches up at the next (specs/training.md, "A restart within a round").
-            listed = info.headers[self.node.peer_id]
-            self._sit_out(
-                round_, {"own": f"the round lists its update of before a restart, {listed}"}
-            )
+        if not self._listed_as_own(info := await self._wait_members(round_), own):
             return False
         check_round_reachable(round_, self.node.peer_id, info.members, info.addrs)
         note_reachability(self.node, info.members, info.addrs)
@@ -141,7 +124,6 @@ class RoundLoop:
                 "phases": self.partitioned.last_phases,
                 "bytes_in_by": self.partitioned.last_bytes,
             }
-        if info.parts:
             t_fetch, t_aggregate = time.monotonic() - began, 0.0
             bytes_in = self.partitioned.last_bytes_in
         else:
@@ -206,6 +188,34 @@ class RoundLoop:
             )
             relaying.cancel_scope.cancel()
         return outcome
+
+    async def _publish_in_time(self, round_: int) -> tuple[OwnUpdate, float, float] | None:
+        """``_train_and_publish``, or None when the round closed before this node was ready."""
+        try:
+            return await self._train_and_publish(round_)
+        except CoordinatorRejected as exc:
+            if exc.code is not ErrorCode.ROUND_OVER:
+                raise
+            # Its update came after the round closed (a slow node, or one restarted within the
+            # round it had joined): the round goes on without it, and so does this node, from
+            # the next round's catch-up, as a member dropped at the deadline would.
+            self._sit_out(round_, {"own": f"ready after the round closed: {exc.message}"})
+            return None
+
+    def _listed_as_own(self, info: RoundInfo, own: OwnUpdate) -> bool:
+        """Whether the round lists this node's update as the one it just published (or none)."""
+        listed = info.headers.get(self.node.peer_id, str(own.header_cid))
+        if listed == str(own.header_cid):
+            return True
+        # A restart landed it in a round it had published another update in, before it was
+        # killed: the coordinator keeps a member's first header, so that is the update the
+        # others use. This process cannot rebuild it (its residual was replaced when it was
+        # made), and aggregating its new one would diverge: it sits the round out and catches
+        # up at the next (specs/training.md, "A restart within a round").
+        self._sit_out(
+            info.round, {"own": f"the round lists its update of before a restart, {listed}"}
+        )
+        return False
 
     def _sit_out(self, round_: int, missing: dict[str, str]) -> None:
         """Play no further part in ``round_``: the next round starts with a catch-up."""
