@@ -16,12 +16,15 @@ for differs from the server's in one of :data:`READ_AT_IMPORT`. The README's own
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -58,12 +61,38 @@ class CnodeProcess(Protocol):
     def kill(self) -> None: ...
 
 
-def _run(argv: list[str], env: dict[str, str], log: str) -> None:
-    """In the fork: the log as stdout and stderr, the caller's environment, then the CLI."""
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
+CLONE_NEWNET = 0x40000000  # setns(2): join a network namespace
+
+
+def _enter_netns(name: str) -> None:
+    """What ``ip netns exec NAME`` does that matters to a node: its sockets live in NAME."""
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    try:
+        if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), f"setns into network namespace {name} failed")
+    finally:
+        os.close(fd)
+
+
+def _redirect(path: str, *targets: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    for target in targets:
+        os.dup2(fd, target)
     os.close(fd)
+
+
+def _run(
+    argv: list[str], env: dict[str, str], log: str, netns: str | None, stdout: str | None
+) -> None:
+    """In the fork: its network namespace, the log as stderr (and stdout, unless ``stdout``
+    names a file of its own), the caller's environment, then the CLI."""
+    if netns is not None:
+        _enter_netns(netns)
+    if stdout:
+        _redirect(stdout, 1)
+        _redirect(log, 2)
+    else:
+        _redirect(log, 1, 2)
     os.environ.clear()
     os.environ.update(env)
     sys.argv = ["cnode", *argv]
@@ -75,25 +104,40 @@ def _run(argv: list[str], env: dict[str, str], log: str) -> None:
 class ForkedCnode:
     """A ``cnode`` command running in a fork of the preloaded server."""
 
-    def __init__(self, argv: Sequence[str], env: Mapping[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log: Path,
+        netns: str | None = None,
+        stdout: Path | None = None,
+    ) -> None:
         self.args = list(argv)
-        self._proc = _context().Process(target=_run, args=(self.args, dict(env), str(log)))
+        self._lock = threading.Lock()
+        out = None if stdout is None else str(stdout)
+        self._proc = _context().Process(
+            target=_run, args=(self.args, dict(env), str(log), netns, out)
+        )
         self._proc.start()
         assert self._proc.pid is not None
         self.pid: int = self._proc.pid
 
     @property
     def returncode(self) -> int | None:
-        return self._proc.exitcode
+        return self.poll()
 
     def poll(self) -> int | None:
-        return self._proc.exitcode
+        # multiprocessing reads the exit status off one pipe: two threads polling at once (a
+        # test's wait and procs.py's stdout reader) could each see half of it.
+        with self._lock:
+            return self._proc.exitcode
 
     def wait(self, timeout: float | None = None) -> int:
-        self._proc.join(timeout)
-        code = self._proc.exitcode
-        if code is None:
-            raise subprocess.TimeoutExpired(["cnode", *self.args], timeout or 0.0)
+        give_up = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if give_up is not None and time.monotonic() >= give_up:
+                raise subprocess.TimeoutExpired(["cnode", *self.args], timeout or 0.0)
+            time.sleep(0.02)
         return code
 
     def send_signal(self, sig: int) -> None:
@@ -134,25 +178,39 @@ def _server_env() -> dict[str, str]:
     return {**os.environ, **SERVER_ENV}
 
 
-def start_cnode(argv: Sequence[str], env: Mapping[str, str], log: Path) -> CnodeProcess:
-    """``python -m cnode *argv`` with ``env``, stdout and stderr appended to ``log``: a fork of
-    the preloaded server, or a real subprocess where ``env`` changes what it read at import."""
+def start_cnode(
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    log: Path,
+    *,
+    netns: str | None = None,
+    stdout: Path | None = None,
+) -> CnodeProcess:
+    """``python -m cnode *argv`` with ``env``, stderr (and stdout, unless ``stdout`` is given)
+    appended to ``log``, in network namespace ``netns`` if given: a fork of the preloaded
+    server, or a real subprocess (under ``ip netns exec``) where ``env`` changes what the server
+    read at import."""
     server = _server_env()
     if any(env.get(k) != server.get(k) for k in READ_AT_IMPORT):
-        with log.open("ab") as out:
+        wrap = ["ip", "netns", "exec", netns] if netns else []
+        with log.open("ab") as err, (stdout or log).open("ab") as out:
             return subprocess.Popen(
-                [sys.executable, "-m", "cnode", *argv],
+                [*wrap, sys.executable, "-m", "cnode", *argv],
                 stdout=out,
-                stderr=subprocess.STDOUT,
+                stderr=err,
                 env=dict(env),
             )
-    return ForkedCnode(argv, env, log)
+    return ForkedCnode(argv, env, log, netns, stdout)
 
 
 class ForkedCoordinatorProcess(CoordinatorProcess):
     """:class:`CoordinatorProcess`, started with :func:`start_cnode` (a fork where it can be)."""
 
     def _spawn(self, argv: list[str]) -> CnodeProcess:
-        if self.wrap:  # another network namespace: ``ip netns exec`` execs the process itself
-            return super()._spawn(argv)
-        return start_cnode(argv, dict(os.environ), self.log_path)
+        netns = None
+        if self.wrap:
+            if len(self.wrap) != 4 or self.wrap[:3] != ("ip", "netns", "exec"):
+                return super()._spawn(argv)  # a wrapper a fork cannot stand for
+            netns = self.wrap[3]
+        # OMP_NUM_THREADS as the server's: the coordinator runs no torch kernels.
+        return start_cnode(argv, _server_env(), self.log_path, netns=netns)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +19,8 @@ import tomli_w
 
 from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE
-from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train._report import read_report
+from tests.support.forked import CnodeProcess, ForkedCoordinatorProcess, start_cnode
 
 from .nattestbed import NatTestbed
 
@@ -50,13 +49,13 @@ class NatSwarm:
         self.rounds = rounds
         self.training = training
         self.network = {"allow_private_addrs": True, **(network or {})}
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, CnodeProcess] = {}
         self.homes: dict[str, Path] = {}
         self.peers: dict[str, str] = {}
         self.where: dict[str, str] = {}  # name -> namespace
         self.natted: set[str] = set()
         self._next_public, self._next_private = 1, 0
-        self.coordinator: CoordinatorProcess | None = None
+        self.coordinator: ForkedCoordinatorProcess | None = None
 
     def add(self, name: str, *, public: bool) -> None:
         home = self.tmp / name
@@ -87,7 +86,7 @@ class NatSwarm:
             "training": self.training,
         }
         (self.tmp / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
-        self.coordinator = CoordinatorProcess(
+        self.coordinator = ForkedCoordinatorProcess(
             self.tmp / "run.toml",
             self.tmp / "coordinator.db",
             self.tmp / "coordinator.key",
@@ -97,9 +96,8 @@ class NatSwarm:
         ).start()
 
     def start(self, name: str, *extra: str, rounds: int) -> None:
-        cmd = [
-            *self.bed.wrap(self.where[name]),
-            sys.executable, "-m", "cnode", "--log-json", "train",
+        argv = [
+            "--log-json", "train",
             "--run", "nat", "--run-config", str(self.tmp / "run.toml"),
             "--home", str(self.homes[name]),
             "--rounds", str(rounds),
@@ -107,8 +105,8 @@ class NatSwarm:
             *extra,
         ]  # fmt: skip
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        with (self.homes[name] / "node.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+        log = self.homes[name] / "node.log"
+        self.procs[name] = start_cnode(argv, env, log, netns=self.where[name])
 
     # -- reading -----------------------------------------------------------------------------
 

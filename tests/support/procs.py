@@ -13,7 +13,6 @@ import os
 import queue
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -21,29 +20,42 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tests.support.forked import start_cnode
+
 
 class CnodeProc:
-    """One running ``python -m cnode ...`` process."""
+    """One running ``python -m cnode ...`` process (a fork of a preloaded one: forked.py)."""
 
     def __init__(self, args: Sequence[str], log_path: Path, env: dict[str, str]) -> None:
         self.args = list(args)
         self.log_path = log_path
-        self._log = log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cnode", "--log-json", *args],
-            stdout=subprocess.PIPE,
-            stderr=self._log,
-            env=env,
-        )
+        self.out_path = log_path.with_suffix(".stdout")
+        for path in (log_path, self.out_path):
+            path.write_bytes(b"")
+        self.proc = start_cnode(["--log-json", *args], env, log_path, stdout=self.out_path)
         self._lines: queue.Queue[str | None] = queue.Queue()
         self.stdout: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            self._lines.put(raw.decode("utf-8", errors="replace").rstrip("\n"))
+        """Follow the stdout file line by line until the process has ended and it is read."""
+        with self.out_path.open("rb") as out:
+            partial = b""
+            while True:
+                ended = self.proc.poll() is not None
+                chunk = out.readline()
+                if chunk:
+                    partial += chunk
+                    if partial.endswith(b"\n"):
+                        self._lines.put(partial.decode("utf-8", errors="replace").rstrip("\n"))
+                        partial = b""
+                    continue
+                if ended:  # polled before this empty read: nothing more will come
+                    break
+                time.sleep(0.02)
+            if partial:
+                self._lines.put(partial.decode("utf-8", errors="replace"))
         self._lines.put(None)
 
     def wait_line(self, prefix: str, timeout: float = 30.0) -> str:
@@ -88,8 +100,9 @@ class CnodeProc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=grace)
-        self._log.close()
-        return self.proc.returncode
+        code = self.proc.returncode
+        assert code is not None
+        return code
 
     def kill(self) -> None:
         """SIGKILL now (a holder dying mid-transfer)."""

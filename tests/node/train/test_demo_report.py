@@ -81,9 +81,7 @@ def test_the_ban_section_shows_the_kind_and_who_decided_by_name(tmp_path: Path) 
     console = Console(record=True, width=200)
     assert _ban_section(procs, events, [ban], console) == []
     text = console.export_text()
-    assert (
-        "ban (checked): attacker attacker banned for round 4, checked by the coordinator" in text
-    )
+    assert "ban (checked): attacker attacker banned for round 4, checked by the coordinator" in text
     assert "(report of honest-2): reputation low" in text
     assert "outlier evidence: outlier in 3 of the last 5 rounds" in text
     # No ban in the signed state, or an honest one: each is a problem the report names.

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,9 +26,9 @@ import tomli_w
 
 from cnode.auth import Identity, save_identity
 from cnode.node._config import IDENTITY_FILE
-from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train import StopReason
 from cnode.node.train._report import read_report
+from tests.support.forked import CnodeProcess, ForkedCoordinatorProcess, start_cnode
 
 from .swarm import TINY_TRAINING
 
@@ -57,10 +56,10 @@ class Netbed:
     ) -> None:
         self.tmp = tmp
         self.hosts = hosts
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.procs: dict[str, CnodeProcess] = {}
         self.homes: dict[str, Path] = {}
         self.peers: dict[str, str] = {}
-        self.coordinator: CoordinatorProcess | None = None
+        self.coordinator: ForkedCoordinatorProcess | None = None
         self.min_participants = min_participants
         self.training = dict(training or {})  # settings over TINY_TRAINING
 
@@ -98,7 +97,7 @@ class Netbed:
             "training": {**TINY_TRAINING, **self.training},
         }
         (self.tmp / "run.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
-        self.coordinator = CoordinatorProcess(
+        self.coordinator = ForkedCoordinatorProcess(
             self.tmp / "run.toml",
             self.tmp / "coordinator.db",
             self.tmp / "coordinator.key",
@@ -108,9 +107,8 @@ class Netbed:
         ).start()
 
     def start(self, name: str, host: int, *extra: str, rounds: int) -> None:
-        cmd = [
-            "ip", "netns", "exec", f"cb{host}",
-            sys.executable, "-m", "cnode", "--log-json", "train",
+        argv = [
+            "--log-json", "train",
             "--run", RUN, "--run-config", str(self.tmp / "run.toml"),
             "--home", str(self.homes[name]),
             "--rounds", str(rounds),
@@ -118,8 +116,8 @@ class Netbed:
             *extra,
         ]  # fmt: skip
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        with (self.homes[name] / "node.log").open("ab") as log:
-            self.procs[name] = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
+        log = self.homes[name] / "node.log"
+        self.procs[name] = start_cnode(argv, env, log, netns=f"cb{host}")
 
     def blackhole(self, host: int, other: int) -> None:
         """Host ``host`` can no longer reach host ``other`` (packets are dropped)."""
