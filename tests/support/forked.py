@@ -11,7 +11,11 @@ What a fork does not share with ``python -m cnode``: settings that a preloaded l
 it is imported, not when it is used. huggingface_hub reads ``HF_ENDPOINT`` and ``HF_HOME`` at
 import, so :func:`start_cnode` falls back to a real ``subprocess`` whenever the environment asked
 for differs from the server's in one of :data:`READ_AT_IMPORT`. The README's own flow
-(``test_user_flow``) and the network-namespace tests always exec ``python -m cnode``.
+(``test_user_flow``), the demo's and the console-script tests still exec ``python -m cnode``.
+
+multiprocessing hands the server each fork's target and arguments (argv, environment, paths)
+pickled, over its own local socket: test data between a pytest worker and its own child, never
+bytes from a network; cnode itself uses no pickle.
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from cnode.node.coordinator import (
     RunConfig,
 )
 from cnode.node.coordinator import limits as coordinator_limits
-from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.storage import compute_cid
 from tests.support.browser import open_page
+from tests.support.forked import ForkedCoordinatorProcess
 from tests.support.hf_hub import FakeHub
 
 from .conftest import Running, run_config
@@ -155,7 +155,7 @@ def test_serve_logs_the_dashboard_url(tmp_path: Path, peers: list[Identity]) -> 
     save_identity(key, tmp_path / "coordinator.key")
     config = replace(run_config(peers), coordinator=key.peer_id_str)
     (tmp_path / "run.toml").write_text(tomli_w.dumps(config.to_dict()))
-    with CoordinatorProcess(
+    with ForkedCoordinatorProcess(
         tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"
     ) as proc:
         lines = [json.loads(x) for x in proc.log_tail(20_000).splitlines() if x.startswith("{")]

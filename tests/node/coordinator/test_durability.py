@@ -23,6 +23,7 @@ from cnode.node.coordinator import (
     SyncCoordinatorClient,
 )
 from cnode.node.coordinator.server import CoordinatorProcess
+from tests.support.forked import ForkedCoordinatorProcess
 
 pytestmark = pytest.mark.slow
 
@@ -59,7 +60,7 @@ def client(proc: CoordinatorProcess, peer: Identity) -> CoordinatorClient:
 def test_sigkill_mid_round_then_restart_continues(setup: Any) -> None:
     config, db, key_path, key, peers = setup
     a_id, b_id, c_id = peers[:3]
-    proc = CoordinatorProcess(config, db, key_path)
+    proc = ForkedCoordinatorProcess(config, db, key_path)
     try:
         proc.start()
         assert proc.peer_id == key.peer_id_str
@@ -108,7 +109,7 @@ def test_sigkill_mid_round_then_restart_continues(setup: Any) -> None:
 
 def test_acknowledged_requests_survive_a_kill_under_load(setup: Any) -> None:
     config, db, key_path, _key, peers = setup
-    proc = CoordinatorProcess(config, db, key_path)
+    proc = ForkedCoordinatorProcess(config, db, key_path)
     acknowledged: list[str] = []
     try:
         proc.start()

@@ -18,9 +18,9 @@ from cnode.node.coordinator import (
     run_state_topic,
     run_state_validator,
 )
-from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.p2p import P2PSettings, open_p2p_node
 from cnode.storage import BlockStore
+from tests.support.forked import ForkedCoordinatorProcess
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ def test_state_changes_arrive_over_gossipsub(tmp_path: Path) -> None:
         access=AccessConfig(peers=[peer.peer_id_str]),
     )
     (tmp_path / "run.toml").write_text(tomli_w.dumps(config.to_dict()))
-    proc = CoordinatorProcess(
+    proc = ForkedCoordinatorProcess(
         tmp_path / "run.toml",
         tmp_path / "state.db",
         tmp_path / "coordinator.key",

@@ -14,10 +14,10 @@ import trio
 
 from cnode.auth import Identity, save_identity
 from cnode.node.coordinator import CoordinatorClient, load_run_config
-from cnode.node.coordinator.server import CoordinatorProcess
 from cnode.node.train import StateMismatchError
 from cnode.node.train.checkpoint._agreement import agree_on_checkpoint
 from cnode.storage import CID, compute_cid
+from tests.support.forked import ForkedCoordinatorProcess
 
 from .swarm import TINY_TRAINING
 
@@ -91,12 +91,12 @@ def test_a_different_checkpoint_for_the_same_round_is_a_loud_error(tmp_path: Pat
             )
             agreed = later  # what the coordinator holds now
 
-    with CoordinatorProcess(
+    with ForkedCoordinatorProcess(
         tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"
     ) as proc:
         trio.run(scenario, proc.url)
     # nothing stored was harmed: the coordinator still holds the agreed checkpoint
-    with CoordinatorProcess(
+    with ForkedCoordinatorProcess(
         tmp_path / "run.toml", tmp_path / "c.db", tmp_path / "coordinator.key"
     ) as proc:
 
