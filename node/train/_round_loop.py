@@ -196,9 +196,10 @@ class RoundLoop:
         except CoordinatorRejected as exc:
             if exc.code is not ErrorCode.ROUND_OVER:
                 raise
-            # Its update came after the round closed (a slow node, or one restarted within the
-            # round it had joined): the round goes on without it, and so does this node, from
-            # the next round's catch-up, as a member dropped at the deadline would.
+            # Its update came after the round closed (a slow node, one whose ready an outage
+            # of the coordinator held back, or one restarted within the round it had joined):
+            # the round goes on without it, and so does this node, from the next round's
+            # catch-up, as a member dropped at the deadline would.
             self._sit_out(round_, {"own": f"ready after the round closed: {exc.message}"})
             return None
 

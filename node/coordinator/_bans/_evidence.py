@@ -19,6 +19,7 @@ from ._verdicts import PartitionVerdict
 
 __all__ = ["EvidenceChecker", "judge_partition_verdict"]
 
+
 class EvidenceChecker(Protocol):
     """Recompute a partition result from a CAR of evidence blocks; raise :class:`BadEvidence`
     when the evidence is malformed (``cnode.node.train.check_partition_evidence``, translated)."""

@@ -82,4 +82,12 @@ def test_every_node_survives_a_coordinator_kill_and_restart(
         log = node.log.read_text()
         assert "coordinator_unavailable" in log  # it did see the coordinator go away ...
         assert "coordinator_available_again" in log  # ... and come back
-        assert [e["round"] for e in node.events("round")] == list(range(1, rounds + 1))
+        # Every round applied, but one: a node whose `ready` the outage held back until its
+        # round had closed sits that round out and catches up (specs/training.md, "A restart
+        # within a round"), where it used to stop on the coordinator's 409.
+        applied = [e["round"] for e in node.events("round")]
+        sat_out = [e["round"] for e in node.events("round_given_up")]
+        assert sorted(applied + sat_out) == list(range(1, rounds + 1)), (applied, sat_out)
+        assert len(sat_out) <= 1 and all(
+            "own" in e["missing"] for e in node.events("round_given_up")
+        )
