@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable
 import structlog
 import trio
 
-from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
+from cnode.storage import CID, RAW, BlockStore, UnsyncedBatch, VerifiedBlock
 
 from .. import limits
 from .._blocks._exchange import request_then_close
@@ -45,7 +45,7 @@ from .._exceptions import (
     StreamOpenTimeout,
     first_error,
 )
-from .._traffic import ExchangeStats
+from .._traffic import ExchangeStats, current_purpose
 from ._fetch_types import (
     DirectHolder,
     FetchProgress,
@@ -137,6 +137,8 @@ class Transfer:
         self._requests: set[InFlight] = set()
         self._stored: set[CID] = set()  # by any holder (a moved CID may arrive twice)
         self._changed = trio.Event()
+        self._root: CID | None = None  # the first CID of its first fetch (for the counts)
+        self._purpose = current_purpose()
 
     # -- shared queue ------------------------------------------------------------------------
 
@@ -202,6 +204,8 @@ class Transfer:
         Blocks stored before a FetchError stay stored (a later fetch resumes from them).
         """
         self._pending = collections.deque(dict.fromkeys(cids))
+        if self._root is None and self._pending:
+            self._root = self._pending[0]
         self._in_flight = set()
         self._requests = set()
         live = [h for h in self.holders.values() if h.dropped is None]
@@ -431,12 +435,23 @@ class Transfer:
             now = trio.current_time()
             opened = began if request.sent_at is None else request.sent_at  # its stream in hand
             ttfb = None if first_byte is None else first_byte - opened
-            self.stats.request_done(opened - began, ttfb, now - began, received)
+            self.stats.request_done(
+                opened - began, ttfb, now - began, received, self._kind(request), len(request.cids)
+            )
         if request.abandoned:
             raise Abandoned
         if holder.dropped is not None:
             raise trio.TooSlowError(holder.dropped)
         raise _Stalled(f"no byte for {limits.NO_PROGRESS_TIMEOUT_S} s")
+
+    def _kind(self, request: InFlight) -> str:
+        """``purpose/level`` of a request, as ExchangeStats.by_purpose counts it."""
+        if self._root in request.cids:
+            level = "root"
+        else:
+            raw = sum(1 for c in request.cids if c.codec == RAW)
+            level = "chunks" if raw == len(request.cids) else "nodes" if not raw else "mixed"
+        return f"{self._purpose}/{level}"
 
     def report(self, root: CID) -> FetchReport:
         return FetchReport(

@@ -35,7 +35,7 @@ from cnode.node.coordinator import (
     RoundInfo,
 )
 from cnode.node.coordinator import limits as coordinator_limits
-from cnode.node.p2p import P2PNode
+from cnode.node.p2p import P2PNode, fetch_purpose
 from cnode.storage import CID, StorageError
 
 from .. import limits
@@ -289,16 +289,17 @@ class PartitionedExchange:
 
         async def attempt(i: int) -> None:
             holders = self.fetcher.holders_for(info, member, everyone=i > 0)
-            if member not in state.headers:
-                header = await self.fetcher.fetch_header(info, member, holders, state.invalid)
-                if header is None:
-                    missing[member] = state.invalid.get(member, "invalid update header")
-                    return
-                state.headers[member] = header
-            _, header_ = state.headers[member]
-            state.bytes_in += await fetch_update_segments(
-                self.node, header_.update, indices, holders
-            )
+            with fetch_purpose("segments"):
+                if member not in state.headers:
+                    header = await self.fetcher.fetch_header(info, member, holders, state.invalid)
+                    if header is None:
+                        missing[member] = state.invalid.get(member, "invalid update header")
+                        return
+                    state.headers[member] = header
+                _, header_ = state.headers[member]
+                state.bytes_in += await fetch_update_segments(
+                    self.node, header_.update, indices, holders
+                )
             missing.pop(member, None)
 
         def failed(_: int, why: str) -> None:
@@ -393,7 +394,8 @@ class PartitionedExchange:
 
             async def attempt(_: int, cid: CID = cid, holders: list[str] = holders) -> None:
                 if not self.node.store.has(cid):
-                    await self.node.fetch_blocks([cid], holders=holders)
+                    with fetch_purpose("results"):
+                        await self.node.fetch_blocks([cid], holders=holders)
 
             got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
             if isinstance(got, GaveUp):
