@@ -246,6 +246,7 @@ class P2PNode:
             slots=self._slot,
             stats=self.traffic.exchange,
             pool=self.pool,
+            sizes=walk.expected_size,  # requests sized by the bytes the manifest says
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])

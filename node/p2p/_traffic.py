@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+
+from cnode.storage import CID, RAW
 
 from . import limits
 from ._fetch._fetch_types import FetchReport
@@ -39,6 +41,17 @@ def fetch_purpose(name: str) -> Iterator[None]:
 def current_purpose() -> str:
     """The purpose requests made now are counted under (``fetch_purpose``)."""
     return _PURPOSE.get()
+
+
+def request_kind(purpose: str, root: CID | None, cids: Sequence[CID]) -> str:
+    """A request's ``purpose/level`` key in ExchangeStats.by_purpose: ``root`` if it names its
+    fetch's first CID, ``chunks`` if only raw blocks, ``nodes`` if none, else ``mixed``."""
+    if root in cids:
+        level = "root"
+    else:
+        raw = sum(1 for c in cids if c.codec == RAW)
+        level = "chunks" if raw == len(cids) else "nodes" if not raw else "mixed"
+    return f"{purpose}/{level}"
 
 
 @dataclass

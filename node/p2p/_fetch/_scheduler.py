@@ -2,9 +2,11 @@
 
 A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
-has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
-fast holders take more work and nobody idles while work is left. A request holds one of its
-holder's ``slots`` (the node's, for all its transfers): the wait for one is not the holder's.
+has not said it lacks, by their expected bytes (BATCH_BLOCKS MiB, or REQUEST_TARGET_S at the rate
+that holder has shown; an even share of what is left, but not below MIN_SPLIT_BYTES), so fast
+holders take more work, nobody idles while work is left, and a small fetch is one request. A
+request holds one of its holder's ``slots`` (the node's, for all its transfers): the wait for one
+is not the holder's.
 
 A slow holder is not a dead one (issue 41; specs/blocks.md 13, 13a; the rules in ``_holders``):
 a quiet request is given back while another holder could take its work, and a holder dropped
@@ -24,12 +26,14 @@ Times come from ``trio.current_time()`` (tests run it under a MockClock).
 from __future__ import annotations
 
 import collections
+import itertools
 from collections.abc import Callable, Iterable
 
 import structlog
 import trio
 
-from cnode.storage import CID, RAW, BlockStore, UnsyncedBatch, VerifiedBlock
+from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
+from cnode.storage import limits as storage_limits
 
 from .. import limits
 from .._blocks._exchange import request_then_close
@@ -45,7 +49,7 @@ from .._exceptions import (
     StreamOpenTimeout,
     first_error,
 )
-from .._traffic import ExchangeStats, current_purpose
+from .._traffic import ExchangeStats, current_purpose, request_kind
 from ._fetch_types import (
     DirectHolder,
     FetchProgress,
@@ -101,6 +105,8 @@ class Transfer:
         pool: the node's idle streams (``_pool``): a request takes one to its holder if there
             is one, and a request that ended cleanly gives its stream back. None: every
             request opens a new stream and closes it.
+        sizes: ``sizes(cid)``, a block's expected bytes if known (``ClosureWalk.expected_size``):
+            requests are sized by bytes (``_take_batch``); unknown counts as MAX_BLOCK_SIZE.
     """
 
     def __init__(
@@ -115,8 +121,10 @@ class Transfer:
         slots: HolderSlots | None = None,
         stats: ExchangeStats | None = None,
         pool: StreamPool | None = None,
+        sizes: Callable[[CID], int | None] | None = None,
     ) -> None:
         self.store = store
+        self.sizes = sizes
         self.stats = stats if stats is not None else ExchangeStats()
         own: dict[str, trio.Semaphore] = {}
         self.slots = slots or (
@@ -146,19 +154,41 @@ class Transfer:
         self._changed.set()
         self._changed = trio.Event()
 
+    def _size(self, cid: CID) -> int:
+        """A block's expected bytes (the manifest's word), MAX_BLOCK_SIZE when unknown."""
+        size = self.sizes(cid) if self.sizes is not None else None
+        return storage_limits.MAX_BLOCK_SIZE if size is None else size
+
     def _take_batch(self, holder: HolderState) -> list[CID]:
-        # Share what is left evenly over every worker of every live holder, so no holder is
-        # idle while another has a queue of its own; the holder's batch size bounds it.
-        workers = limits.MAX_IN_FLIGHT_PER_HOLDER * sum(
-            1 for h in self.holders.values() if h.dropped is None
+        """The next request's CIDs for ``holder``, by expected bytes (specs/blocks.md 12).
+
+        What is left is shared evenly over every worker of every live holder, so no holder
+        idles while another has a queue of its own, but never in requests under
+        MIN_SPLIT_BYTES: a fetch of a few small blocks is one request, not one per worker
+        (issue 41). The holder's ``batch_bytes`` and MAX_REQUEST_CIDS bound it.
+        """
+        workers = max(
+            1,
+            limits.MAX_IN_FLIGHT_PER_HOLDER
+            * sum(1 for h in self.holders.values() if h.dropped is None),
         )
-        share = -(-len(self._pending) // max(workers, 1))
-        size = max(1, min(holder.batch_blocks(), share))
+        most = holder.batch_bytes()
+        left = 0  # what is left, as far as it can matter: past workers x most, share >= most
+        for cid in itertools.islice(self._pending, workers * limits.MAX_REQUEST_CIDS):
+            left += self._size(cid)
+            if left >= workers * most:
+                break
+        budget = min(most, max(limits.MIN_SPLIT_BYTES, -(-left // workers)))
         batch: list[CID] = []
         skipped: list[CID] = []
-        while self._pending and len(batch) < size:
+        taken = 0
+        while self._pending and len(batch) < limits.MAX_REQUEST_CIDS and taken < budget:
             cid = self._pending.popleft()
-            (skipped if cid in holder.lacks else batch).append(cid)
+            if cid in holder.lacks:
+                skipped.append(cid)
+            else:
+                batch.append(cid)
+                taken += self._size(cid)
         self._pending.extendleft(reversed(skipped))
         self._in_flight.update(batch)
         return batch
@@ -166,7 +196,7 @@ class Transfer:
     def _steal(self, thief: HolderState) -> list[CID]:
         """End game: move a slower holder's undelivered work to ``thief`` (``steal_from``);
         a victim that starts sending a moved CID is abandoned at its header (``_request``)."""
-        best, take = steal_from(self._requests, thief)
+        best, take = steal_from(self._requests, thief, self._size)
         if best is not None:
             best.stolen.update(take)
             log.debug("work_moved", blocks=len(take), src=best.holder.peer, dst=thief.peer)
@@ -435,23 +465,15 @@ class Transfer:
             now = trio.current_time()
             opened = began if request.sent_at is None else request.sent_at  # its stream in hand
             ttfb = None if first_byte is None else first_byte - opened
+            kind = request_kind(self._purpose, self._root, request.cids)
             self.stats.request_done(
-                opened - began, ttfb, now - began, received, self._kind(request), len(request.cids)
+                opened - began, ttfb, now - began, received, kind, len(request.cids)
             )
         if request.abandoned:
             raise Abandoned
         if holder.dropped is not None:
             raise trio.TooSlowError(holder.dropped)
         raise _Stalled(f"no byte for {limits.NO_PROGRESS_TIMEOUT_S} s")
-
-    def _kind(self, request: InFlight) -> str:
-        """``purpose/level`` of a request, as ExchangeStats.by_purpose counts it."""
-        if self._root in request.cids:
-            level = "root"
-        else:
-            raw = sum(1 for c in request.cids if c.codec == RAW)
-            level = "chunks" if raw == len(request.cids) else "nodes" if not raw else "mixed"
-        return f"{self._purpose}/{level}"
 
     def report(self, root: CID) -> FetchReport:
         return FetchReport(
