@@ -247,6 +247,7 @@ class P2PNode:
             stats=self.traffic.exchange,
             pool=self.pool,
             sizes=walk.expected_size,  # requests sized by the bytes the manifest says
+            root=root,
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])
@@ -294,21 +295,24 @@ class P2PNode:
         return self.traffic.fetched(transfer.report(cids[0]))
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
-        """``holders`` plus all that announced ``cids`` (partial holders too); if none, every
-        connected peer."""
-        peers = set(holders or ())
+        """``holders`` in the caller's order (the likeliest holder first: the transfer asks it
+        first, specs/blocks.md#fetching 12), then those that announced ``cids`` (partial
+        holders too); if none, every connected peer."""
+        order = list(dict.fromkeys(holders or ()))
+        announced: set[str] = set()
         for cid in cids:
-            peers |= set(self._table.announced(cid))
-        if not peers:
-            peers = set(self.connected_peers())
-        peers.discard(self.peer_id)
+            announced |= set(self._table.announced(cid))
+        order += sorted(announced - set(order))
+        if not order:
+            order = sorted(self.connected_peers())
+        peers = set(order) - {self.peer_id}
         # A holder we may not dial and are not connected to is no holder for this fetch: its
         # blocks come from those that re-serve them (issue 37).
         usable = {p for p in peers if self.is_connected(p) or self.reach.why_not(p) is None}
         if usable != peers:
             self.reach.dials_avoided += len(peers - usable)
             log.debug("holders_not_dialed", holders=sorted(p[-8:] for p in peers - usable))
-        return sorted(usable)
+        return [p for p in order if p in usable]
 
     # -- pubsub ----------------------------------------------------------------------------
 

@@ -2,11 +2,9 @@
 
 A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
-has not said it lacks, by their expected bytes (BATCH_BLOCKS MiB, or REQUEST_TARGET_S at the rate
-that holder has shown; an even share of what is left, but not below MIN_SPLIT_BYTES), so fast
-holders take more work, nobody idles while work is left, and a small fetch is one request. A
-request holds one of its holder's ``slots`` (the node's, for all its transfers): the wait for one
-is not the holder's.
+has not said it lacks, sized by their expected bytes (``_batching``): fast holders take more
+work, nobody idles while work is left, a small fetch is one request. A request holds one of its
+holder's ``slots`` (the node's, for all its transfers): the wait for one is not the holder's.
 
 A slow holder is not a dead one (issue 41; specs/blocks.md 13, 13a; the rules in ``_holders``):
 a quiet request is given back while another holder could take its work, and a holder dropped
@@ -26,14 +24,12 @@ Times come from ``trio.current_time()`` (tests run it under a MockClock).
 from __future__ import annotations
 
 import collections
-import itertools
 from collections.abc import Callable, Iterable
 
 import structlog
 import trio
 
 from cnode.storage import CID, BlockStore, UnsyncedBatch, VerifiedBlock
-from cnode.storage import limits as storage_limits
 
 from .. import limits
 from .._blocks._exchange import request_then_close
@@ -50,6 +46,7 @@ from .._exceptions import (
     first_error,
 )
 from .._traffic import ExchangeStats, current_purpose, request_kind
+from ._batching import expected_bytes, preferred, take_batch
 from ._fetch_types import (
     DirectHolder,
     FetchProgress,
@@ -105,8 +102,8 @@ class Transfer:
         pool: the node's idle streams (``_pool``): a request takes one to its holder if there
             is one, and a request that ended cleanly gives its stream back. None: every
             request opens a new stream and closes it.
-        sizes: ``sizes(cid)``, a block's expected bytes if known (``ClosureWalk.expected_size``):
-            requests are sized by bytes (``_take_batch``); unknown counts as MAX_BLOCK_SIZE.
+        sizes: ``sizes(cid)``, a block's expected bytes if known (``ClosureWalk.expected_size``).
+        root: the manifest root, for ExchangeStats.by_purpose (None: the first CID fetched).
     """
 
     def __init__(
@@ -122,9 +119,10 @@ class Transfer:
         stats: ExchangeStats | None = None,
         pool: StreamPool | None = None,
         sizes: Callable[[CID], int | None] | None = None,
+        root: CID | None = None,
     ) -> None:
         self.store = store
-        self.sizes = sizes
+        self._size = expected_bytes(sizes)
         self.stats = stats if stats is not None else ExchangeStats()
         own: dict[str, trio.Semaphore] = {}
         self.slots = slots or (
@@ -145,8 +143,7 @@ class Transfer:
         self._requests: set[InFlight] = set()
         self._stored: set[CID] = set()  # by any holder (a moved CID may arrive twice)
         self._changed = trio.Event()
-        self._root: CID | None = None  # the first CID of its first fetch (for the counts)
-        self._purpose = current_purpose()
+        self._root, self._purpose = root, current_purpose()  # for ExchangeStats.by_purpose
 
     # -- shared queue ------------------------------------------------------------------------
 
@@ -154,42 +151,8 @@ class Transfer:
         self._changed.set()
         self._changed = trio.Event()
 
-    def _size(self, cid: CID) -> int:
-        """A block's expected bytes (the manifest's word), MAX_BLOCK_SIZE when unknown."""
-        size = self.sizes(cid) if self.sizes is not None else None
-        return storage_limits.MAX_BLOCK_SIZE if size is None else size
-
     def _take_batch(self, holder: HolderState) -> list[CID]:
-        """The next request's CIDs for ``holder``, by expected bytes (specs/blocks.md 12).
-
-        What is left is shared evenly over every worker of every live holder, so no holder
-        idles while another has a queue of its own, but never in requests under
-        MIN_SPLIT_BYTES: a fetch of a few small blocks is one request, not one per worker
-        (issue 41). The holder's ``batch_bytes`` and MAX_REQUEST_CIDS bound it.
-        """
-        workers = max(
-            1,
-            limits.MAX_IN_FLIGHT_PER_HOLDER
-            * sum(1 for h in self.holders.values() if h.dropped is None),
-        )
-        most = holder.batch_bytes()
-        left = 0  # what is left, as far as it can matter: past workers x most, share >= most
-        for cid in itertools.islice(self._pending, workers * limits.MAX_REQUEST_CIDS):
-            left += self._size(cid)
-            if left >= workers * most:
-                break
-        budget = min(most, max(limits.MIN_SPLIT_BYTES, -(-left // workers)))
-        batch: list[CID] = []
-        skipped: list[CID] = []
-        taken = 0
-        while self._pending and len(batch) < limits.MAX_REQUEST_CIDS and taken < budget:
-            cid = self._pending.popleft()
-            if cid in holder.lacks:
-                skipped.append(cid)
-            else:
-                batch.append(cid)
-                taken += self._size(cid)
-        self._pending.extendleft(reversed(skipped))
+        batch = take_batch(self._pending, self.holders.values(), holder, self._size, self.slots)
         self._in_flight.update(batch)
         return batch
 
@@ -264,6 +227,7 @@ class Transfer:
             )
 
     async def _worker(self, holder: HolderState) -> None:
+        everyone = self.holders.values()
         while holder.dropped is None:
             # The holder's slot first, then the work: CIDs are never held by a worker that
             # waits, and the wait for a slot (our own queue) is not counted against the holder.
@@ -272,9 +236,9 @@ class Transfer:
                 if batch:
                     await self._one_request(holder, batch)
                     continue
-            # Nothing this holder can take now; only a request in flight elsewhere can put
-            # work back (a failure or a lack), so wait for one to finish, or stop.
-            if not self._in_flight:
+            # Nothing to take now: wait for a request in flight (a failure or a lack puts work
+            # back) or for the likelier holder work was left to (it may lack it), or stop.
+            if not self._in_flight and not preferred(self._pending, everyone, holder, self.slots):
                 return
             await self._changed.wait()
 

@@ -127,3 +127,29 @@ def test_large_blocks_are_still_spread_over_holders(tmp_path: Path) -> None:
             assert me.traffic.exchange.requests >= 1 + limits.MAX_IN_FLIGHT_PER_HOLDER
 
     trio.run(main)
+
+
+def test_a_small_fetch_goes_to_the_first_holder_named(tmp_path: Path) -> None:
+    """Holders in the caller's order, the likeliest first (a result's aggregator, then every
+    member): a fetch that is one request asks the first, not whichever worker runs first; named
+    last, the holder is still reached, after one LACKING answer from each before it."""
+    full, root = _held(tmp_path, "full", _small())
+    empties = [BlockStore(tmp_path / f"empty-{i}") for i in range(2)]
+    block = next(c for c in full.iter_cids() if c != root)
+
+    async def main() -> None:
+        async with _swarm(tmp_path, [full, *empties]) as (me, peers):
+            stats = me.traffic.exchange
+            for _ in range(5):  # trio may run any holder's workers first: it must not matter
+                report = await me.fetch_blocks([block], peers)
+                assert report.per_holder_bytes.keys() == {peers[0]}
+                me.store.delete(block)
+            assert stats.requests == 5
+            await me.fetch(root, peers)
+            assert stats.requests == 5 + 2, stats.by_purpose
+            me.store.delete(block)
+            last_named = await me.fetch_blocks([block], [*peers[1:], peers[0]])
+            assert last_named.per_holder_bytes.keys() == {peers[0]}
+            assert stats.requests == 7 + 3  # two LACKING answers, then the holder
+
+    trio.run(main)
