@@ -295,16 +295,11 @@ class P2PNode:
         return self.traffic.fetched(transfer.report(cids[0]))
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
-        """``holders`` in the caller's order (the likeliest holder first: the transfer asks it
-        first, specs/blocks.md#fetching 12), then those that announced ``cids`` (partial
-        holders too); if none, every connected peer."""
+        """``holders`` in the caller's order (the likeliest first, asked first: blocks.md 12), then
+        all that announced ``cids`` (partial holders too); if none, every connected peer."""
         order = list(dict.fromkeys(holders or ()))
-        announced: set[str] = set()
-        for cid in cids:
-            announced |= set(self._table.announced(cid))
-        order += sorted(announced - set(order))
-        if not order:
-            order = sorted(self.connected_peers())
+        order += sorted({p for cid in cids for p in self._table.announced(cid)} - set(order))
+        order = order or sorted(self.connected_peers())
         peers = set(order) - {self.peer_id}
         # A holder we may not dial and are not connected to is no holder for this fetch: its
         # blocks come from those that re-serve them (issue 37).

@@ -257,7 +257,7 @@ class PartitionedExchange:
                         nursery.start_soon(self._get_input, state, member, indices, missing)
             done.cancel()  # every input is in: stop waiting
 
-        with trio.CancelScope() as fetching:
+        with trio.CancelScope() as fetching, fetch_purpose("segments"):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fetch_all, fetching)
                 await trio.sleep_until(fetch_until)
@@ -289,17 +289,16 @@ class PartitionedExchange:
 
         async def attempt(i: int) -> None:
             holders = self.fetcher.holders_for(info, member, everyone=i > 0)
-            with fetch_purpose("segments"):
-                if member not in state.headers:
-                    header = await self.fetcher.fetch_header(info, member, holders, state.invalid)
-                    if header is None:
-                        missing[member] = state.invalid.get(member, "invalid update header")
-                        return
-                    state.headers[member] = header
-                _, header_ = state.headers[member]
-                state.bytes_in += await fetch_update_segments(
-                    self.node, header_.update, indices, holders
-                )
+            if member not in state.headers:
+                header = await self.fetcher.fetch_header(info, member, holders, state.invalid)
+                if header is None:
+                    missing[member] = state.invalid.get(member, "invalid update header")
+                    return
+                state.headers[member] = header
+            _, header_ = state.headers[member]
+            state.bytes_in += await fetch_update_segments(
+                self.node, header_.update, indices, holders
+            )
             missing.pop(member, None)
 
         def failed(_: int, why: str) -> None:
@@ -393,9 +392,8 @@ class PartitionedExchange:
             holders = [entry.peer] + [m for m in state.info.members if m != entry.peer]
 
             async def attempt(_: int, cid: CID = cid, holders: list[str] = holders) -> None:
-                if not self.node.store.has(cid):
-                    with fetch_purpose("results"):
-                        await self.node.fetch_blocks([cid], holders=holders)
+                with fetch_purpose("results"):  # nothing is asked for when it is held
+                    await self.node.fetch_blocks([cid], holders=holders)
 
             got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
             if isinstance(got, GaveUp):
