@@ -86,9 +86,8 @@ def preferred(
 ) -> HolderState | None:
     """A live holder named before ``holder`` (in the caller's order: the likeliest first) that
     could take the head of ``pending`` now: it does not lack it, has not shown itself slower
-    than ``holder``, has no request of this fetch in flight (a trickler, still sending its
-    last one, is not handed the end of a fetch) and a free ``slot``. None when there is none,
-    or nothing is pending."""
+    than ``holder`` (a trickler is not handed the end of a fetch), and has a free worker and a
+    free ``slot``. None when there is none, or nothing is pending."""
     if not pending:
         return None
     head = pending[0]
@@ -99,7 +98,7 @@ def preferred(
             other.dropped is None
             and head not in other.lacks
             and other.rate() >= holder.rate()
-            and other.in_flight == 0
+            and other.in_flight < limits.MAX_IN_FLIGHT_PER_HOLDER
             and slot(other.peer).value > 0
         ):
             return other
