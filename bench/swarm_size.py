@@ -18,6 +18,9 @@ members, scores on). It plays
   the round before, to the first member's publish) and *exchange* (from the first publish to
   the last assembled state: the window issue 41 judges, where an idle CPU means the exchange
   waits on itself); both over the whole run too;
+- the block requests each node made per round, by purpose and level (``exchange_totals``
+  ``by_purpose``: segments, scores, outputs, relay, ...; root, manifest nodes, chunks), with
+  the blocks and kB each asked for (issue 41: fewer, larger requests per member);
 - from the nodes' logs: ``holder_dropped`` by kind, ``request_stalled``, the admissions each
   holder answered per requester per round (at most one per connection per round is the goal),
   and the exchange's own figures (``exchange_totals``: time to first byte, a request's wait at
@@ -154,6 +157,22 @@ def _exchange_counts(nodes: list[tuple[Path, str]], played: int) -> dict[str, An
             else:
                 totals.append(e)
     pairs = list(per_pair.values())
+    # Block requests each node made, by purpose/level (ExchangeStats.by_purpose): per node per
+    # round, and blocks named per request.
+    by_purpose: dict[str, list[int]] = {}
+    for t in totals:
+        for key, (reqs, blocks, nbytes) in (t.get("by_purpose") or {}).items():
+            acc = by_purpose.setdefault(key, [0, 0, 0])
+            acc[0], acc[1], acc[2] = acc[0] + reqs, acc[1] + blocks, acc[2] + nbytes
+    per = max(len(totals), 1) * played
+    requests = {
+        key: {
+            "per_node_round": round(reqs / per, 1),
+            "blocks_per_request": round(blocks / max(reqs, 1), 2),
+            "kb_per_request": round(nbytes / 1e3 / max(reqs, 1), 1),
+        }
+        for key, (reqs, blocks, nbytes) in sorted(by_purpose.items())
+    }
 
     def mean(key: str) -> float | None:
         xs = [float(t[key]) for t in totals if t.get(key) is not None and t.get("requests", 1)]
@@ -177,6 +196,8 @@ def _exchange_counts(nodes: list[tuple[Path, str]], played: int) -> dict[str, An
         ),
         "request_mb_per_s": mean("request_mb_per_s"),
         "nodes_reporting_totals": len(totals),
+        "block_requests_per_node_round": round(sum(v[0] for v in by_purpose.values()) / per, 1),
+        "block_requests_by_purpose": requests,
     }
 
 
@@ -347,6 +368,14 @@ def main() -> int:
             f"{ex['request_stalled']} | {ex['admissions_per_connection_per_round_mean']} "
             f"({ex['admissions_per_connection_per_round_max']})"
         )
+    print("\nblock requests per node per round: n | purpose/level | requests | blocks/request"
+          " | kB/request")  # fmt: skip
+    for r in results:
+        ex = r["exchange"]
+        print(f"{r['n']} | all | {ex['block_requests_per_node_round']} | | ")
+        for key, x in ex["block_requests_by_purpose"].items():
+            print(f"{r['n']} | {key} | {x['per_node_round']} | {x['blocks_per_request']} | "
+                  f"{x['kb_per_request']}")  # fmt: skip
     print(
         "\nper round: n | round | train s (idle) | exchange s, first publish to last state (idle)"
     )

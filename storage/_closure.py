@@ -29,6 +29,7 @@ from ._walk import (
     resolve,
     walk_manifest,
 )
+from .limits import CHUNK_SIZE
 
 __all__ = [
     "ClosureWalk",
@@ -147,12 +148,21 @@ class ClosureWalk:
         self._bounds = WalkBounds()
         self._parsed: set[CID] = set()
         self._view_done = False
+        self._sizes: dict[CID, int] = {}  # a leaf's length, where the node listing it tells
         self._lock = threading.Lock()
 
     @property
     def nodes_read(self) -> int:
         """Nodes parsed so far (each at most once)."""
         return len(self._parsed)
+
+    def expected_size(self, cid: CID) -> int | None:
+        """The length a leaf must have, as the node that listed it says (a chunk of an inline
+        layer or of a side file: ``CHUNK_SIZE`` slices of its size; a block of the UnixFS
+        view, rebuilt here); None when unknown (a node, a chunk listed on a chunk page). A hint
+        for the fetch's batching (specs/blocks.md#fetching): a block's bytes are checked
+        against its CID, not this."""
+        return self._sizes.get(cid)  # one dict read: atomic, no lock needed
 
     def start(self) -> tuple[list[CID], list[CID]]:
         """What is missing as far as the held nodes tell: (nodes, leaves) in fetch order."""
@@ -218,12 +228,18 @@ class ClosureWalk:
             if self._layers is not None and p.name not in self._layers:
                 continue
             out += self._list(p.chunks, _LEAF)
+            self._sized(p.chunks, p.nbytes)
             if self._layers is not None:
                 self._wanted_pages.update(p.chunk_pages)
                 for page in p.chunk_pages:  # a page parsed already (listed by another layer)
                     if page in self._chunk_pages:
                         out += self._list(self._chunk_pages[page], _LEAF)
         return out
+
+    def _sized(self, chunks: tuple[CID, ...], nbytes: int) -> None:
+        """Record the lengths of ``chunks``, the CHUNK_SIZE slices of ``nbytes`` bytes."""
+        for i, cid in enumerate(chunks):
+            self._sizes.setdefault(cid, max(0, min(CHUNK_SIZE, nbytes - i * CHUNK_SIZE)))
 
     def _learn(self, cid: CID, data: bytes) -> list[CID]:
         """Parse one node (once) and list what it links to that was not known yet."""
@@ -237,6 +253,7 @@ class ClosureWalk:
             out = self._list(root.layer_pages, _LAYER_PAGE) + self._partials(root.layers)
             for ref in root.meta.tokenizer_files.values() if self._layers is None else ():
                 out += self._list(ref.chunks, _LEAF)
+                self._sized(ref.chunks, ref.size)
             return out
         if kind == _LAYER_PAGE:
             partials = self._layer_pages[cid] = parse_layer_page(data)
@@ -268,5 +285,8 @@ class ClosureWalk:
         except ManifestError:
             return []  # as view_closure: verify reports it
         view = build_view(manifest.layers, manifest.model_config, manifest.tokenizer_files)
-        cids = view.cids() if view.root == recorded else [recorded]
-        return self._list(tuple(cids), _LEAF)
+        if view.root != recorded:
+            return self._list((recorded,), _LEAF)
+        for cid, data in view.blocks:  # rebuilt here: their lengths are known exactly
+            self._sizes.setdefault(cid, len(data))
+        return self._list(tuple(view.cids()), _LEAF)

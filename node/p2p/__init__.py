@@ -55,6 +55,7 @@ from ._open import open_p2p_node as open_p2p_node
 from ._settings import P2PSettings as P2PSettings
 from ._settings import check_peer_address as check_peer_address
 from ._traffic import Traffic as Traffic
+from ._traffic import fetch_purpose as fetch_purpose
 
 __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_exports.py)
     "ADMIT_PROTOCOL_ID",
@@ -93,6 +94,7 @@ __all__ = [  # noqa: RUF022 (plain sorted(), checked by tests/node/p2p/test_expo
     "announcement_validator",
     "check_gateway_url",
     "check_peer_address",
+    "fetch_purpose",
     "gateway_beside_trio",
     "gateway_client",
     "limits",

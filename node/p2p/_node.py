@@ -246,6 +246,8 @@ class P2PNode:
             slots=self._slot,
             stats=self.traffic.exchange,
             pool=self.pool,
+            sizes=walk.expected_size,  # requests sized by the bytes the manifest says
+            root=root,
         )
         if batch is not None:
             await transfer.fetch_synced([*nodes, *leaves])
@@ -293,21 +295,19 @@ class P2PNode:
         return self.traffic.fetched(transfer.report(cids[0]))
 
     def _sources(self, cids: Sequence[CID], holders: Sequence[str] | None) -> list[str]:
-        """``holders`` plus all that announced ``cids`` (partial holders too); if none, every
-        connected peer."""
-        peers = set(holders or ())
-        for cid in cids:
-            peers |= set(self._table.announced(cid))
-        if not peers:
-            peers = set(self.connected_peers())
-        peers.discard(self.peer_id)
+        """``holders`` in the caller's order (the likeliest first, asked first: blocks.md 12), then
+        all that announced ``cids`` (partial holders too); if none, every connected peer."""
+        order = list(dict.fromkeys(holders or ()))
+        order += sorted({p for cid in cids for p in self._table.announced(cid)} - set(order))
+        order = order or sorted(self.connected_peers())
+        peers = set(order) - {self.peer_id}
         # A holder we may not dial and are not connected to is no holder for this fetch: its
         # blocks come from those that re-serve them (issue 37).
         usable = {p for p in peers if self.is_connected(p) or self.reach.why_not(p) is None}
         if usable != peers:
             self.reach.dials_avoided += len(peers - usable)
             log.debug("holders_not_dialed", holders=sorted(p[-8:] for p in peers - usable))
-        return sorted(usable)
+        return [p for p in order if p in usable]
 
     # -- pubsub ----------------------------------------------------------------------------
 

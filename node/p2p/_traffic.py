@@ -7,14 +7,51 @@ past :data:`limits.MAX_TRAFFIC_PEERS` distinct peers, the rest are counted under
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+
+from cnode.storage import CID, RAW
 
 from . import limits
 from ._fetch._fetch_types import FetchReport
 
-__all__ = ["OTHER_PEERS", "ExchangeStats", "Traffic"]
+__all__ = ["OTHER_PEERS", "ExchangeStats", "Traffic", "fetch_purpose"]
 
 OTHER_PEERS = "other"  # the label of peers past MAX_TRAFFIC_PEERS
+
+# What the fetches of the current task are for ("segments", "scores", "outputs", ...): the
+# requests they make are counted under it (ExchangeStats.by_purpose). Trio tasks inherit it
+# from the task that started them, so a Transfer's workers count under their caller's purpose.
+_PURPOSE: contextvars.ContextVar[str] = contextvars.ContextVar("fetch_purpose", default="other")
+
+
+@contextlib.contextmanager
+def fetch_purpose(name: str) -> Iterator[None]:
+    """Count the block requests made inside this block (by this task and those it starts)
+    under ``name`` (specs/blocks.md#instrumentation); nested ones count under the inner name."""
+    token = _PURPOSE.set(name)
+    try:
+        yield
+    finally:
+        _PURPOSE.reset(token)
+
+
+def current_purpose() -> str:
+    """The purpose requests made now are counted under (``fetch_purpose``)."""
+    return _PURPOSE.get()
+
+
+def request_kind(purpose: str, root: CID | None, cids: Sequence[CID]) -> str:
+    """A request's ``purpose/level`` key in ExchangeStats.by_purpose: ``root`` if it names its
+    fetch's first CID, ``chunks`` if only raw blocks, ``nodes`` if none, else ``mixed``."""
+    if root in cids:
+        level = "root"
+    else:
+        raw = sum(1 for c in cids if c.codec == RAW)
+        level = "chunks" if raw == len(cids) else "nodes" if not raw else "mixed"
+    return f"{purpose}/{level}"
 
 
 @dataclass
@@ -32,7 +69,9 @@ class ExchangeStats:
     holders dropped for a transfer by kind of evidence. Serving side: ``admissions`` ADMIT
     frames answered (``admissions_by_peer`` by requester), ``served`` requests answered,
     ``serve_wait_s`` seconds from a request's arrival to its first byte sent (its queueing at
-    the holder).
+    the holder). ``by_purpose``: per ``purpose/level`` (the caller's ``fetch_purpose``; the
+    level is ``root`` for a request naming its fetch's first CID, ``nodes`` for manifest
+    nodes, ``chunks`` for raw blocks, ``mixed``), requests, blocks asked and bytes received.
     """
 
     tokens_shown: int = 0
@@ -51,10 +90,23 @@ class ExchangeStats:
     served: int = 0
     serve_wait_s: float = 0.0
     serve_wait_max_s: float = 0.0
+    by_purpose: dict[str, list[int]] = field(default_factory=dict)  # [requests, blocks, bytes]
 
     def request_done(
-        self, open_s: float, ttfb_s: float | None, seconds: float, nbytes: int
+        self,
+        open_s: float,
+        ttfb_s: float | None,
+        seconds: float,
+        nbytes: int,
+        kind: str = "other",
+        blocks: int = 0,
     ) -> None:
+        """Count one request: ``kind`` is its ``purpose/level`` key, ``blocks`` the CIDs
+        it named."""
+        counts = self.by_purpose.setdefault(kind, [0, 0, 0])
+        counts[0] += 1
+        counts[1] += blocks
+        counts[2] += nbytes
         self.requests += 1
         self.open_s += open_s
         if ttfb_s is not None:
@@ -76,7 +128,7 @@ class ExchangeStats:
         self.serve_wait_s += wait_s
         self.serve_wait_max_s = max(self.serve_wait_max_s, wait_s)
 
-    def summary(self) -> dict[str, float | int]:
+    def summary(self) -> dict[str, float | int | dict[str, list[int]]]:
         """The figures a log line or a bench reads: counts, means and maxima."""
         served, requests = max(self.served, 1), max(self.requests, 1)
         return {
@@ -96,6 +148,7 @@ class ExchangeStats:
             "served": self.served,
             "serve_wait_mean_s": round(self.serve_wait_s / served, 4),
             "serve_wait_max_s": round(self.serve_wait_max_s, 3),
+            "by_purpose": {k: list(v) for k, v in sorted(self.by_purpose.items())},
         }
 
 

@@ -58,11 +58,20 @@ MAX_STREAMS_PER_HOLDER = 4
 # Seconds a worker waits after a holder answered BUSY before it asks again (backpressure: the
 # request goes back to the queue, the holder is kept).
 BUSY_RETRY_S = 0.5
-# Blocks asked for in one request by the scheduler (small: bounds the tail on a slow holder).
+# Blocks' worth of MAX_BLOCK_SIZE asked for in one request by the scheduler, by their expected
+# bytes (a block of unknown size counts as MAX_BLOCK_SIZE): 8 MiB, small enough to bound the
+# tail on a slow holder; a request of small blocks names up to MAX_REQUEST_CIDS of them.
 BATCH_BLOCKS = 8
 # ... or, from a holder that has shown a rate, what it delivers in this many seconds (up to
 # MAX_REQUEST_CIDS): a fast holder's requests then outlast the round trips each one costs.
 REQUEST_TARGET_S = 0.25
+# Expected bytes below which what is left of a fetch is not split further over workers and
+# holders (nor a request's tail moved by the end game unless its holder is much slower): a
+# request costs a stream's turn, a round trip and py-libp2p's framing, several ms of CPU on
+# each side, as long as ~256 KiB takes on the wire at tens of MB/s. At 16 members a node made
+# ~33 requests per member per round, most of a few KB, split so over every holder's workers
+# (issue 41: fewer, larger requests per member).
+MIN_SPLIT_BYTES = 256 * 1024
 # End game: a holder this many times slower than an idle one loses all its undelivered blocks
 # to it, the one on the wire included (see _scheduler._steal).
 STEAL_SLOWER_FACTOR = 4.0

@@ -27,7 +27,7 @@ from cnode.node.hub import (
     download_checkpoint,
     upload_checkpoint,
 )
-from cnode.node.p2p import FetchError, GatewayHolder, P2PNode, gateway_client
+from cnode.node.p2p import FetchError, GatewayHolder, P2PNode, fetch_purpose, gateway_client
 from cnode.storage import CID, HFFolderError
 
 from . import limits
@@ -118,7 +118,8 @@ class CatchUp:
         # Blocks are verified whoever serves them, but banned peers are not asked at all.
         peers = [p for p in node.connected_peers() if p not in self.bans]
         try:
-            fetched = await self._from_peers_then_gateways(node, cid, peers)
+            with fetch_purpose("catch_up"):
+                fetched = await self._from_peers_then_gateways(node, cid, peers)
         except (FetchError, trio.TooSlowError) as exc:
             if record.hf_repo is None or record.hf_revision is None:
                 raise CatchUpError(

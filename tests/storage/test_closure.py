@@ -10,6 +10,7 @@ import torch
 
 from cnode.storage import (
     CID,
+    RAW,
     BlockStore,
     ClosureWalk,
     ManifestError,
@@ -142,3 +143,34 @@ def test_a_walk_for_some_layers_lists_every_node_but_only_their_chunks(tmp_path:
     again = ClosureWalk(dst, root, layers=wanted)
     assert again.start() == ([], [chunks[0]])
     assert sorted(map(str, dst.reads)) == sorted(map(str, nodes))
+
+
+def test_a_walk_knows_the_length_of_each_chunk_its_nodes_list(tmp_path: Path) -> None:
+    """expected_size: the CHUNK_SIZE slices of an inline layer (the last one short) and of a
+    side file, as the node listing them says, and the view's blocks, rebuilt from the
+    manifest; None for nodes and for chunks on chunk pages (what a fetch's requests are sized
+    by, specs/blocks.md#fetching)."""
+    src = BlockStore(tmp_path / "src")
+    state = {
+        "big.w": torch.zeros(300_000),  # 1.2 MB: a full chunk and a short one
+        "small.b": torch.ones(7),  # 28 bytes
+    }
+    files = {"tokenizer.json": b'{"v": 2}'}
+    root = save_checkpoint(src, state, meta(tokenizer_files=files))
+    walk = ClosureWalk(BlockStore(tmp_path / "dst"), root)
+    assert walk.start() == ([root], [])
+    assert walk.expected_size(root) is None  # a node: its length is not listed anywhere
+    _, leaves = walk.arrived(root, src.get(root))
+    sizes = {walk.expected_size(c) for c in leaves}
+    chunks = {limits.CHUNK_SIZE, 1_200_000 - limits.CHUNK_SIZE, 28, 8}  # the side file's: 8 B
+    assert len(leaves) > len(chunks) and chunks <= sizes  # and the UnixFS view's blocks
+    assert all(walk.expected_size(c) == len(src.get(c)) for c in leaves)
+
+
+def test_chunks_listed_on_chunk_pages_have_no_expected_size(tmp_path: Path) -> None:
+    src, root = _paged(tmp_path)
+    walk = ClosureWalk(BlockStore(tmp_path / "dst"), root)
+    fetched = _fetch(src, BlockStore(tmp_path / "dst"), walk)
+    paged = [c for c in fetched if c.codec == RAW and walk.expected_size(c) is None]
+    assert paged  # every chunk of the paged layers
+    assert all(walk.expected_size(c) in (None, len(src.get(c))) for c in fetched)

@@ -5,7 +5,7 @@ and a request's CIDs with what became of each (delivered, moved, skipped, on the
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -50,13 +50,13 @@ class HolderState:
             return 0.0
         return trio.current_time() - self.first_request
 
-    def batch_blocks(self) -> int:
-        """CIDs to ask this holder for at once: BATCH_BLOCKS, or what it delivers in
-        REQUEST_TARGET_S at the rate it has shown (up to MAX_REQUEST_CIDS), so that the round
-        trips a request costs (its stream, then its first byte) stay small beside its transfer.
-        """
-        measured = int(self.rate() * limits.REQUEST_TARGET_S / storage_limits.MAX_BLOCK_SIZE)
-        return min(limits.MAX_REQUEST_CIDS, max(limits.BATCH_BLOCKS, measured))
+    def batch_bytes(self) -> int:
+        """Expected bytes to ask this holder for at once: BATCH_BLOCKS x MAX_BLOCK_SIZE, or
+        what it delivers in REQUEST_TARGET_S at the rate it has shown, so that the round trips
+        a request costs (its stream, then its first byte) stay small beside its transfer (and
+        never more than MAX_REQUEST_CIDS blocks: ``Transfer._take_batch``)."""
+        measured = int(self.rate() * limits.REQUEST_TARGET_S)
+        return max(limits.BATCH_BLOCKS * storage_limits.MAX_BLOCK_SIZE, measured)
 
     def rate(self) -> float:
         """Bytes per second delivered since its first request (0 before any)."""
@@ -104,7 +104,7 @@ class Abandoned(Exception):
 
 
 def steal_from(
-    requests: Iterable[InFlight], thief: HolderState
+    requests: Iterable[InFlight], thief: HolderState, size: Callable[[CID], int]
 ) -> tuple[InFlight | None, list[CID]]:
     """End game: the request whose undelivered work ``thief`` should take, and that work.
 
@@ -113,7 +113,8 @@ def steal_from(
     left, so nothing is fetched twice). From a holder STEAL_SLOWER_FACTOR times slower:
     everything it has not delivered, the block on the wire included unless it arrived
     whole; its request is cancelled at once (that one partial block is wasted, and nothing
-    is stored twice).
+    is stored twice). A back half under MIN_SPLIT_BYTES (``size``: a block's expected bytes)
+    is left where it is: moving it would cost a request more than it saves.
     """
     best: InFlight | None = None
     take: list[CID] = []
@@ -135,6 +136,8 @@ def steal_from(
                 left = [current, *left]
         left = [c for c in left if c not in thief.lacks]
         tail = left if much_slower else left[len(left) // 2 :]
+        if not much_slower and sum(size(c) for c in tail) < limits.MIN_SPLIT_BYTES:
+            continue
         if len(tail) > len(take):
             best, take = request, tail
     return best, take

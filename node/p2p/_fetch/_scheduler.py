@@ -2,8 +2,8 @@
 
 A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
-has not said it lacks (BATCH_BLOCKS, or REQUEST_TARGET_S at the rate that holder has shown), so
-fast holders take more work and nobody idles while work is left. A request holds one of its
+has not said it lacks, sized by their expected bytes (``_batching``): fast holders take more
+work, nobody idles while work is left, a small fetch is one request. A request holds one of its
 holder's ``slots`` (the node's, for all its transfers): the wait for one is not the holder's.
 
 A slow holder is not a dead one (issue 41; specs/blocks.md 13, 13a; the rules in ``_holders``):
@@ -45,7 +45,8 @@ from .._exceptions import (
     StreamOpenTimeout,
     first_error,
 )
-from .._traffic import ExchangeStats
+from .._traffic import ExchangeStats, current_purpose, request_kind
+from ._batching import expected_bytes, preferred, take_batch
 from ._fetch_types import (
     DirectHolder,
     FetchProgress,
@@ -101,6 +102,8 @@ class Transfer:
         pool: the node's idle streams (``_pool``): a request takes one to its holder if there
             is one, and a request that ended cleanly gives its stream back. None: every
             request opens a new stream and closes it.
+        sizes: ``sizes(cid)``, a block's expected bytes if known (``ClosureWalk.expected_size``).
+        root: the manifest root, for ExchangeStats.by_purpose (None: the first CID fetched).
     """
 
     def __init__(
@@ -115,8 +118,11 @@ class Transfer:
         slots: HolderSlots | None = None,
         stats: ExchangeStats | None = None,
         pool: StreamPool | None = None,
+        sizes: Callable[[CID], int | None] | None = None,
+        root: CID | None = None,
     ) -> None:
         self.store = store
+        self._size = expected_bytes(sizes)
         self.stats = stats if stats is not None else ExchangeStats()
         own: dict[str, trio.Semaphore] = {}
         self.slots = slots or (
@@ -137,6 +143,7 @@ class Transfer:
         self._requests: set[InFlight] = set()
         self._stored: set[CID] = set()  # by any holder (a moved CID may arrive twice)
         self._changed = trio.Event()
+        self._root, self._purpose = root, current_purpose()  # for ExchangeStats.by_purpose
 
     # -- shared queue ------------------------------------------------------------------------
 
@@ -145,26 +152,14 @@ class Transfer:
         self._changed = trio.Event()
 
     def _take_batch(self, holder: HolderState) -> list[CID]:
-        # Share what is left evenly over every worker of every live holder, so no holder is
-        # idle while another has a queue of its own; the holder's batch size bounds it.
-        workers = limits.MAX_IN_FLIGHT_PER_HOLDER * sum(
-            1 for h in self.holders.values() if h.dropped is None
-        )
-        share = -(-len(self._pending) // max(workers, 1))
-        size = max(1, min(holder.batch_blocks(), share))
-        batch: list[CID] = []
-        skipped: list[CID] = []
-        while self._pending and len(batch) < size:
-            cid = self._pending.popleft()
-            (skipped if cid in holder.lacks else batch).append(cid)
-        self._pending.extendleft(reversed(skipped))
+        batch = take_batch(self._pending, self.holders.values(), holder, self._size, self.slots)
         self._in_flight.update(batch)
         return batch
 
     def _steal(self, thief: HolderState) -> list[CID]:
         """End game: move a slower holder's undelivered work to ``thief`` (``steal_from``);
         a victim that starts sending a moved CID is abandoned at its header (``_request``)."""
-        best, take = steal_from(self._requests, thief)
+        best, take = steal_from(self._requests, thief, self._size)
         if best is not None:
             best.stolen.update(take)
             log.debug("work_moved", blocks=len(take), src=best.holder.peer, dst=thief.peer)
@@ -202,6 +197,8 @@ class Transfer:
         Blocks stored before a FetchError stay stored (a later fetch resumes from them).
         """
         self._pending = collections.deque(dict.fromkeys(cids))
+        if self._root is None and self._pending:
+            self._root = self._pending[0]
         self._in_flight = set()
         self._requests = set()
         live = [h for h in self.holders.values() if h.dropped is None]
@@ -230,6 +227,7 @@ class Transfer:
             )
 
     async def _worker(self, holder: HolderState) -> None:
+        everyone = self.holders.values()
         while holder.dropped is None:
             # The holder's slot first, then the work: CIDs are never held by a worker that
             # waits, and the wait for a slot (our own queue) is not counted against the holder.
@@ -238,9 +236,9 @@ class Transfer:
                 if batch:
                     await self._one_request(holder, batch)
                     continue
-            # Nothing this holder can take now; only a request in flight elsewhere can put
-            # work back (a failure or a lack), so wait for one to finish, or stop.
-            if not self._in_flight:
+            # Nothing to take now: wait for a request in flight (a failure or a lack puts work
+            # back) or for the likelier holder work was left to (it may lack it), or stop.
+            if not self._in_flight and not preferred(self._pending, everyone, holder, self.slots):
                 return
             await self._changed.wait()
 
@@ -431,7 +429,10 @@ class Transfer:
             now = trio.current_time()
             opened = began if request.sent_at is None else request.sent_at  # its stream in hand
             ttfb = None if first_byte is None else first_byte - opened
-            self.stats.request_done(opened - began, ttfb, now - began, received)
+            kind = request_kind(self._purpose, self._root, request.cids)
+            self.stats.request_done(
+                opened - began, ttfb, now - began, received, kind, len(request.cids)
+            )
         if request.abandoned:
             raise Abandoned
         if holder.dropped is not None:

@@ -24,6 +24,7 @@ import structlog
 import trio
 
 from cnode.node.coordinator import CoordinatorClient, RoundInfo
+from cnode.node.p2p import fetch_purpose
 from cnode.storage import CID
 
 from .. import limits
@@ -189,11 +190,12 @@ class UpdateExchange:
 
         async def attempt(i: int) -> None:
             holders = fetcher.holders_for(info, member, everyone=everyone or i > 0)
-            header = await fetcher.fetch_header(info, member, holders, got.invalid)
-            if header is None:
-                got.missing.pop(member, None)
-                return  # invalid: recorded in got.invalid
-            report = await fetcher.node.fetch(header[1].update, holders=holders)
+            with fetch_purpose("full"):
+                header = await fetcher.fetch_header(info, member, holders, got.invalid)
+                if header is None:
+                    got.missing.pop(member, None)
+                    return  # invalid: recorded in got.invalid
+                report = await fetcher.node.fetch(header[1].update, holders=holders)
             fetcher.bytes_in += report.bytes
             got.headers[member] = header
             got.missing.pop(member, None)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import trio
 
 from cnode.node.coordinator import RoundInfo
-from cnode.node.p2p import P2PNode
+from cnode.node.p2p import P2PNode, fetch_purpose
 from cnode.storage import CID
 
 from .._exceptions import OutputsUnavailableError
@@ -48,7 +48,8 @@ async def fetch_outputs(
 
     async def fetch_one(partition: int, output: CID, holders: list[str]) -> None:
         async def attempt(_: int) -> None:
-            got[0] += (await node.fetch(output, holders=holders)).bytes
+            with fetch_purpose("outputs"):
+                got[0] += (await node.fetch(output, holders=holders)).bytes
 
         async with limiter:
             tried = await with_retries(attempt, refused_by=fetcher.refused_by)

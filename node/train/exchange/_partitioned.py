@@ -35,7 +35,7 @@ from cnode.node.coordinator import (
     RoundInfo,
 )
 from cnode.node.coordinator import limits as coordinator_limits
-from cnode.node.p2p import P2PNode
+from cnode.node.p2p import P2PNode, fetch_purpose
 from cnode.storage import CID, StorageError
 
 from .. import limits
@@ -257,7 +257,7 @@ class PartitionedExchange:
                         nursery.start_soon(self._get_input, state, member, indices, missing)
             done.cancel()  # every input is in: stop waiting
 
-        with trio.CancelScope() as fetching:
+        with trio.CancelScope() as fetching, fetch_purpose("segments"):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(fetch_all, fetching)
                 await trio.sleep_until(fetch_until)
@@ -392,7 +392,7 @@ class PartitionedExchange:
             holders = [entry.peer] + [m for m in state.info.members if m != entry.peer]
 
             async def attempt(_: int, cid: CID = cid, holders: list[str] = holders) -> None:
-                if not self.node.store.has(cid):
+                with fetch_purpose("results"):  # nothing is asked for when it is held
                     await self.node.fetch_blocks([cid], holders=holders)
 
             got = await with_retries(attempt, refused_by=self.fetcher.refused_by)

@@ -22,6 +22,7 @@ import structlog
 import trio
 
 from cnode.node.coordinator import RoundInfo
+from cnode.node.p2p import fetch_purpose
 
 from ._fetch import GaveUp, MemberFetcher, with_retries
 
@@ -68,10 +69,11 @@ class Relay:
         fetcher = self.fetcher
 
         async def attempt(_: int) -> None:
-            header = await fetcher.fetch_header(info, member, [member])
-            if header is None:
-                return  # invalid: every node finds it so on its own
-            report = await fetcher.node.fetch(header[1].update, holders=[member])
+            with fetch_purpose("relay"):
+                header = await fetcher.fetch_header(info, member, [member])
+                if header is None:
+                    return  # invalid: every node finds it so on its own
+                report = await fetcher.node.fetch(header[1].update, holders=[member])
             self.last_bytes += report.bytes
 
         got = await with_retries(attempt, refused_by=fetcher.refused_by)

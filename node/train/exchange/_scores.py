@@ -25,7 +25,7 @@ import trio
 
 from cnode.aggregation import score_seed, validate_update
 from cnode.node.coordinator import CoordinatorClient, CoordinatorRejected, RoundInfo
-from cnode.node.p2p import P2PNode
+from cnode.node.p2p import P2PNode, fetch_purpose
 from cnode.storage import CID
 
 from .. import limits
@@ -190,10 +190,11 @@ class PartitionScores:
 
         async def attempt(i: int) -> tuple[CID, UpdateHeader] | str:
             holders = self.fetcher.holders_for(info, target, everyone=i > 0)
-            got = await self.fetcher.fetch_header(info, target, holders)
-            if got is None:
-                return INVALID_PREFIX + "its update header does not open"
-            self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
+            with fetch_purpose("scores"):
+                got = await self.fetcher.fetch_header(info, target, holders)
+                if got is None:
+                    return INVALID_PREFIX + "its update header does not open"
+                self.bytes_in += (await self.node.fetch(got[1].update, holders=holders)).bytes
             return got
 
         got = await with_retries(
@@ -355,7 +356,8 @@ class PartitionScores:
 
         async def attempt(_: int) -> None:
             holders = self.fetcher.holders_for(info, member, everyone=True)
-            await self.fetcher.fetch_header(info, member, holders)  # stored, even if invalid
+            with fetch_purpose("scores"):
+                await self.fetcher.fetch_header(info, member, holders)  # stored, even if invalid
 
         got = await with_retries(attempt, refused_by=self.fetcher.refused_by)
         if isinstance(got, GaveUp):

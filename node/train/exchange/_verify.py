@@ -21,7 +21,7 @@ from cnode.node.coordinator import (
     CoordinatorUnavailable,
     RoundInfo,
 )
-from cnode.node.p2p import FetchError, P2PError, P2PNode
+from cnode.node.p2p import FetchError, P2PError, P2PNode, fetch_purpose
 from cnode.storage import CID, StorageError
 
 from .._exceptions import PeerUpdateError
@@ -106,16 +106,17 @@ class PartitionVerifier:
         everyone = [m for m in info.members if m != self.trainer.peer]
         fetched = 0
         headers = [c for c in result.inputs.values() if not self.node.store.has(c)]
-        if headers:
-            fetched += (
-                await self.node.fetch_blocks(headers, holders=[result.peer, *everyone])
-            ).bytes
-        for member, cid in sorted(result.inputs.items()):
-            header = open_update_header(
-                self.node.store.get(cid), run=result.run, round_=result.round, signer=member
-            )
-            holders = [member, result.peer, *everyone]
-            fetched += await fetch_update_segments(self.node, header.update, indices, holders)
+        with fetch_purpose("verify"):
+            if headers:
+                fetched += (
+                    await self.node.fetch_blocks(headers, holders=[result.peer, *everyone])
+                ).bytes
+            for member, cid in sorted(result.inputs.items()):
+                header = open_update_header(
+                    self.node.store.get(cid), run=result.run, round_=result.round, signer=member
+                )
+                holders = [member, result.peer, *everyone]
+                fetched += await fetch_update_segments(self.node, header.update, indices, holders)
         work = await trio.to_thread.run_sync(
             lambda: recompute_partition(
                 self.node.store, result, config=self.trainer.config, numel=numel

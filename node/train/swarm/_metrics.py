@@ -194,6 +194,15 @@ def _exchange_series(t: Traffic) -> Iterator[CounterMetricFamily | GaugeMetricFa
     for kind, count in sorted(dict(x.dropped).items()):
         dropped.add_metric([kind], count)
     yield dropped
+    by_purpose = CounterMetricFamily(
+        "cnode_node_exchange_requests_by_purpose",
+        "Block requests this node made, by what they were for and the manifest level asked",
+        labels=["purpose", "level"],
+    )
+    for key, counts in sorted(dict(x.by_purpose).items()):
+        purpose, _, level = key.partition("/")
+        by_purpose.add_metric([purpose, level], counts[0])
+    yield by_purpose
 
 
 @contextmanager

@@ -49,6 +49,9 @@ def test_report_events_and_traffic_become_series() -> None:
     reporter.event(Event.BAN_SEEN, peers=["p4"], via="poll")  # the same ban seen twice counts once
     traffic.fetched(_fetch({"holder-a": 3_000_000, "holder-b": 1_000_000}, 2.0))
     traffic.served("p2", 500)
+    traffic.exchange.request_done(0.1, 0.01, 0.2, 4000, "segments/chunks", 20)
+    traffic.exchange.request_done(0.1, 0.01, 0.2, 900, "segments/root", 1)
+    traffic.exchange.request_done(0.1, 0.01, 0.2, 900, "segments/root", 1)
 
     with serve_metrics(("127.0.0.1", 0), metrics.registry) as url:
         samples = scrape(url)
@@ -65,6 +68,10 @@ def test_report_events_and_traffic_become_series() -> None:
     assert value(samples, "cnode_node_bytes_in_total", peer="holder-a") == 3_000_000
     assert value(samples, "cnode_node_fetch_rate_bytes_per_second", peer="holder-b") == 500_000
     assert value(samples, "cnode_node_bytes_out_total", peer="p2") == 500
+    assert value(samples, "cnode_node_exchange_requests_total") == 3
+    requests = "cnode_node_exchange_requests_by_purpose_total"
+    assert value(samples, requests, purpose="segments", level="root") == 2
+    assert value(samples, requests, purpose="segments", level="chunks") == 1
     # The server is gone once the block ends: nothing is left listening.
     with pytest.raises(httpx.TransportError):
         httpx.get(url, timeout=2)
