@@ -41,6 +41,11 @@ TINY_TRAINING: dict[str, Any] = {
     "batch_size": 4,
 }
 
+# A checkpoint worth spreading over holders, for the tests of a catch-up from several: a fetch
+# under MIN_SPLIT_BYTES (256 KiB) is one request to one holder (specs/blocks.md#fetching, 12),
+# and TINY_TRAINING's checkpoint is ~186 KB; this model's is ~2.5 MB.
+SPLIT_WORTHY_MODEL: dict[str, Any] = {"n_layer": 1, "n_embd": 192, "n_head": 2, "n_positions": 32}
+
 
 def _free_port() -> int:
     with socket.socket() as s:

@@ -23,7 +23,7 @@ from tests.support.browser import CHROMIUM_MISSING, Page
 from tests.support.metrics import scrape, value
 
 from .dashboard_page import browser_page, check_live_run, watch_dashboard
-from .swarm import Swarm, final_states
+from .swarm import SPLIT_WORTHY_MODEL, Swarm, final_states
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,12 @@ def test_swarm_trains_bans_the_attacker_and_the_late_joiner_agrees(
     tmp_path: Path, swarms: list[Swarm], page: Page | None
 ) -> None:
     rounds = 5
-    swarm = Swarm(tmp_path, ["a", "b", "c", "evil", "late"], min_participants=3)
+    swarm = Swarm(
+        tmp_path,
+        ["a", "b", "c", "evil", "late"],
+        min_participants=3,
+        training={"model": SPLIT_WORTHY_MODEL},  # the late joiner's catch-up is spread
+    )
     swarms.append(swarm)
     if page is not None:  # a person watching the run from its start: checked at the end
         watch_dashboard(page, swarm)
