@@ -3,7 +3,7 @@
 Three real nodes on loopback in one process: a fetcher, an honest holder and a trickler, whose
 upload cap (``P2PSettings.upload_rate_bytes_per_s``, the token bucket of ``cnode checkpoint
 serve --rate``) sends whole, correct blocks far under MIN_SOURCE_RATE. The no-progress timer and
-end-game stealing are switched off here, so only the minimum-rate rule can drop the trickler:
+both end-game moves are switched off here, so only the minimum-rate rule can drop the trickler:
 without it the fetch would wait on the trickler's share (about 12 blocks x 8 s).
 """
 
@@ -31,6 +31,11 @@ def only_the_rate_rule(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(limits, "MIN_SOURCE_RATE", 8000)
     monkeypatch.setattr(limits, "NO_PROGRESS_TIMEOUT_S", 1e9)
     monkeypatch.setattr(limits, "STEAL_MIN_OBSERVED_S", 1e9)
+    # The end game's other move, the back half of a request that is not much slower, is left
+    # alone under MIN_SPLIT_BYTES; these blocks' sizes are unknown to the fetcher (1 MiB each to
+    # the batching rule), so only a bound no tail reaches switches it off. Requests are then
+    # BATCH_BLOCKS each, as before the byte rule.
+    monkeypatch.setattr(limits, "MIN_SPLIT_BYTES", 1 << 40)
 
 
 def _blocks(store: BlockStore, n: int) -> list[CID]:
