@@ -207,6 +207,12 @@ class P2PNode:
         with ``layer``, also those that announced holding that layer of it."""
         return self._table.holders(cid, layer)
 
+    def note_holder(self, peer: str, cid: CID) -> None:
+        """Record ``peer`` as a holder of every block of ``cid``, as an ``update``
+        announcement would: for a signed message that already says so (an update header names
+        its signer's update, specs/announce.md rule 3), which the node need not hear twice."""
+        self._table.add(peer, cid, None)
+
     async def fetch(
         self,
         root: CID,
@@ -411,10 +417,6 @@ class P2PNode:
         held = None if layers is None else tuple(layers)
         self._holding.add(root, held)
         await self._announce(AnnounceKind.HOLD, cid=root, layers=held)
-
-    async def announce_update(self, update: CID, round: int) -> None:
-        """Tell the run we hold update ``update`` for round ``round``."""
-        await self._announce(AnnounceKind.UPDATE, cid=update, round=round)
 
     async def announce_departure(self) -> None:
         """Tell the run we are leaving (peers forget us as a holder; we stop re-announcing)."""

@@ -251,13 +251,12 @@ class RoundLoop:
         return round_
 
     async def _train_and_publish(self, round_: int) -> tuple[OwnUpdate, float, float]:
-        """Train, store and announce this node's update, publish its header and say ready;
+        """Train and store this node's update, publish its header and say ready;
         the update, and the seconds training and publishing took."""
         began = time.monotonic()
         own = await trio.to_thread.run_sync(self.trainer.train, round_)
         t_train = time.monotonic() - began
         began = time.monotonic()
-        await self.node.announce_update(own.header.update, round_)
         await self.topics.publish_header(self.node, own.envelope)
         await self.client.ready(round_, header=str(own.header_cid))
         return own, t_train, time.monotonic() - began + own.seconds_store

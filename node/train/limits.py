@@ -69,11 +69,6 @@ MEMBERS_WAIT_S = 120.0
 # Seconds a node waits for the signed headers of a round's members on gossip before it fetches
 # the missing ones as blocks, by the CIDs the round record lists.
 HEADER_WAIT_S = 5.0
-# A node publishes its latest header again HEADER_REPUBLISH_S after the first publish, then at
-# doubling gaps, until HEADER_REPUBLISH_FOR_S: a member that (re)joined the gossip mesh moments
-# before would miss it (5 repeats, against 20 at a fixed 1 s: issue 41).
-HEADER_REPUBLISH_S = 1.0
-HEADER_REPUBLISH_FOR_S = 20.0
 # Tries to fetch one member's update (the first from the member, the rest from every connected
 # member), FETCH_RETRY_S x the try number apart.
 FETCH_ATTEMPTS = 4

@@ -204,10 +204,14 @@ class HolderTable:
             self.forget(signer)
             return
         assert ann.cid is not None  # checked by from_payload
-        peers = self._by_cid.setdefault(ann.cid, {})
-        self._by_cid.move_to_end(ann.cid)
-        if signer in peers or len(peers) < limits.MAX_HOLDERS_PER_CID:
-            peers[signer] = None if ann.layers is None else frozenset(ann.layers)
+        self.add(signer, ann.cid, None if ann.layers is None else frozenset(ann.layers))
+
+    def add(self, peer: str, cid: CID, layers: frozenset[str] | None) -> None:
+        """Record ``peer`` as a holder of ``cid`` (of ``layers`` only, unless None)."""
+        peers = self._by_cid.setdefault(cid, {})
+        self._by_cid.move_to_end(cid)
+        if peer in peers or len(peers) < limits.MAX_HOLDERS_PER_CID:
+            peers[peer] = layers
         while len(self._by_cid) > limits.MAX_HOLDER_TABLE_CIDS:
             self._by_cid.popitem(last=False)
 

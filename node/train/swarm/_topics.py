@@ -7,16 +7,15 @@ a header missed on gossip is fetched as a block by the CID the record lists.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import structlog
 import trio
 
 from cnode.node.coordinator import BadRunState, RunState, run_state_topic, run_state_validator
-from cnode.node.p2p import P2PError, P2PNode
+from cnode.node.p2p import P2PNode
 
-from .. import limits
+from .._round import UpdateHeader
 from ._headers import HeaderCollector
 
 __all__ = ["RunTopics", "updates_topic"]
@@ -41,50 +40,30 @@ class RunTopics:
         self.run = run
         self.coordinator = coordinator
         self.headers = headers
-        # The own header's repeats: the envelope, when the next is due and the gap after it
-        # (doubling), and when they end (monotonic seconds).
-        self._own: tuple[bytes, float, float, float] | None = None
 
     async def run_all(self, node: P2PNode, on_state: Callable[[RunState], None]) -> None:
-        """Run every subscription and the republisher until cancelled; each signed run state
-        that arrives on gossip goes to ``on_state``."""
+        """Run every subscription until cancelled; each signed run state that arrives on
+        gossip goes to ``on_state``."""
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain_headers, node)
-            nursery.start_soon(self._republish_headers, node)
             nursery.start_soon(self._follow_run_state, node, on_state)
 
     async def publish_header(self, node: P2PNode, envelope: bytes) -> None:
+        """Publish the own header, once.
+
+        Not repeated: a member that missed it fetches it by the CID the round record lists,
+        one request, where every repeat cost every member a signature check per mesh copy
+        (issue 41: repeats were half a 16-member swarm's gossip).
+        """
         await node.publish(updates_topic(self.run), envelope)
-        now, gap = time.monotonic(), limits.HEADER_REPUBLISH_S
-        self._own = (envelope, now + gap, gap, now + limits.HEADER_REPUBLISH_FOR_S)
 
     async def _drain_headers(self, node: P2PNode) -> None:
         async with node.subscribe(updates_topic(self.run), self.headers) as sub:
-            async for _ in sub:
-                pass  # the validator already recorded the header
-
-    async def _republish_headers(self, node: P2PNode) -> None:
-        """Publish the latest own header again HEADER_REPUBLISH_S after the first publish,
-        then at doubling gaps (1, 2, 4, 8, 16 s after it) until HEADER_REPUBLISH_FOR_S.
-
-        Gossipsub delivers only to peers already in the topic's mesh; a member that (re)joined
-        moments before would miss the single publish. Every repeat is verified by every
-        receiver, so they thin out as the mesh settles: a repeat each second was a fifth of a
-        16-member swarm's gossip (issue 41).
-        """
-        while True:
-            await trio.sleep(limits.HEADER_REPUBLISH_S)
-            if self._own is None:
-                continue
-            envelope, due, gap, until = self._own
-            now = time.monotonic()
-            if now < due or now > until:
-                continue
-            self._own = (envelope, now + 2 * gap, 2 * gap, until)
-            try:
-                await node.publish(updates_topic(self.run), envelope)
-            except P2PError as exc:
-                log.info("header_republish_failed", error=str(exc))
+            async for opened in sub:
+                # The validator recorded the header. It also says its signer holds the update
+                # (specs/announce.md rule 3), so members do not announce updates apart.
+                header = UpdateHeader.from_payload(opened.payload, opened.signer)
+                node.note_holder(opened.signer, header.update)
 
     async def _follow_run_state(self, node: P2PNode, on_state: Callable[[RunState], None]) -> None:
         """Take the coordinator's signed state from gossip as soon as it publishes it.
