@@ -87,10 +87,16 @@ def free_port() -> int:
 
 
 def start_nodes(
-    homes: list[Path], run: str, run_toml: Path, coordinator_url: str, rounds: int
+    homes: list[Path],
+    run: str,
+    run_toml: Path,
+    coordinator_url: str,
+    rounds: int,
+    env: dict[str, str] | None = None,
 ) -> list[subprocess.Popen[bytes]]:
-    """One `cnode train` per home (the first is the checkpointer), each logging to its home."""
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    """One `cnode train` per home (the first is the checkpointer), each logging to its home;
+    ``env`` adds to the nodes' environment."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     procs = []
     for i, home in enumerate(homes):
         cmd = [

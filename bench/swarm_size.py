@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -116,7 +117,7 @@ class IdleSampler:
 
 def _log_events(home: Path, names: set[str]) -> list[dict[str, Any]]:
     """The node's JSON log lines whose event is one of ``names``."""
-    out = []
+    out: list[dict[str, Any]] = []
     log = home / "node.log"
     if not log.exists():
         return out
@@ -249,7 +250,12 @@ def _median(xs: list[float]) -> float | None:
 
 
 def run_size(
-    n: int, rounds: int, timeout_s: float, keep: Path | None = None, codec: str | None = None
+    n: int,
+    rounds: int,
+    timeout_s: float,
+    keep: Path | None = None,
+    codec: str | None = None,
+    count_gossip: bool = False,
 ) -> dict[str, Any]:
     with TemporaryDirectory(prefix=f"cnode-swarm{n}-") as tmp:
         work = Path(tmp) if keep is None else keep / f"swarm{n}"
@@ -266,7 +272,8 @@ def run_size(
             try:
                 start_requests, start_cpu = _metrics(coordinator.url)
                 homes = [home for home, _ in nodes]
-                procs = start_nodes(homes, RUN, work / "run.toml", coordinator.url, rounds)
+                probe = _gossip_probe_env(work / "gossip") if count_gossip else None
+                procs = start_nodes(homes, RUN, work / "run.toml", coordinator.url, rounds, probe)
                 wait_all(procs, timeout_s)
                 broken = any(p.poll() is None for p in procs)
                 end_requests, end_cpu = _metrics(coordinator.url)
@@ -278,7 +285,42 @@ def run_size(
         events = {home: report_events(home, "round") for home, _ in nodes}
         figures["idle"] = _idle_by_phase(events, wall_began, sampler)
         figures["exchange"] = _exchange_counts(nodes, max(figures["rounds_done"], 1))
+        if count_gossip:
+            figures["gossip"] = _gossip_counts(work / "gossip", n, max(figures["rounds_done"], 1))
         return figures
+
+
+def _gossip_probe_env(out: Path) -> dict[str, str]:
+    """The nodes' environment for bench/gossip_probe (its sitecustomize counts what each
+    node's gossipsub router sends)."""
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [str(Path(__file__).parent / "gossip_probe"), os.environ.get("PYTHONPATH", "")]
+    pythonpath = os.pathsep.join(p for p in paths if p)
+    return {"PYTHONPATH": pythonpath, "CNODE_GOSSIP_PROBE_DIR": str(out)}
+
+
+def _gossip_counts(out: Path, n: int, played: int) -> dict[str, Any]:
+    """What the nodes' routers sent, per node per round played (startup included): RPCs, kB,
+    messages by topic, control entries. Each RPC sent is one received."""
+    total: dict[str, float] = {}
+    nodes = 0
+    for path in out.glob("*.json"):
+        counts = json.loads(path.read_text(encoding="utf-8"))
+        if counts.get("rpcs"):  # a node, not a `cnode init` or the coordinator's idle router
+            nodes += 1
+            for key, value in counts.items():
+                total[key] = total.get(key, 0) + value
+    per = max(nodes, 1) * played
+    topics = {k.split(" ", 1)[1]: round(v / per, 1) for k, v in total.items() if " " in k}
+    return {
+        "nodes": nodes,
+        "rpcs_per_node_round": round(total.get("rpcs", 0) / per, 1),
+        "kb_per_node_round": round(total.get("bytes", 0) / per / 1000, 1),
+        "messages_per_node_round": topics,
+        "control_per_node_round": {
+            k: round(total.get(k, 0) / per, 1) for k in ("ihave", "iwant", "graft", "prune")
+        },
+    }
 
 
 def _figures(
@@ -341,11 +383,13 @@ def main() -> int:
     p.add_argument("--timeout-s", type=float, default=900.0, help="per size")
     p.add_argument("--keep", type=Path, help="keep every size's homes and logs under this folder")
     p.add_argument("--codec", help="training.update_codec (default: a new run's, sparse-topk)")
+    p.add_argument("--count-gossip", action="store_true",
+                   help="count what each node's gossipsub sends (bench/gossip_probe)")  # fmt: skip
     args = p.parse_args()
     results = []
     for n in (int(x) for x in args.sizes.split(",")):
         print(f"-- {n} nodes", flush=True)
-        result = run_size(n, args.rounds, args.timeout_s, args.keep, args.codec)
+        result = run_size(n, args.rounds, args.timeout_s, args.keep, args.codec, args.count_gossip)
         print(json.dumps(result), flush=True)
         results.append(result)
         if result["broken"]:
@@ -385,6 +429,15 @@ def main() -> int:
                 f"{r['n']} | {x['round']} | {x['train_s']} ({x['train_idle']}) | "
                 f"{x['exchange_s']} ({x['exchange_idle']})"
             )
+    gossip = [r for r in results if "gossip" in r]
+    if gossip:
+        print("\ngossip sent per node per round (startup included): n | RPCs | kB | messages by"
+              " topic | ihave / iwant / graft / prune")  # fmt: skip
+    for r in gossip:
+        g, c = r["gossip"], r["gossip"]["control_per_node_round"]
+        print(f"{r['n']} | {g['rpcs_per_node_round']} | {g['kb_per_node_round']} | "
+              f"{g['messages_per_node_round']} | {c['ihave']} / {c['iwant']} / {c['graft']} / "
+              f"{c['prune']}")  # fmt: skip
     return 0 if results and not results[-1]["broken"] else 1
 
 
