@@ -210,7 +210,7 @@ class PartitionedExchange:
             counts = {"inputs": len(inputs), "decided": len(decided), "members": len(info.members)}
             log.warning("partition_not_published", round=info.round, partition=partition, **counts)
             return
-        envelope, result = await trio.to_thread.run_sync(
+        envelope, _result = await trio.to_thread.run_sync(
             lambda: self.trainer.aggregate_partition(
                 info.round,
                 inputs,
