@@ -9,6 +9,13 @@ members, scores on). It plays
 
 - seconds per round (the median gap between rounds, from the nodes' reports) and the median of
   each node-reported phase (train, publish, fetch, aggregate);
+- one member's CPU seconds per round (its process, every thread: the round event's ``cpu_s``,
+  median over rounds 2 on), beside seconds per round, each as a ratio to the smallest size: on
+  one machine a round takes the members' summed CPU over the cores, so seconds per round grow as
+  n times what one member costs, and the member's cost is the figure that carries to one member
+  per machine;
+- with ``--count-gossip``, what each node's gossipsub router sent per round (RPCs, kB, messages
+  by topic, control entries; ``bench/gossip_probe``);
 - verified bytes in per peer per round (the median of every node's ``bytes_in``), and its ratio
   to the smallest size in the same run (the baseline: flat in *n* is the goal);
 - the coordinator's HTTP requests per round and CPU seconds per round (its ``/metrics``);
@@ -349,6 +356,8 @@ def _figures(
         for k in ("train_s", "publish_s", "fetch_s", "aggregate_s")
     }
     bytes_in = _median([float(e["bytes_in"]) for evs in events.values() for e in evs[1:]])
+    # One member's CPU a round (its process, every thread; rounds 2 on: round 1 has the start)
+    cpu = _median([float(e["cpu_s"]) for evs in events.values() for e in evs[1:] if "cpu_s" in e])
     played = max(len(ordered), 1)
     stops = [e.get("stop_reason") for home, _ in nodes for e in report_events(home, "stopped")]
     return {
@@ -359,6 +368,7 @@ def _figures(
         "s_per_round": _median(gaps),
         "phase_median_s": phase,
         "bytes_in_per_peer_round": bytes_in,
+        "member_cpu_s_per_round": cpu,
         "coordinator_requests_per_round": round(
             (sum(end[0].values()) - sum(start[0].values())) / played, 1
         ),
@@ -395,6 +405,11 @@ def main() -> int:
         if result["broken"]:
             print(f"{n} nodes did not finish {args.rounds} rounds: larger sizes skipped")
             break
+    _print_tables(results)
+    return 0 if results and not results[-1]["broken"] else 1
+
+
+def _print_tables(results: list[dict[str, Any]]) -> None:
     base = results[0].get("bytes_in_per_peer_round") if results else None
     print("\nn | s/round | bytes in/peer/round (x smallest n) | coord req/round | coord CPU s/round"
           " | one CID | idle: train / exchange | holder_dropped | stalls | admissions/conn/round"
@@ -412,6 +427,17 @@ def main() -> int:
             f"{ex['request_stalled']} | {ex['admissions_per_connection_per_round_mean']} "
             f"({ex['admissions_per_connection_per_round_max']})"
         )
+    print("\none member's cost: n | s/round (x smallest n) | CPU s per member per round, median of"
+          " rounds 2+ (x smallest n) | members x CPU s / s per round (cores busy)")  # fmt: skip
+    first = results[0] if results else {}
+    for r in results:
+        secs, cpu = r["s_per_round"], r["member_cpu_s_per_round"]
+        x_secs = secs / first["s_per_round"] if secs and first.get("s_per_round") else None
+        base_cpu = first.get("member_cpu_s_per_round")
+        x_cpu = cpu / base_cpu if cpu and base_cpu else None
+        busy = r["n"] * cpu / secs if cpu and secs else None
+        print(f"{r['n']} | {secs} ({x_secs and round(x_secs, 2)}x) | {cpu} "
+              f"({x_cpu and round(x_cpu, 2)}x) | {busy and round(busy, 2)}")  # fmt: skip
     print("\nblock requests per node per round: n | purpose/level | requests | blocks/request"
           " | kB/request")  # fmt: skip
     for r in results:
@@ -438,7 +464,6 @@ def main() -> int:
         print(f"{r['n']} | {g['rpcs_per_node_round']} | {g['kb_per_node_round']} | "
               f"{g['messages_per_node_round']} | {c['ihave']} / {c['iwant']} / {c['graft']} / "
               f"{c['prune']}")  # fmt: skip
-    return 0 if results and not results[-1]["broken"] else 1
 
 
 if __name__ == "__main__":

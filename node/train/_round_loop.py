@@ -82,9 +82,11 @@ class RoundLoop:
     current_round: int | None = None  # joined and not yet aggregated
     gave_up: MissingUpdatesError | None = None  # the last round this node could not complete
     relay: Relay = field(init=False)  # its re-serving of outbound-only members' updates
+    cpu_mark: float = field(init=False)  # process CPU seconds at the last round event
 
     def __post_init__(self) -> None:
         self.relay = Relay(self.exchange.fetcher)
+        self.cpu_mark = time.process_time()
 
     async def run(self) -> None:
         await self._resume_from_store()
@@ -147,6 +149,7 @@ class RoundLoop:
         for ban in outcome.bans:
             await self._report_ban(ban)
         loss = await trio.to_thread.run_sync(self.trainer.evaluate)
+        cpu_s, self.cpu_mark = time.process_time() - self.cpu_mark, time.process_time()
         self.reporter.event(
             Event.ROUND,
             round=round_,
@@ -171,6 +174,9 @@ class RoundLoop:
             assembled_at=assembled_at,
             # Bytes this node fetched to re-serve outbound-only members' updates (issue 37).
             reserved_bytes=self.relay.last_bytes,
+            # This process's CPU seconds (every thread) since its last round event: what one
+            # member costs a round, the figure that carries to one member per machine.
+            cpu_s=round(cpu_s, 3),
             **split,
         )
         holds = None if manifest is None else str(manifest)
