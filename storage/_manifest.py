@@ -222,7 +222,12 @@ def _cid(value: object, what: str, codec: int) -> CID:
 def _cids(value: object, what: str, codec: int, hi: int) -> tuple[CID, ...]:
     if not isinstance(value, list) or len(value) > hi:
         raise ManifestError(f"{what} must be a list of at most {hi} links")
-    return tuple(_cid(v, f"{what}[{i}]", codec) for i, v in enumerate(value))
+    # Each link's name is formatted only for the error: every member's update root lists some
+    # thousand links, and a node parses one root per member a round (issue 41's profile).
+    for i, v in enumerate(value):
+        if type(v) is not CID or v.codec != codec:
+            _cid(v, f"{what}[{i}]", codec)
+    return tuple(value)
 
 
 def _map(value: object, what: str) -> dict[str, Any]:
