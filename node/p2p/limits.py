@@ -115,13 +115,17 @@ REQUEST_READ_TIMEOUT_S = 30.0
 # sides (py-spy at 32 members: ~17% of a node's CPU went to opening, negotiating and closing one
 # stream per request). A holder closes a stream that brings no next REQUEST within this time,
 # quietly (an idle pooled stream is not a late request: no BUSY); shorter than
-# REQUEST_READ_TIMEOUT_S, which bounds only a stream's first REQUEST.
-POOLED_STREAM_IDLE_S = 12.0
+# REQUEST_READ_TIMEOUT_S, which bounds only a stream's first REQUEST. A minute: a member asks
+# each other member again at each stage of a round (its slice, its output, its result, the
+# verification), and at 32 members on one machine stages are 20-50 s apart; with 12 s two
+# requests in three opened a new stream (issue 41, fifth pass). An idle stream costs the holder
+# one waiting task, and a peer's streams stay bounded by MAX_SERVED_STREAMS_PER_PEER.
+POOLED_STREAM_IDLE_S = 60.0
 # ... and a requester takes an idle stream from its pool for a next request only this long after
 # its last request ended (older ones are closed): POOLED_STREAM_IDLE_S less a margin for the
 # REQUEST's way to the holder, so a holder rarely closes a stream as it is taken (one that did
 # is replaced by a fresh stream, once, without blaming the holder).
-POOLED_STREAM_MAX_AGE_S = 8.0
+POOLED_STREAM_MAX_AGE_S = 50.0
 # Largest yamux frame we send, its 12-byte header included (defect 12): one Noise transport
 # message (65535 bytes minus the 16-byte Poly1305 tag), so a frame is never split in two
 # messages. py-libp2p's own (65536) makes every full frame two Noise messages.
