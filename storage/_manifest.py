@@ -222,9 +222,7 @@ def _cid(value: object, what: str, codec: int) -> CID:
 def _cids(value: object, what: str, codec: int, hi: int) -> tuple[CID, ...]:
     if not isinstance(value, list) or len(value) > hi:
         raise ManifestError(f"{what} must be a list of at most {hi} links")
-    # Each link's name is formatted only for the error: every member's update root lists some
-    # thousand links, and a node parses one root per member a round (issue 41's profile).
-    for i, v in enumerate(value):
+    for i, v in enumerate(value):  # a link's name is formatted for the error only (issue 41)
         if type(v) is not CID or v.codec != codec:
             _cid(v, f"{what}[{i}]", codec)
     return tuple(value)

@@ -208,9 +208,7 @@ class P2PNode:
         return self._table.holders(cid, layer)
 
     def note_holder(self, peer: str, cid: CID) -> None:
-        """Record ``peer`` as a holder of every block of ``cid``, as an ``update``
-        announcement would: for a signed message that already says so (an update header names
-        its signer's update, specs/announce.md rule 3), which the node need not hear twice."""
+        """Record ``peer`` as a holder of every ``cid`` block (an update header says so)."""
         self._table.add(peer, cid, None)
 
     async def fetch(

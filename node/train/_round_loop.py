@@ -149,7 +149,6 @@ class RoundLoop:
         for ban in outcome.bans:
             await self._report_ban(ban)
         loss = await trio.to_thread.run_sync(self.trainer.evaluate)
-        cpu_s, self.cpu_mark = time.process_time() - self.cpu_mark, time.process_time()
         self.reporter.event(
             Event.ROUND,
             round=round_,
@@ -174,15 +173,20 @@ class RoundLoop:
             assembled_at=assembled_at,
             # Bytes this node fetched to re-serve outbound-only members' updates (issue 37).
             reserved_bytes=self.relay.last_bytes,
-            # This process's CPU seconds (every thread) since its last round event: what one
-            # member costs a round, the figure that carries to one member per machine.
-            cpu_s=round(cpu_s, 3),
+            cpu_s=self._cpu_lap(),
             **split,
         )
         holds = None if manifest is None else str(manifest)
         report = round_report(round_, loss, str(self.trainer.state_cid), holds)
         await send_report(self.client, report)
         return last
+
+    def _cpu_lap(self) -> float:
+        """This process's CPU seconds (every thread) since the last round event: what one
+        member's round costs, the figure that carries to one member per machine."""
+        now = time.process_time()
+        lap, self.cpu_mark = now - self.cpu_mark, now
+        return round(lap, 3)
 
     async def _exchange(self, info: RoundInfo, own: OwnUpdate) -> RoundOutcome | None:
         """The round's exchange (partitioned or full), with this node's re-serving of

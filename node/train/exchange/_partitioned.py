@@ -223,8 +223,7 @@ class PartitionedExchange:
         cid = partition_result_cid(envelope)
         self.node.store.put(cid, envelope)
         # No `hold` for the output: the result names its signer, whom every fetcher asks first
-        # (fetch_outputs), then every member. A `hold` would cost every member a signature
-        # check per mesh copy, each round, and again at each re-announcement (issue 41).
+        # (fetch_outputs); a `hold` costs every member a check per mesh copy (issue 41).
         try:
             await self.client.result(info.round, partition=partition, header=str(cid))
         except CoordinatorRejected as exc:  # a backup came first, or the round was decided
