@@ -195,12 +195,11 @@ class P2PNode:
     def _slot(self, holder: str) -> trio.Semaphore:
         """The semaphore every request to ``holder`` holds while it runs (all transfers)."""
         if len(self._holder_slots) >= limits.MAX_HOLDER_TABLE_CIDS:  # forget the idle ones
-            self._holder_slots = {
-                p: sem
-                for p, sem in self._holder_slots.items()
-                if sem.value < limits.MAX_STREAMS_PER_HOLDER
-            }
-        return self._holder_slots.setdefault(holder, trio.Semaphore(limits.MAX_STREAMS_PER_HOLDER))
+            most = limits.MAX_STREAMS_PER_HOLDER
+            self._holder_slots = {p: s for p, s in self._holder_slots.items() if s.value < most}
+        if holder not in self._holder_slots:  # not setdefault: a new Semaphore at every request
+            self._holder_slots[holder] = trio.Semaphore(limits.MAX_STREAMS_PER_HOLDER)
+        return self._holder_slots[holder]
 
     def holders(self, cid: CID, layer: str | None = None) -> set[str]:
         """Peers that announced they hold every block of ``cid`` (and have not departed);

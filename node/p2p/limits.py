@@ -72,6 +72,11 @@ REQUEST_TARGET_S = 0.25
 # ~33 requests per member per round, most of a few KB, split so over every holder's workers
 # (issue 41: fewer, larger requests per member).
 MIN_SPLIT_BYTES = 256 * 1024
+# Holders put to work beyond what a fetch's bytes need (_batching.needs_another_holder): one, to
+# take over a slow holder's work in the end game. The others named wait their turn (issue 41: a
+# one-block fetch asked of the aggregator then all 31 other members ran 64 workers, each woken
+# at every change of the fetch, most of a 32-member node's scheduling).
+HEDGE_HOLDERS = 1
 # End game: a holder this many times slower than an idle one loses all its undelivered blocks
 # to it, the one on the wire included (see _scheduler._steal).
 STEAL_SLOWER_FACTOR = 4.0

@@ -22,7 +22,7 @@ from cnode.storage import limits as storage_limits
 from .. import limits
 from ._holders import HolderState
 
-__all__ = ["expected_bytes", "preferred", "take_batch"]
+__all__ = ["expected_bytes", "needs_another_holder", "preferred", "take_batch", "take_slot"]
 
 
 def expected_bytes(sizes: Callable[[CID], int | None] | None) -> Callable[[CID], int]:
@@ -103,3 +103,42 @@ def preferred(
         ):
             return other
     return None
+
+
+def needs_another_holder(
+    pending: collections.deque[CID],
+    active: Iterable[HolderState],
+    size: Callable[[CID], int],
+) -> bool:
+    """Whether the fetch should put the next holder named to work (specs/blocks.md 12a): no
+    live holder at work can take the head of ``pending`` (each lacks it, or none is left), or
+    fewer are at work than what is left needs: one per MAX_IN_FLIGHT_PER_HOLDER x
+    MIN_SPLIT_BYTES of it (the split rule of :func:`take_batch`; never more than one per block),
+    plus HEDGE_HOLDERS to take over a slow one's work in the end game."""
+    if not pending:
+        return False
+    live = [h for h in active if h.dropped is None]
+    if all(pending[0] in h.lacks for h in live):
+        return True
+    splitting = len(live) - limits.HEDGE_HOLDERS  # holders at work beside the hedge
+    if splitting >= len(pending):
+        return False  # no more holders than blocks (a block of unknown size counts as 1 MiB)
+    enough = splitting * limits.MAX_IN_FLIGHT_PER_HOLDER * limits.MIN_SPLIT_BYTES
+    left = 0
+    for cid in itertools.islice(pending, len(live) * limits.MAX_REQUEST_CIDS + 1):
+        left += size(cid)
+        if left > enough:
+            return True
+    return False
+
+
+async def take_slot(slot: trio.Semaphore) -> None:
+    """Acquire a holder's ``slot`` before taking work for it; a free one without a checkpoint.
+
+    In a checkpoint between the two, another holder's worker would see this holder's slot gone
+    and nothing asked of it yet, and take the work :func:`preferred` leaves to this one.
+    """
+    try:
+        slot.acquire_nowait()
+    except trio.WouldBlock:
+        await slot.acquire()

@@ -27,6 +27,7 @@ __all__ = [
     "stalled",
     "steal_from",
     "too_slow_to_keep",
+    "watch_rates",
 ]
 
 log = structlog.get_logger(__name__)
@@ -97,6 +98,19 @@ class InFlight:
     def only_stolen_left(self) -> bool:
         done = self.delivered | self.stolen | self.skipped
         return all(c in done for c in self.cids)
+
+    def skip_to(self, index: int) -> list[CID]:
+        """The holder began the block at ``index``: the CIDs it passed over (it lacks them,
+        and they are this request's no more)."""
+        passed = [
+            c
+            for c in self.cids[self.position + 1 : index]
+            if c not in self.delivered and c not in self.stolen
+        ]
+        self.position = index
+        self.skipped.update(passed)
+        self.holder.lacks.update(passed)
+        return passed
 
 
 class Abandoned(Exception):
@@ -225,3 +239,23 @@ def stalled(requests: Iterable[InFlight], holders: Iterable[HolderState]) -> lis
         ):
             out.append(request)
     return out
+
+
+async def watch_rates(
+    requests: set[InFlight],
+    holders: Iterable[HolderState],
+    stats: ExchangeStats,
+    drop: Callable[[HolderState, str, str], None],
+) -> None:
+    """Give back the requests :func:`stalled` names and ``drop`` the holders
+    :func:`too_slow_to_keep` names, every STALL_CHECK_S (or quarter window); until cancelled."""
+    while True:
+        await trio.sleep(min(limits.STALL_CHECK_S, limits.SOURCE_RATE_WINDOW_S / 4))
+        for request in stalled(requests, holders):
+            request.scope.cancel()  # type: ignore[union-attr]  # _Stalled: CIDs go back
+        for holder, reason in too_slow_to_keep(holders, stats):
+            drop(holder, reason, "below_min_rate")
+            # Its requests end now (TooSlowError in each worker) and their CIDs go back.
+            for request in requests:
+                if request.holder is holder and request.scope is not None:
+                    request.scope.cancel()

@@ -1,6 +1,8 @@
 """Which holder gets which blocks: the multi-holder fetch policy (specs/blocks.md#fetching).
 
-A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Every holder
+A :class:`Transfer` spreads a list of missing CIDs over the holders it was given. Holders are put
+to work in the order given, as many as the work left needs, plus one (``needs_another_holder``),
+and the next one named when none at work can take the head of the queue. Each holder at work
 runs MAX_IN_FLIGHT_PER_HOLDER workers; each takes from one shared queue the next CIDs its holder
 has not said it lacks, sized by their expected bytes (``_batching``): fast holders take more
 work, nobody idles while work is left, a small fetch is one request. A request holds one of its
@@ -16,9 +18,8 @@ the unsent tail of a slower holder's request to its own holder, or everything fr
 STEAL_SLOWER_FACTOR times slower (``_holders.steal_from``): one slow holder cannot hold up the
 end. Holders answer in request order and each BLOCK's CID is seen before its bytes, so every
 CID passed over is lacked (back to the queue at once), and a request that starts sending a CID
-already moved elsewhere is abandoned before the bytes arrive.
-
-Times come from ``trio.current_time()`` (tests run it under a MockClock).
+already moved elsewhere is abandoned before the bytes arrive. Times come from
+``trio.current_time()`` (tests run it under a MockClock).
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from .._exceptions import (
     first_error,
 )
 from .._traffic import ExchangeStats, current_purpose, request_kind
-from ._batching import expected_bytes, preferred, take_batch
+from ._batching import expected_bytes, needs_another_holder, preferred, take_batch, take_slot
 from ._fetch_types import (
     DirectHolder,
     FetchProgress,
@@ -60,9 +61,8 @@ from ._holders import (
     HolderState,
     InFlight,
     drop_kind,
-    stalled,
     steal_from,
-    too_slow_to_keep,
+    watch_rates,
 )
 from ._keep import keep
 from ._pool import StreamPool, ask_holder, request_sent
@@ -143,6 +143,9 @@ class Transfer:
         self._requests: set[InFlight] = set()
         self._stored: set[CID] = set()  # by any holder (a moved CID may arrive twice)
         self._changed = trio.Event()
+        self._at_work: list[HolderState] = []  # holders whose workers run, in the order given
+        self._waiting: collections.deque[HolderState] = collections.deque()  # not yet at work
+        self._nursery: trio.Nursery | None = None
         self._root, self._purpose = root, current_purpose()  # for ExchangeStats.by_purpose
 
     # -- shared queue ------------------------------------------------------------------------
@@ -152,7 +155,7 @@ class Transfer:
         self._changed = trio.Event()
 
     def _take_batch(self, holder: HolderState) -> list[CID]:
-        batch = take_batch(self._pending, self.holders.values(), holder, self._size, self.slots)
+        batch = take_batch(self._pending, self._at_work, holder, self._size, self.slots)
         self._in_flight.update(batch)
         return batch
 
@@ -205,11 +208,12 @@ class Transfer:
         if self._pending and live:
             try:
                 async with trio.open_nursery() as watching:
-                    watching.start_soon(self._watch_rates)
-                    async with trio.open_nursery() as nursery:
-                        for holder in live:
-                            for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
-                                nursery.start_soon(self._worker, holder)
+                    watching.start_soon(
+                        watch_rates, self._requests, self.holders.values(), self.stats, self._drop
+                    )
+                    async with trio.open_nursery() as self._nursery:
+                        self._at_work, self._waiting = [], collections.deque(live)
+                        self._put_to_work()
                     watching.cancel_scope.cancel()
             except BaseExceptionGroup as group:
                 # What a worker could not handle (the reveal hook's ManifestError, a store that
@@ -226,21 +230,39 @@ class Transfer:
                 refused_by=frozenset(h.peer for h in self.holders.values() if h.refused),
             )
 
+    def _put_to_work(self) -> None:
+        """Start the workers of the next holders named while the queue needs them."""
+        assert self._nursery is not None
+        while self._waiting and needs_another_holder(self._pending, self._at_work, self._size):
+            holder = self._waiting.popleft()
+            if holder.dropped is None:
+                self._at_work.append(holder)
+                for _ in range(limits.MAX_IN_FLIGHT_PER_HOLDER):
+                    self._nursery.start_soon(self._worker, holder)
+
     async def _worker(self, holder: HolderState) -> None:
-        everyone = self.holders.values()
         while holder.dropped is None:
+            self._put_to_work()  # the queue grew (a manifest node revealed its children)
             # The holder's slot first, then the work: CIDs are never held by a worker that
             # waits, and the wait for a slot (our own queue) is not counted against the holder.
-            async with self.slots(holder.peer):
+            slot = self.slots(holder.peer)
+            await take_slot(slot)
+            try:
                 batch = [] if holder.dropped else self._take_batch(holder) or self._steal(holder)
                 if batch:
                     await self._one_request(holder, batch)
                     continue
+            finally:
+                slot.release()
+            self._put_to_work()  # it lacks the head, perhaps as every holder at work does
             # Nothing to take now: wait for a request in flight (a failure or a lack puts work
             # back) or for the likelier holder work was left to (it may lack it), or stop.
-            if not self._in_flight and not preferred(self._pending, everyone, holder, self.slots):
+            if not self._in_flight and not preferred(
+                self._pending, self._at_work, holder, self.slots
+            ):
                 return
             await self._changed.wait()
+        self._put_to_work()  # dropped: the next holder named takes its place
 
     async def _one_request(self, holder: HolderState, batch: list[CID]) -> None:
         request = InFlight(holder, batch)
@@ -306,20 +328,6 @@ class Transfer:
         self._pending.extend(leaves)
         self._notify()
 
-    async def _watch_rates(self) -> None:
-        """Give back the requests ``_holders.stalled`` names and drop the holders
-        ``too_slow_to_keep`` names, every STALL_CHECK_S (or quarter window); until cancelled."""
-        while True:
-            await trio.sleep(min(limits.STALL_CHECK_S, limits.SOURCE_RATE_WINDOW_S / 4))
-            for request in stalled(self._requests, self.holders.values()):
-                request.scope.cancel()  # type: ignore[union-attr]  # _Stalled: CIDs go back
-            for holder, reason in too_slow_to_keep(self.holders.values(), self.stats):
-                self._drop(holder, reason, "below_min_rate")
-                # Its requests end now (TooSlowError in each worker) and their CIDs go back.
-                for request in self._requests:
-                    if request.holder is holder and request.scope is not None:
-                        request.scope.cancel()
-
     def _drop(self, holder: HolderState, reason: str, kind: str) -> None:
         if holder.dropped is None:
             holder.dropped = reason
@@ -335,19 +343,11 @@ class Transfer:
 
     def _skip(self, request: InFlight, index: int) -> None:
         """The holder began the block at ``index``: what it passed over goes back at once."""
-        passed = [
-            c
-            for c in request.cids[request.position + 1 : index]
-            if c not in request.delivered and c not in request.stolen
-        ]
-        request.position = index
-        if not passed:
-            return
-        request.skipped.update(passed)
-        request.holder.lacks.update(passed)
-        self._in_flight.difference_update(passed)
-        self._pending.extendleft(reversed([c for c in passed if c not in self._stored]))
-        self._notify()
+        passed = request.skip_to(index)
+        if passed:
+            self._in_flight.difference_update(passed)
+            self._pending.extendleft(reversed([c for c in passed if c not in self._stored]))
+            self._notify()
 
     async def _delivered(self, request: InFlight, block: VerifiedBlock) -> None:
         """One verified block of ``request`` arrived: store it and count it."""
