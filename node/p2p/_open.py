@@ -183,6 +183,7 @@ def _build_host(
         )
     router = _defects.gossipsub_router()
     _defects.back_off_pruned_peers(router)  # defect 18
+    _defects.keep_mesh_peers(router)  # defect 25
     pubsub = Pubsub(host, router, strict_signing=True)
     _defects.guard_pubsub_handlers(host, pubsub, router)  # defect 17
     try:

@@ -3,7 +3,7 @@
 Each function names the defect it handles; tests/node/p2p/test_defects.py has one test per defect
 that fails without the workaround. Nothing else in cnode touches py-libp2p internals. The
 workarounds for the host (1-10, 16, 20) are in ``_host.py``; those for a stream's speed and resets
-(11-15, 19) in ``_throughput.py``; pubsub's (17, 18) in ``_pubsub.py``; per-RPC and per-read
+(11-15, 19) in ``_throughput.py``; pubsub's (17, 18, 25) in ``_pubsub.py``; per-RPC and per-read
 costs (21-24) in ``_rpc.py`` (tests in test_defects_rpc.py). Callers use this package's names.
 
 1. Inbound slots never released: ``Swarm._do_handle_inbound_connection`` ends in
@@ -130,6 +130,11 @@ costs (21-24) in ``_rpc.py`` (tests in test_defects_rpc.py). Callers use this pa
 24. Every RPC sent rebuilds the host's address list to check our own signed peer record is
     current, then marshals it. :func:`reuse_local_record` (``_rpc.py``) reuses its bytes for
     LOCAL_RECORD_RECHECK_S.
+25. The gossipsub heartbeat swaps its worst-scored mesh peer for any better-scored subscriber,
+    every heartbeat and topic (``_consider_peer_replacement``, in no spec): with few messages,
+    mesh peers' delivery scores sag, and a swarm larger than D_high + 1 churns its mesh for good
+    (141 grafts, 94 prunes per node per round at 32 members, issue 41). :func:`keep_mesh_peers`
+    (``_pubsub.py``) switches the swap off; the degree bounds still hold the mesh.
 """
 
 from __future__ import annotations
@@ -152,6 +157,7 @@ from ._host import secure_transports as secure_transports
 from ._host import switch_off_auto_connector as switch_off_auto_connector
 from ._pubsub import back_off_pruned_peers as back_off_pruned_peers
 from ._pubsub import guard_pubsub_handlers as guard_pubsub_handlers
+from ._pubsub import keep_mesh_peers as keep_mesh_peers
 from ._rpc import buffer_pubsub_reads as buffer_pubsub_reads
 from ._rpc import remember_sender_records as remember_sender_records
 from ._rpc import reuse_local_record as reuse_local_record
@@ -180,6 +186,7 @@ __all__ = [
     "guard_handler",
     "guard_pubsub_handlers",
     "is_teardown_race",
+    "keep_mesh_peers",
     "muxers",
     "patient_negotiation",
     "pipeline_protocol_select",

@@ -22,7 +22,7 @@ from libp2p.pubsub.pubsub import Pubsub
 
 from ._host import guard_handler
 
-__all__ = ["back_off_pruned_peers", "guard_pubsub_handlers"]
+__all__ = ["back_off_pruned_peers", "guard_pubsub_handlers", "keep_mesh_peers"]
 
 
 def guard_pubsub_handlers(host: IHost, pubsub: Pubsub, router: GossipSub) -> None:
@@ -51,3 +51,23 @@ def back_off_pruned_peers(router: GossipSub) -> None:
         return to_graft, to_prune
 
     router.mesh_heartbeat = mesh_heartbeat  # type: ignore[method-assign]
+
+
+def keep_mesh_peers(router: GossipSub) -> None:
+    """Defect 25: no mesh peer swapped for a better-scored one at every heartbeat.
+
+    ``GossipSub.heartbeat`` ends with ``_maintain_mesh_quality``, whose
+    ``_consider_peer_replacement`` prunes the worst-scored mesh peer and grafts any subscriber
+    outside the mesh scoring 0.1 more, every heartbeat and topic. No gossipsub spec has it (v1.1
+    grafts opportunistically, every minute, and only when the mesh's median score is low). With
+    a handful of messages a minute the mesh peers' delivery counters fall short, a newcomer
+    outscores them, and the mesh never settles once a swarm outgrows D_high + 1: 141 grafts and
+    94 prunes per node per round at 32 members (issue 41), each a PRUNE, a GRAFT, a backoff, and
+    the pruned peer's GRAFTs refused as floods. The degree bounds of ``mesh_heartbeat`` keep
+    the mesh as the spec does.
+    """
+
+    async def consider_peer_replacement(topic: str) -> None:
+        return None
+
+    router._consider_peer_replacement = consider_peer_replacement  # type: ignore[method-assign]

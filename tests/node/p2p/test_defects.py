@@ -1007,3 +1007,42 @@ def test_defect_19_frame_writes_are_whole(monkeypatch: pytest.MonkeyPatch) -> No
     defects.atomic_frame_writes()
     defects.atomic_frame_writes()  # idempotent
     assert trio.run(_echo_after_a_cut_write, monkeypatch) is True
+
+
+@pytest.mark.parametrize("mended", [False, True])
+def test_defect_25_no_mesh_peer_is_swapped_at_every_heartbeat(mended: bool) -> None:
+    """The heartbeat's mesh "quality" step prunes the worst-scored mesh peer and grafts a
+    better-scored subscriber, every heartbeat: at 32 members the mesh never settled (issue
+    41). Mended, a mesh within its degree bounds is left as it is."""
+    router = defects.gossipsub_router()
+    if mended:
+        defects.keep_mesh_peers(router)
+    topic = "/cnode/test/mesh"
+    peers = [ID(create_new_key_pair().public_key.to_bytes()) for _ in range(limits.GOSSIP_D + 4)]
+    mesh, outside = set(peers[: limits.GOSSIP_D]), set(peers[limits.GOSSIP_D :])
+
+    class _Pubsub:  # what the step reads of pubsub: who is subscribed to the topic
+        def __init__(self) -> None:
+            self.peer_topics = {topic: set(peers)}
+
+    router.pubsub = _Pubsub()  # type: ignore[assignment]
+    router.peer_protocol = dict.fromkeys(peers, PROTOCOL_ID_V11)
+    router.mesh = {topic: set(mesh)}
+    sagging = next(iter(mesh))  # a mesh peer whose delivery score fell short
+    assert router.scorer is not None
+    router.scorer.score = lambda peer, topics: -1.0 if peer == sagging else 0.0  # type: ignore[method-assign]
+
+    async def sent(*_args: object) -> None:  # the PRUNE and GRAFT it sends (no network here)
+        return None
+
+    router.emit_prune = router.emit_graft = sent  # type: ignore[method-assign, assignment]
+
+    async def heartbeat_step() -> None:
+        await router._maintain_mesh_quality(topic)
+
+    trio.run(heartbeat_step)
+    if mended:
+        assert router.mesh[topic] == mesh
+    else:
+        assert sagging not in router.mesh[topic]
+        assert router.mesh[topic] & outside  # a subscriber swapped in
