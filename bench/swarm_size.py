@@ -16,8 +16,11 @@ members, scores on). It plays
   per machine;
 - with ``--count-gossip``, what each node's gossipsub router sent per round (RPCs, kB, messages
   by topic, control entries; ``bench/gossip_probe``);
-- verified bytes in per peer per round (the median of every node's ``bytes_in``), and its ratio
-  to the smallest size in the same run (the baseline: flat in *n* is the goal);
+- verified bytes in per peer per round (the median of every node's ``bytes_in``: the update
+  bytes the aggregation needs), and its ratio to the smallest size in the same run (the
+  baseline: flat in *n* is the goal); and every block byte in (``blocks_in``: those bytes plus
+  the manifest roots and signed records that name them, what a member's link carries), with
+  its ratio too;
 - the coordinator's HTTP requests per round and CPU seconds per round (its ``/metrics``);
 - whether every node ended on one state CID;
 - the machine's idle CPU (``/proc/stat``, sampled every IDLE_SAMPLE_S) in each phase of each
@@ -356,6 +359,9 @@ def _figures(
         for k in ("train_s", "publish_s", "fetch_s", "aggregate_s")
     }
     bytes_in = _median([float(e["bytes_in"]) for evs in events.values() for e in evs[1:]])
+    # Every block byte, roots and signed records included (round events since issue 41)
+    blocks_in = _median([float(e["blocks_in"]) for evs in events.values() for e in evs[1:]
+                         if "blocks_in" in e])  # fmt: skip
     # One member's CPU a round (its process, every thread; rounds 2 on: round 1 has the start)
     cpu = _median([float(e["cpu_s"]) for evs in events.values() for e in evs[1:] if "cpu_s" in e])
     played = max(len(ordered), 1)
@@ -368,6 +374,7 @@ def _figures(
         "s_per_round": _median(gaps),
         "phase_median_s": phase,
         "bytes_in_per_peer_round": bytes_in,
+        "blocks_in_per_peer_round": blocks_in,
         "member_cpu_s_per_round": cpu,
         "coordinator_requests_per_round": round(
             (sum(end[0].values()) - sum(start[0].values())) / played, 1
@@ -427,6 +434,13 @@ def _print_tables(results: list[dict[str, Any]]) -> None:
             f"{ex['request_stalled']} | {ex['admissions_per_connection_per_round_mean']} "
             f"({ex['admissions_per_connection_per_round_max']})"
         )
+    print("\nevery block byte in per peer per round, roots and records included (x smallest n):"
+          " n | blocks_in | x")  # fmt: skip
+    first_blocks = results[0].get("blocks_in_per_peer_round") if results else None
+    for r in results:
+        mine = r.get("blocks_in_per_peer_round")
+        ratio = mine / first_blocks if mine and first_blocks else None
+        print(f"{r['n']} | {mine} | {ratio and round(ratio, 2)}")
     print("\none member's cost: n | s/round (x smallest n) | CPU s per member per round, median of"
           " rounds 2+ (x smallest n) | members x CPU s / s per round (cores busy)")  # fmt: skip
     first = results[0] if results else {}

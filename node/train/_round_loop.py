@@ -113,7 +113,7 @@ class RoundLoop:
             return False
         check_round_reachable(round_, self.node.peer_id, info.members, info.addrs)
         note_reachability(self.node, info.members, info.addrs)
-        sent, got = self.node.server.bytes_sent, self.exchange.fetcher.bytes_in
+        mark = self._traffic_mark()
         began = time.monotonic()
         outcome = await self._exchange(info, own)
         if outcome is None:
@@ -130,7 +130,7 @@ class RoundLoop:
             bytes_in = self.partitioned.last_bytes_in
         else:
             t_fetch, t_aggregate = self.exchange.last_fetch_s, self.exchange.last_aggregate_s
-            bytes_in = self.exchange.fetcher.bytes_in - got
+            bytes_in = self.exchange.fetcher.bytes_in - mark[1]
         self.gave_up = None
         self.headers.forget_before(round_)  # this round's headers are in the store now
         self.current_round = None
@@ -163,10 +163,7 @@ class RoundLoop:
             fetch_s=t_fetch,
             aggregate_s=t_aggregate,
             parts=info.parts,
-            # Verified bytes this node fetched and served in the round's exchange (the demo
-            # report's traffic table); a catch-up's are in its own event.
-            bytes_in=bytes_in,
-            bytes_out=self.node.server.bytes_sent - sent,
+            **self._traffic_since(mark, bytes_in),
             # When this node's header was out and when its new state was assembled (wall
             # clock): the round's overhead is the latter minus the last member's former.
             published_at=published_at,
@@ -180,6 +177,23 @@ class RoundLoop:
         report = round_report(round_, loss, str(self.trainer.state_cid), holds)
         await send_report(self.client, report)
         return last
+
+    def _traffic_mark(self) -> tuple[int, int, int]:
+        """(bytes served, update bytes fetched, block bytes fetched) so far."""
+        fetched = sum(self.node.traffic.bytes_in.values())
+        return self.node.server.bytes_sent, self.exchange.fetcher.bytes_in, fetched
+
+    def _traffic_since(self, mark: tuple[int, int, int], bytes_in: int) -> dict[str, int]:
+        """The round event's traffic since ``mark``, in the round's exchange (a catch-up's is in
+        its own event): ``bytes_in``, the verified update bytes fetched (the demo report's
+        traffic table); ``blocks_in``, every verified block byte fetched, the manifest roots
+        and signed records that name those bytes included; ``bytes_out``, block bytes served."""
+        sent, _, fetched = mark
+        return {
+            "bytes_in": bytes_in,
+            "blocks_in": sum(self.node.traffic.bytes_in.values()) - fetched,
+            "bytes_out": self.node.server.bytes_sent - sent,
+        }
 
     def _cpu_lap(self) -> float:
         """This process's CPU seconds (every thread) since the last round event: what one

@@ -86,6 +86,8 @@ def test_a_liar_is_banned_in_the_round_it_lies_and_a_withholder_is_backed_up(
             split = event["bytes_in_by"]
             assert set(split) == {"exchange", "verify", "scores"}, event  # type: ignore[arg-type]
             assert sum(split.values()) == event["bytes_in"] > 0, event  # type: ignore[union-attr]
+            # Every block byte: the update bytes and the roots and records that name them.
+            assert event["blocks_in"] > event["bytes_in"], event  # type: ignore[operator]
             assert {"aggregate", "results", "verify", "assemble"} <= set(event["phases"]), event  # type: ignore[arg-type]
             assert event["published_at"] <= event["assembled_at"], event  # type: ignore[operator]
     # No honest node was ever accused.
