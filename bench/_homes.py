@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -80,12 +79,6 @@ def start_coordinator(work: Path, run: str, peers: list[str], training: dict[str
     ).start()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_nodes(
     homes: list[Path],
     run: str,
@@ -102,7 +95,10 @@ def start_nodes(
         cmd = [
             *CNODE, "--log-json", "train", "--run", run, "--run-config", str(run_toml),
             "--home", str(home), "--coordinator", coordinator_url,
-            "--listen", f"/ip4/127.0.0.1/tcp/{free_port()}",
+            # Any free port, bound by the node itself: a port picked here and bound seconds
+            # later (a node's start) was taken meanwhile by another node's outbound connection
+            # at 32 members ("already in use"); the nodes learn each other's from the coordinator.
+            "--listen", "/ip4/127.0.0.1/tcp/0",
             "--rounds", str(rounds), "--report", str(home / "report.jsonl"),
         ]  # fmt: skip
         if i == 0:
