@@ -5,7 +5,7 @@ no-progress timer: every piece resets it. :class:`RateWindow` measures what one 
 delivered on the wire while it had a request in flight; the scheduler asks it every
 SOURCE_RATE_WINDOW_S / 4 and drops a source under MIN_SOURCE_RATE over a whole window when
 another source did better over that window, or after LONE_SLOW_WINDOWS such windows in a row
-(``Transfer._watch_rates``; a slow source is not a dead one).
+(``_holders.watch_rates``; a slow source is not a dead one).
 :class:`CountedStream` counts a libp2p stream's bytes into a window (a gateway counts its own
 pieces). Times come from ``trio.current_time()``.
 """
