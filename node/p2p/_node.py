@@ -414,6 +414,7 @@ class P2PNode:
         held = None if layers is None else tuple(layers)
         self._holding.add(root, held)
         await self._announce(AnnounceKind.HOLD, cid=root, layers=held)
+        log.info("hold_announced", manifest=str(root), layers=None if held is None else len(held))
 
     async def announce_departure(self) -> None:
         """Tell the run we are leaving (peers forget us as a holder; we stop re-announcing)."""

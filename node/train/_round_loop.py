@@ -144,7 +144,9 @@ class RoundLoop:
             self.reporter.event(Event.ROUND_EXCHANGED_NOTHING, round=round_, parts=info.parts)
         elif round_ % self.every == 0:
             manifest = await trio.to_thread.run_sync(self.trainer.store_checkpoint)
-            await self.node.announce_hold(manifest)
+            # No `hold` on gossip: every member stores these same bytes, the round report
+            # (`holds`) tells the coordinator, and a joiner asks every member the state lists.
+            # n members announcing one CID cost each member n x D messages a round (issue 41).
             await self._agree(round_, info.epoch, manifest)
         for ban in outcome.bans:
             await self._report_ban(ban)

@@ -22,7 +22,7 @@ import pytest
 from cnode.node.train import replay_checkpoint
 from cnode.storage import CID, BlockStore
 
-from .swarm import Swarm, final_states
+from .swarm import Node, Swarm, final_states
 
 pytestmark = pytest.mark.slow
 
@@ -54,10 +54,23 @@ def test_a_joiner_waits_for_the_next_checkpoint_and_agrees(swarm: Swarm) -> None
     assert waits and waits[0]["want"] == 4, late.events()
     (caught,) = late.events("caught_up")
     assert caught["round"] == 4 and caught["source"] == "peers"
+    # The members announced none of their round checkpoints on gossip (each member's round
+    # report names it; specs/announce.md rule 2): the joiner asked the members the state lists,
+    # then announced the checkpoint it caught up to, as any holder outside the round record.
+    assert set(caught["bytes_per_holder"]) <= {a.peer, b.peer}, caught
+    for member in (a, b):
+        assert '"hold_announced"' not in member.log.read_text(), member.name
+    assert f'"manifest": "{caught["manifest"]}"' in _announced(late), late.name
     assert late.events("round")[0]["round"] == caught["round"] + 1
     finals = final_states([a, b, late])
     assert {r for r, _ in finals.values()} == {rounds}, finals
     assert len({cid for _, cid in finals.values()}) == 1, finals
+
+
+def _announced(node: Node) -> str:
+    """The ``hold_announced`` lines of ``node``'s log."""
+    lines = node.log.read_text().splitlines()
+    return "\n".join(line for line in lines if '"hold_announced"' in line)
 
 
 def test_the_runs_only_checkpointer_joins_late_from_the_members_checkpoints(
