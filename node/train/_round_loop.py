@@ -61,6 +61,15 @@ __all__ = ["RoundLoop"]
 log = structlog.get_logger(__name__)
 
 
+@dataclass(frozen=True)
+class _TrafficMark:
+    """A node's traffic counters at the start of a round's exchange."""
+
+    served: int  # block bytes served
+    update_bytes: int  # verified update bytes fetched (full rounds)
+    block_bytes: int  # every verified block byte fetched
+
+
 @dataclass
 class RoundLoop:
     """Plays rounds until ``stop_after_round`` (0 = forever)."""
@@ -130,7 +139,7 @@ class RoundLoop:
             bytes_in = self.partitioned.last_bytes_in
         else:
             t_fetch, t_aggregate = self.exchange.last_fetch_s, self.exchange.last_aggregate_s
-            bytes_in = self.exchange.fetcher.bytes_in - mark[1]
+            bytes_in = self.exchange.fetcher.bytes_in - mark.update_bytes
         self.gave_up = None
         self.headers.forget_before(round_)  # this round's headers are in the store now
         self.current_round = None
@@ -180,21 +189,19 @@ class RoundLoop:
         await send_report(self.client, report)
         return last
 
-    def _traffic_mark(self) -> tuple[int, int, int]:
-        """(bytes served, update bytes fetched, block bytes fetched) so far."""
+    def _traffic_mark(self) -> _TrafficMark:
         fetched = sum(self.node.traffic.bytes_in.values())
-        return self.node.server.bytes_sent, self.exchange.fetcher.bytes_in, fetched
+        return _TrafficMark(self.node.server.bytes_sent, self.exchange.fetcher.bytes_in, fetched)
 
-    def _traffic_since(self, mark: tuple[int, int, int], bytes_in: int) -> dict[str, int]:
+    def _traffic_since(self, mark: _TrafficMark, bytes_in: int) -> dict[str, int]:
         """The round event's traffic since ``mark``, in the round's exchange (a catch-up's is in
         its own event): ``bytes_in``, the verified update bytes fetched (the demo report's
         traffic table); ``blocks_in``, every verified block byte fetched, the manifest roots
         and signed records that name those bytes included; ``bytes_out``, block bytes served."""
-        sent, _, fetched = mark
         return {
             "bytes_in": bytes_in,
-            "blocks_in": sum(self.node.traffic.bytes_in.values()) - fetched,
-            "bytes_out": self.node.server.bytes_sent - sent,
+            "blocks_in": sum(self.node.traffic.bytes_in.values()) - mark.block_bytes,
+            "bytes_out": self.node.server.bytes_sent - mark.served,
         }
 
     def _cpu_lap(self) -> float:
