@@ -25,6 +25,12 @@ way opened the streams it claims to).
    pool of idle streams (each request after the first takes the last one's stream) against
    a pool that keeps nothing (every request opens, negotiates and closes its own stream: the
    code before it), runs alternated.
+6. ``answers``: the requests a 32-member round makes most, between two real nodes in one
+   process, with the holder answering each in one write when it fits COALESCED_ANSWER_BYTES
+   (as the node ships) against 0 (a write per frame: a BLOCK each, then END: the code before
+   it), runs alternated: ``fetch_update_segments`` of 2 of 64 segments of fresh updates (CPU ms
+   per update, both sides: two requests, the root and its chunks) and sequential one-block
+   ``fetch_blocks`` of 6.5 KB (a partition result's size at 32 members; CPU ms per request).
 """
 
 from __future__ import annotations
@@ -278,6 +284,56 @@ async def _streams(tmp: Path, runs: int, requests: int) -> None:
     )
 
 
+# -- 6. answers -----------------------------------------------------------------------------
+
+
+async def _answers(
+    tmp: Path, made: dict[tuple[int, int], list[CID]], runs: int, requests: int
+) -> None:
+    holder = BlockStore(tmp / "holder-answers")
+    shipped = limits.COALESCED_ANSWER_BYTES
+    per: dict[tuple[str, int], list[float]] = {
+        (k, c): [] for k in ("seg", "one") for c in (shipped, 0)
+    }
+    for run in range(runs):
+        for coalesce in (shipped, 0):
+            updates = made[run, coalesce]  # new bytes every time: first parses
+            results = [holder.put_new(os.urandom(6500)) for _ in range(requests)]
+            limits.COALESCED_ANSWER_BYTES = coalesce
+            spent: dict[str, float] = {}
+
+            async def work(
+                a: P2PNode,
+                holder_id: str,
+                updates: list[CID] = updates,
+                results: list[CID] = results,
+                spent: dict[str, float] = spent,
+            ) -> None:
+                start = time.process_time()
+                for i, update in enumerate(updates):
+                    await fetch_update_segments(
+                        a, update, [(2 * i) % 64, (2 * i + 1) % 64], [holder_id]
+                    )
+                spent["seg"] = (time.process_time() - start) / len(updates)
+                start = time.process_time()
+                for cid in results:
+                    await a.fetch_blocks([cid], [holder_id])
+                spent["one"] = (time.process_time() - start) / len(results)
+
+            await _pair(tmp, f"answers-{run}-{coalesce}", holder, work)
+            for kind in ("seg", "one"):
+                per[kind, coalesce].append(spent[kind] * 1e3)
+    limits.COALESCED_ANSWER_BYTES = shipped
+    for kind, what in (("seg", "fetch_update_segments, 2 of 64 segments, per update"),
+                       ("one", "one-block fetch_blocks of 6.5 KB, per request")):  # fmt: skip
+        new, old = statistics.median(per[kind, shipped]), statistics.median(per[kind, 0])
+        print(
+            f"{what}, both sides' CPU (median of {runs}): answered at once "
+            f"(COALESCED_ANSWER_BYTES={shipped}) {new:.2f} ms; a write per frame (before) "
+            f"{old:.2f} ms; ratio {new / old:.2f}"
+        )
+
+
 # -- 4. parse -------------------------------------------------------------------------------
 
 
@@ -311,7 +367,9 @@ def _parse(tmp: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=["hops", "blocks", "segments", "parse", "streams"])
+    parser.add_argument(
+        "--only", choices=["hops", "blocks", "segments", "parse", "streams", "answers"]
+    )
     parser.add_argument("--requests", type=int, default=300)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--updates", type=int, default=16)
@@ -334,6 +392,15 @@ def main() -> None:
             _parse(tmp)
         if args.only in (None, "streams"):
             trio.run(_streams, tmp, args.runs, args.requests)
+        if args.only in (None, "answers"):
+            holder = BlockStore(tmp / "holder-answers")
+            shipped = limits.COALESCED_ANSWER_BYTES
+            fresh = {
+                (run, way): _updates(holder, 4 * args.updates, 100 + 2 * run + (way == 0))
+                for run in range(args.runs)
+                for way in (shipped, 0)
+            }
+            trio.run(_answers, tmp, fresh, args.runs, args.requests)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,14 @@ from .._bucket import TokenBucket
 from .._exceptions import FrameTooLargeError, PeerProtocolError, StreamBroken, first_error
 from .._traffic import Traffic
 from ._stream import Libp2pStream
-from ._wire import Block, End, Error, FrameReader, Lacking, Request, Status
+from ._wire import HEADER_SIZE, Block, End, Error, FrameReader, Lacking, Request, Status
 
 log = structlog.get_logger(__name__)
+
+# What an answer adds to its blocks' bytes, at most: per CID a BLOCK's frame header and CID (or
+# its entry in LACKING), and the frame headers of LACKING and END with LACKING's count.
+_ANSWER_BYTES_PER_CID = HEADER_SIZE + 1 + limits.MAX_CID_BYTES
+_ANSWER_BYTES_FIXED = 2 * HEADER_SIZE + 4
 
 
 class BlockServer:
@@ -127,6 +132,10 @@ class BlockServer:
             if self._busy_until is None:
                 self._busy_until = trio.current_time() + self.busy_for_tests
             await trio.sleep_until(self._busy_until)
+        small = None if self.bucket.rate else self._read_small(frame.cids)
+        if small is not None:
+            await self._answer_at_once(stream, peer, small, arrived)
+            return
         lacking = []
         waited: list[float] = []  # the request's wait for its first byte, once known
 
@@ -161,13 +170,56 @@ class BlockServer:
         if lacking:
             await stream.write(Lacking(tuple(lacking)).encode())
         await stream.write(End().encode())
+        self._served(peer, len(frame.cids) - len(lacking), len(lacking))
+
+    def _read_small(self, cids: tuple[CID, ...]) -> list[tuple[CID, bytes | None]] | None:
+        """The requested blocks (None for one this store lacks or holds corrupt), read on the
+        loop's thread, when the whole answer fits in COALESCED_ANSWER_BYTES; else None (the
+        answer is streamed block by block)."""
+        sizes = []
+        for cid in cids:
+            try:
+                sizes.append(self.store.size(cid))
+            except BlockNotFoundError:
+                sizes.append(0)
+        framing = _ANSWER_BYTES_FIXED + len(cids) * _ANSWER_BYTES_PER_CID
+        if sum(sizes) + framing > limits.COALESCED_ANSWER_BYTES:
+            return None
+        small: list[tuple[CID, bytes | None]] = []
+        for cid in cids:
+            try:
+                small.append((cid, self.store.get(cid)))
+            except (BlockNotFoundError, CorruptBlockError):
+                small.append((cid, None))
+        return small
+
+    async def _answer_at_once(
+        self, stream: Libp2pStream, peer: str, small: list[tuple[CID, bytes | None]], arrived: float
+    ) -> None:
+        """Answer with one write (one yamux frame, one Noise message): the same frames, in the
+        same order, as the answer streamed block by block."""
+        parts: list[bytes] = []
+        lacking = []
+        for cid, data in small:
+            if data is None:
+                lacking.append(cid)
+                continue
+            if self.corrupt_for_tests and data:
+                data = bytes([data[0] ^ 0xFF]) + data[1:]
+            parts += [Block.header(cid, len(data)), data]
+        blocks_bytes = sum(len(p) for p in parts)
+        if lacking:
+            parts.append(Lacking(tuple(lacking)).encode())
+        parts.append(End().encode())
+        self.traffic.exchange.serve_started(trio.current_time() - arrived)
+        await stream.write(b"".join(parts))
+        if blocks_bytes:
+            self._sent(peer, blocks_bytes)
+        self._served(peer, len(small) - len(lacking), len(lacking))
+
+    def _served(self, peer: str, sent: int, lacking: int) -> None:
         self.requests_served += 1
-        log.debug(
-            "served",
-            requester=peer[-8:],
-            sent=len(frame.cids) - len(lacking),
-            lacking=len(lacking),
-        )
+        log.debug("served", requester=peer[-8:], sent=sent, lacking=lacking)
 
     async def _read_request(
         self, stream: Libp2pStream, peer: str, reader: FrameReader, *, pooled: bool = False
