@@ -144,7 +144,7 @@ TCP_READ_AHEAD = 256 * 1024
 SEND_PIECE = YAMUX_MAX_FRAME - 12
 # An uncapped holder answers a request whose whole answer (BLOCK frames, LACKING, END) fits in
 # this many bytes with one write: one yamux frame and one Noise message, where a write per frame
-# made each 1-2 block request of a round three to five (specs/blocks.md#interaction, 8). Each
+# made each 1-2 block request of a round three to five (specs/blocks.md#interaction, 6). Each
 # stream write costs both ends ~0.2-0.3 ms of Python (yamux, Noise, trio), more than the bytes.
 COALESCED_ANSWER_BYTES = SEND_PIECE
 

@@ -4,8 +4,10 @@ Several requests per stream, one after another. The handler decodes the REQUEST,
 requester against the allow hook and the per-peer stream cap, then streams BLOCK frames for held
 blocks (each read from disk and verified by the store while the one before it is sent, sent in
 SEND_PIECE pieces through the upload token bucket, or in one write when the node's upload is
-uncapped), one LACKING frame for the rest, and END; then it waits for the stream's next REQUEST
-(POOLED_STREAM_IDLE_S; then it closes the stream quietly), served the same way.
+uncapped), one LACKING frame for the rest, and END; an uncapped holder writes an answer that
+fits COALESCED_ANSWER_BYTES (most of a round's) at once instead, the same frames. Then it waits
+for the stream's next REQUEST (POOLED_STREAM_IDLE_S; then it closes the stream quietly), served
+the same way.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A holder answers a small request in one write (specs/blocks.md#interaction, 8; issue 41).
+"""A holder answers a small request in one write (specs/blocks.md#interaction, 6; issue 41).
 
 At 32 members a round's requests carry one or two blocks of a few KB, and each stream write cost
 both ends a yamux frame and a Noise message in Python. An uncapped holder now writes an answer
