@@ -158,3 +158,10 @@ MAX_SCORE_RECORD_BYTES = 4096
 # score records (every member reported, or the score deadline passed) before it gives its
 # partition up (a backup takes it over).
 SCORES_WAIT_S = 60.0
+# Held-out sequences the loss report evaluates in one forward pass: the loss is the same mean
+# over every predicted token as one pass over all ``eval_sequences`` gives (up to float
+# rounding), and the pass's memory is that of this many sequences whatever the run config sets
+# (issue 41: 32 members on one machine, each evaluating 64 sequences at once at the end of a
+# round, met the OOM killer; one pass over 64 sequences of 64 tokens of the 1.4M model took
+# 94 MB, eight at a time 32 MB).
+EVAL_BATCH_SEQUENCES = 8

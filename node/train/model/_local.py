@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import limits
 from .._config import TrainingConfig
 from ._data import TextData
 from ._device import Placement, autocast
@@ -131,12 +132,16 @@ def _restore(
 
 
 def evaluate(model: torch.nn.Module, state: State, data: TextData) -> float:
-    """Mean loss of ``state`` on the held-out sequences (the same on every node)."""
+    """Mean loss of ``state`` on the held-out sequences (the same on every node), over
+    EVAL_BATCH_SEQUENCES sequences a pass. Every sequence has the same length, so the mean over
+    all predicted tokens is the passes' means weighted by their sequences."""
     load_state(model, state)
     model.eval()
     device = next(model.parameters()).device
+    total = 0.0
     with torch.no_grad():
-        batch = data.eval.to(device)
-        loss = float(model(input_ids=batch, labels=batch).loss)
+        for rows in data.eval.split(limits.EVAL_BATCH_SEQUENCES):
+            batch = rows.to(device)
+            total += float(model(input_ids=batch, labels=batch).loss) * len(rows)
     model.train()
-    return loss
+    return total / len(data.eval)

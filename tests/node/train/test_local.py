@@ -103,6 +103,28 @@ def test_a_few_rounds_of_local_training_lower_the_held_out_loss() -> None:
     assert evaluate(model, state, data) < before - 0.3
 
 
+def test_the_held_out_loss_is_one_pass_over_every_sequence_taken_a_few_at_a_time() -> None:
+    """``evaluate`` runs EVAL_BATCH_SEQUENCES sequences a pass (bounded memory, issue 41); the
+    loss it reports is still the mean over every held-out token, also when the last pass is
+    short."""
+    config = TrainingConfig.for_run(
+        {"data": {"eval_sequences": 2 * limits.EVAL_BATCH_SEQUENCES + 3}}
+    )
+    data = TextData.build(config.data, config.model)
+    model = build_model(config)
+    state = model_state(model)
+    assert len(data.eval) % limits.EVAL_BATCH_SEQUENCES == 3
+
+    with torch.no_grad():
+        whole = float(model.eval()(input_ids=data.eval, labels=data.eval).loss)
+    rows: list[int] = []
+    model.register_forward_pre_hook(lambda _m, args, kwargs: rows.append(len(kwargs["input_ids"])),
+                                    with_kwargs=True)  # fmt: skip
+    assert evaluate(model, state, data) == pytest.approx(whole, rel=1e-5)
+    assert rows == [limits.EVAL_BATCH_SEQUENCES, limits.EVAL_BATCH_SEQUENCES, 3]
+    assert model.training  # left as training finds it
+
+
 def test_a_model_over_the_machines_memory_is_refused_at_start_with_the_figures(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
