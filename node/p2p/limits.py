@@ -145,7 +145,7 @@ SEND_PIECE = YAMUX_MAX_FRAME - 12
 # An uncapped holder answers a request whose whole answer (BLOCK frames, LACKING, END) fits in
 # this many bytes with one write: one yamux frame and one Noise message, where a write per frame
 # made each 1-2 block request of a round three to five (specs/blocks.md#interaction, 6). Each
-# stream write costs both ends ~0.2-0.3 ms of Python (yamux, Noise, trio), more than the bytes.
+# stream write costs both ends together ~1 ms of Python (yamux, Noise, trio), more than the bytes.
 COALESCED_ANSWER_BYTES = SEND_PIECE
 
 # -- /cnode/admit/1.0.0 (specs/blocks.md#admission) ----------------------------------------------
